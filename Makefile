@@ -1,0 +1,34 @@
+# trainbook — the two commands:
+#   make demo   set up everything, then run the main job
+#   make test   set up everything, then run every test
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export LIBTORCH := $(CURDIR)/.libtorch
+CARGO ?= cargo
+
+.PHONY: help setup build test demo bench clean
+
+help:
+	@echo "make demo   - set up (system packages, .venv with torch, build) and run the main job"
+	@echo "make test   - set up and run every test"
+	@echo "make bench  - run the benchmarks (writes docs/benchmarks.md figures to stdout)"
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --workspace --bins
+	@scripts/install-bins.sh
+
+test: build
+	$(CARGO) test --release --workspace -- --test-threads=1
+
+demo: build
+	target/release/trainbook train synthetic --workers 2 --preset tiny
+
+bench: build
+	@scripts/bench.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf .libtorch trainbook_runs

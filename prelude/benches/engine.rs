@@ -1,0 +1,123 @@
+//! Engine benchmarks (not tests): `cargo bench -p trainbook --bench engine [-- a|b|c]`.
+//! Prints one JSON line per measurement; `scripts/bench.sh` puts them side by side with the
+//! PyTorch baseline measured in the same run.
+
+use std::time::{Duration, Instant};
+
+use trainbook::{DeviceRequest, JobSpec, Update};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn root() -> std::path::PathBuf {
+    std::env::temp_dir().join("trainbook-bench")
+}
+
+/// (a) allreduce of `numel` float32 values between 2 workers on loopback.
+fn allreduce(numel: u64, iters: u64) {
+    let spec = JobSpec::new("bench-allreduce")
+        .workers(2)
+        .device(DeviceRequest::Cpu)
+        .threads_per_worker(1)
+        .runs_root(root())
+        .env("TRAINBOOK_BENCH_NUMEL", numel.to_string())
+        .env("TRAINBOOK_BENCH_ITERS", iters.to_string());
+    let r = trainbook::fit(spec).expect("allreduce benchmark");
+    let df = r.metrics_df;
+    let names = df.column("name").unwrap().str().unwrap().clone();
+    let steps = df.column("step").unwrap().u64().unwrap().clone();
+    let values = df.column("value").unwrap().f64().unwrap().clone();
+    // A collective is done when its slowest rank is: per iteration, the max over ranks (the
+    // torch baseline measures the same way).
+    let mut per_iter = std::collections::BTreeMap::<u64, f64>::new();
+    for i in (0..df.height()).filter(|&i| names.get(i) == Some("allreduce_seconds")) {
+        let (Some(s), Some(v)) = (steps.get(i), values.get(i)) else { continue };
+        let e = per_iter.entry(s).or_insert(0.0);
+        *e = e.max(v);
+    }
+    let secs: Vec<f64> = per_iter.into_values().collect();
+    let med = median(secs.clone());
+    println!(
+        "{}",
+        serde_json::json!({"bench": "allreduce", "impl": "trainbook", "backend": "gloo", "world": 2, "numel": numel,
+            "median_s": med, "min_s": secs.iter().cloned().fold(f64::INFINITY, f64::min),
+            "gbytes_per_s": numel as f64 * 4.0 / med / 1e9})
+    );
+}
+
+/// (b) samples/s of the same job as 2 workers x 1 thread and as 1 worker x 2 threads.
+fn throughput(rounds: usize, steps: u64) {
+    let run = |workers: usize, threads: usize| {
+        let spec = JobSpec::new("synthetic")
+            .workers(workers)
+            .threads_per_worker(threads)
+            .device(DeviceRequest::Cpu)
+            .preset("bench")
+            .max_steps(steps)
+            .runs_root(root());
+        trainbook::fit(spec).expect("throughput run").samples_per_second
+    };
+    let (mut dp, mut single) = (Vec::new(), Vec::new());
+    // Interleaved, so drifting machine load hits both configurations alike.
+    for _ in 0..rounds {
+        dp.push(run(2, 1));
+        single.push(run(1, 2));
+    }
+    let (a, b) = (median(dp.clone()), median(single.clone()));
+    println!(
+        "{}",
+        serde_json::json!({"bench": "throughput", "preset": "bench", "steps": steps,
+            "two_workers_one_thread": a, "one_worker_two_threads": b, "ratio": a / b,
+            "runs_2x1": dp, "runs_1x2": single})
+    );
+}
+
+/// (c) time from `launch` to the first loss event, tiny preset, 2 workers.
+fn startup(rounds: usize) {
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        let spec = JobSpec::new("synthetic").workers(2).device(DeviceRequest::Cpu).preset("tiny").epochs(1).runs_root(root());
+        let job = trainbook::launch(spec).expect("launch");
+        let rx = job.subscribe();
+        let mut first = None;
+        while let Ok(u) = rx.recv_timeout(Duration::from_secs(60)) {
+            match u {
+                Update::Metric(m) if m.name == "loss" => {
+                    first = Some(t0.elapsed().as_secs_f64());
+                    break;
+                }
+                Update::Finished(_) => break,
+                _ => {}
+            }
+        }
+        times.push(first.expect("a loss event arrived"));
+        job.stop().ok();
+    }
+    println!("{}", serde_json::json!({"bench": "startup", "workers": 2, "preset": "tiny", "median_s": median(times.clone()), "runs_s": times}));
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let want = |k: &str| args.is_empty() || args.iter().any(|a| a == k);
+    let num = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    if want("a") {
+        allreduce(num("BENCH_NUMEL", 110_000_000), num("BENCH_ITERS", 10));
+    }
+    if want("b") {
+        throughput(num("BENCH_ROUNDS", 3) as usize, num("BENCH_STEPS", 60));
+    }
+    if want("c") {
+        startup(num("BENCH_ROUNDS", 5) as usize);
+    }
+}

@@ -1,0 +1,79 @@
+//! Builds the c10d shim against the same libtorch as torch-sys, and bakes an rpath to that
+//! libtorch into every binary of this package so nothing needs LD_LIBRARY_PATH.
+
+use std::env;
+use std::path::PathBuf;
+
+fn main() {
+    println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-env-changed=TRAINBOOK_GLOO_INCLUDE");
+
+    // torch-sys declares `links = "tch"` and exports the library directory it linked against.
+    let lib_dir = PathBuf::from(
+        env::var("DEP_TCH_LIBTORCH_LIB")
+            .expect("torch-sys did not export its libtorch directory (DEP_TCH_LIBTORCH_LIB)"),
+    );
+    let root = env::var("LIBTORCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| lib_dir.parent().expect("libtorch lib dir has a parent").to_path_buf());
+    let include = root.join("include");
+    let c10d = include.join("torch/csrc/distributed/c10d/ProcessGroupGloo.hpp");
+    if !c10d.exists() {
+        panic!(
+            "{} is missing: trainbook needs the c10d headers of a libtorch built with distributed \
+             support (the PyPI torch wheel has them); run `make setup`",
+            c10d.display()
+        );
+    }
+    // libtorch ships no gloo headers; Debian's libgloo-dev provides them. Only the headers are
+    // used (gloo objects are held through shared_ptr): never link Debian's libgloo, which would
+    // shadow the gloo compiled into libtorch_cpu.
+    let gloo_include = env::var("TRAINBOOK_GLOO_INCLUDE").unwrap_or_else(|_| "/usr/include".into());
+    if !PathBuf::from(&gloo_include).join("gloo/algorithm.h").exists() {
+        panic!(
+            "gloo headers not found under {gloo_include}: install them (`apt-get install \
+             libgloo-dev`, which `make setup` does) or set TRAINBOOK_GLOO_INCLUDE"
+        );
+    }
+
+    let cuda = env::var("CARGO_FEATURE_CUDA").is_ok();
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .file("csrc/c10d_shim.cpp")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .include(&gloo_include)
+        .flag("-std=c++17")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag("-DUSE_C10D_GLOO")
+        .flag("-DUSE_DISTRIBUTED")
+        .flag("-DGLOG_USE_GLOG_EXPORT");
+    if cuda {
+        // ProcessGroupNCCL.hpp includes nccl.h: the nvidia-nccl wheel ships it.
+        build.flag("-DUSE_C10D_NCCL").flag("-DUSE_CUDA").define("TRAINBOOK_WITH_NCCL", None);
+        if let Ok(nccl) = env::var("TRAINBOOK_NCCL_INCLUDE") {
+            build.include(nccl);
+        }
+        if let Ok(cuda_inc) = env::var("TRAINBOOK_CUDA_INCLUDE") {
+            build.include(cuda_inc);
+        }
+        println!("cargo:rerun-if-env-changed=TRAINBOOK_NCCL_INCLUDE");
+        println!("cargo:rerun-if-env-changed=TRAINBOOK_CUDA_INCLUDE");
+    }
+    build.compile("trainbook_c10d");
+
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if cuda {
+        // rustc links with --as-needed, which silently drops libtorch_cuda (nothing references
+        // it directly) and CUDA then shows as unavailable; keep it.
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+        println!("cargo:rustc-link-arg=-ltorch_cuda");
+        println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    }
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    println!("cargo:rustc-env=TRAINBOOK_LIBTORCH_LIB={}", lib_dir.display());
+}

@@ -1,0 +1,247 @@
+// trainbook's bridge to PyTorch's c10d: a TCPStore rendezvous and a generic c10d::ProcessGroup
+// whose per-device backends are gloo (CPU tensors), NCCL (CUDA tensors, when built with
+// TRAINBOOK_WITH_NCCL) and an HCCL slot for Intel Gaudi. Everything crosses the C boundary as
+// opaque pointers and error strings: no C++ exception may unwind into Rust.
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#ifdef TRAINBOOK_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace {
+
+void set_err(char* err, size_t len, const std::string& msg) {
+  if (err == nullptr || len == 0) return;
+  size_t n = msg.size() < len - 1 ? msg.size() : len - 1;
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+// c10d error messages carry a long C++ stack trace after the first line of interest; keep the
+// head so Rust errors stay readable (the full text is still logged by libtorch itself).
+std::string trim_what(const char* what) {
+  std::string s(what);
+  auto pos = s.find("\nException raised from");
+  if (pos != std::string::npos) s.resize(pos);
+  return s;
+}
+
+template <typename F>
+int guarded(char* err, size_t len, F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, len, trim_what(e.what()));
+  } catch (...) {
+    set_err(err, len, "unknown C++ exception in c10d");
+  }
+  return -1;
+}
+
+std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
+
+}  // namespace
+
+struct tb_store {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+struct tb_pg {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  std::chrono::milliseconds timeout;
+};
+
+struct tb_work {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::chrono::milliseconds timeout;
+};
+
+extern "C" {
+
+int tb_have_nccl() {
+#ifdef TRAINBOOK_WITH_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// Hosts the rendezvous store. port 0 lets the kernel pick a free port atomically (no
+// probe-then-bind race); the chosen port comes back through port_out.
+tb_store* tb_store_server(const char* host, uint16_t port, int64_t timeout_ms, uint16_t* port_out,
+                          char* err, size_t errlen) {
+  tb_store* out = nullptr;
+  guarded(err, errlen, [&] {
+    c10d::TCPStoreOptions opts;
+    opts.port = port;
+    opts.isServer = true;
+    opts.waitWorkers = false;
+    opts.timeout = ms(timeout_ms);
+    auto store = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+    if (port_out) *port_out = store->getPort();
+    out = new tb_store{store};
+  });
+  return out;
+}
+
+void tb_store_free(tb_store* s) { delete s; }
+
+// Creates the process group. is_server: this rank hosts the store itself (torch.distributed's
+// env:// contract, rank 0 hosts); otherwise it connects to an existing store (trainbook's
+// launcher hosts it so the port can be chosen race-free).
+tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, int rank, int world,
+                 int is_server, int64_t timeout_ms, const char* gloo_ifname, char* err,
+                 size_t errlen) {
+  tb_pg* out = nullptr;
+  guarded(err, errlen, [&] {
+    std::string be(backend);
+    c10d::TCPStoreOptions opts;
+    opts.port = port;
+    opts.isServer = is_server != 0;
+    opts.numWorkers = world;
+    opts.waitWorkers = false;
+    opts.timeout = ms(timeout_ms);
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(master_addr), opts);
+    auto store = c10::make_intrusive<c10d::PrefixStore>("trainbook/default_pg", tcp);
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+
+    if (be == "gloo" || be == "nccl") {
+      // gloo always serves CPU tensors: metrics and barriers work whatever the device.
+      auto gopts = c10d::ProcessGroupGloo::Options::create(ms(timeout_ms));
+      std::string addr(master_addr);
+      if (gloo_ifname != nullptr && gloo_ifname[0] != '\0') {
+        gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(gloo_ifname));
+      } else if (addr == "127.0.0.1" || addr == "localhost") {
+        gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        gopts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      gopts->threads = 2;
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, world, gopts);
+      pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+      pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    }
+    if (be == "nccl") {
+#ifdef TRAINBOOK_WITH_NCCL
+      auto nopts = c10d::ProcessGroupNCCL::Options::create();
+      nopts->timeout = ms(timeout_ms);
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, world, nopts);
+      pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+#else
+      throw std::runtime_error(
+          "this trainbook build has no NCCL backend: rebuild on a CUDA machine "
+          "(make setup detects the GPU, or set TRAINBOOK_CUDA=1)");
+#endif
+    } else if (be == "hccl") {
+      throw std::runtime_error(
+          "the hccl backend is registered by Intel Gaudi's PyTorch bridge "
+          "(habana_frameworks.torch.distributed), which this trainbook build does not load; "
+          "run with --device cpu, or build trainbook inside the Gaudi container");
+    } else if (be != "gloo") {
+      throw std::runtime_error("unknown c10d backend '" + be + "' (expected gloo, nccl or hccl)");
+    }
+    out = new tb_pg{pg, ms(timeout_ms)};
+  });
+  return out;
+}
+
+void tb_pg_free(tb_pg* p) { delete p; }
+
+int tb_pg_rank(const tb_pg* p) { return p->pg->getRank(); }
+int tb_pg_size(const tb_pg* p) { return p->pg->getSize(); }
+
+// op: 0 sum, 1 max, 2 min, 3 product. Averages are done by the caller (gloo has no AVG).
+static c10d::ReduceOp to_op(int op) {
+  switch (op) {
+    case 1: return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case 2: return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    case 3: return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
+    default: return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+}
+
+static std::vector<at::Tensor> gather_tensors(void* const* tensors, size_t n) {
+  std::vector<at::Tensor> v;
+  v.reserve(n);
+  for (size_t i = 0; i < n; ++i) v.push_back(*static_cast<at::Tensor*>(tensors[i]));
+  return v;
+}
+
+// Starts an allreduce of one tensor and returns a handle to wait on, so callers can overlap the
+// next bucket's packing with this bucket's communication.
+tb_work* tb_pg_allreduce_start(tb_pg* p, void* tensor, int op, char* err, size_t errlen) {
+  tb_work* out = nullptr;
+  guarded(err, errlen, [&] {
+    std::vector<at::Tensor> v{*static_cast<at::Tensor*>(tensor)};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_op(op);
+    o.timeout = p->timeout;
+    out = new tb_work{p->pg->allreduce(v, o), p->timeout};
+  });
+  return out;
+}
+
+int tb_work_wait(tb_work* w, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    if (!w->work->wait(w->timeout)) throw std::runtime_error("collective did not complete");
+  });
+}
+
+void tb_work_free(tb_work* w) { delete w; }
+
+int tb_pg_allreduce(tb_pg* p, void* const* tensors, size_t n, int op, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    // A vector passed to c10d's allreduce means "one replica per device", not "several
+    // tensors": issue one collective per tensor, all in flight before waiting.
+    auto v = gather_tensors(tensors, n);
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : v) {
+      std::vector<at::Tensor> one{t};
+      c10d::AllreduceOptions o;
+      o.reduceOp = to_op(op);
+      o.timeout = p->timeout;
+      works.push_back(p->pg->allreduce(one, o));
+    }
+    for (auto& w : works) w->wait(p->timeout);
+  });
+}
+
+int tb_pg_broadcast(tb_pg* p, void* const* tensors, size_t n, int root, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    // One call per tensor: c10d's broadcast takes one tensor per device.
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<at::Tensor> v{*static_cast<at::Tensor*>(tensors[i])};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = p->timeout;
+      p->pg->broadcast(v, o)->wait(p->timeout);
+    }
+  });
+}
+
+int tb_pg_barrier(tb_pg* p, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    c10d::BarrierOptions o;
+    o.timeout = p->timeout;
+    p->pg->barrier(o)->wait(p->timeout);
+  });
+}
+
+}  // extern "C"

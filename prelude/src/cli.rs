@@ -1,0 +1,270 @@
+//! The `trainbook` command line.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::device::DeviceRequest;
+use crate::job::{self, JobStatus, Update};
+use crate::spec::{JobSpec, OptimizerKind};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "trainbook",
+    version,
+    about = "Data-parallel training on CPU, CUDA and Intel Gaudi, from notebooks and the terminal",
+    long_about = "Data-parallel training on CPU, CUDA and Intel Gaudi, from notebooks and the terminal.\n\n\
+        `trainbook train <recipe> --workers N` starts N worker processes that train in lock-step \
+        through PyTorch's c10d collectives (gloo on CPU, NCCL on CUDA), shows progress and \
+        de-duplicated worker logs, and writes a run directory with the config, per-rank logs, \
+        metrics (parquet) and checkpoints.",
+    after_help = "Examples:\n  trainbook train synthetic --workers 2\n  trainbook train synthetic --workers 2 --preset tiny --epochs 1 --json\n  trainbook recipes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a recipe with N data-parallel workers.
+    Train(TrainArgs),
+    /// List the available recipes.
+    Recipes,
+    /// Verify allreduce, broadcast and barrier across N worker processes (no training).
+    Check {
+        #[arg(short = 'n', long, default_value_t = 2)]
+        workers: usize,
+        #[arg(long, default_value = "auto", value_parser = parse_device)]
+        device: DeviceRequest,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Recipe to train (see `trainbook recipes`).
+    pub recipe: String,
+    /// Number of worker processes (one per device).
+    #[arg(short = 'n', long, default_value_t = 2)]
+    pub workers: usize,
+    /// auto = HPU if the Gaudi stack is present, else CUDA if available, else CPU.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
+    pub device: DeviceRequest,
+    /// Recipe preset (e.g. tiny); each recipe documents its own.
+    #[arg(long)]
+    pub preset: Option<String>,
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Stop after this many optimizer steps (overrides epochs when smaller).
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Samples per step over all workers (each worker gets an equal share).
+    #[arg(long)]
+    pub global_batch_size: Option<usize>,
+    #[arg(long)]
+    pub lr: Option<f64>,
+    #[arg(long, value_parser = parse_optimizer)]
+    pub optimizer: Option<OptimizerKind>,
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Clip the global gradient norm to this value.
+    #[arg(long)]
+    pub grad_clip: Option<f64>,
+    /// Intra-op threads per worker (default: cores / workers on CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Rendezvous port (default: a free port chosen by the OS).
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// Parent directory of the run directory [env: TRAINBOOK_RUNS, default: ./trainbook_runs].
+    #[arg(long)]
+    pub runs_root: Option<PathBuf>,
+    /// Show every worker line instead of merging repeats across workers.
+    #[arg(long)]
+    pub no_dedup: bool,
+    /// Seconds over which repeated lines from different workers are merged.
+    #[arg(long, default_value_t = 5.0)]
+    pub dedup_window: f64,
+    /// Print one JSON summary as the last line of stdout (human output goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_device(s: &str) -> Result<DeviceRequest, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
+fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
+impl TrainArgs {
+    pub fn to_spec(&self) -> Result<JobSpec> {
+        let mut spec = JobSpec::new(&self.recipe).workers(self.workers).device(self.device);
+        let t = &mut spec.train;
+        t.preset = self.preset.clone();
+        t.epochs = self.epochs;
+        t.max_steps = self.max_steps;
+        t.global_batch_size = self.global_batch_size;
+        t.lr = self.lr;
+        t.optimizer = self.optimizer;
+        t.dropout = self.dropout;
+        t.seed = self.seed;
+        t.grad_clip = self.grad_clip;
+        spec.threads_per_worker = self.threads;
+        spec.master_port = self.master_port;
+        spec.runs_root = self.runs_root.clone();
+        spec.dedup.enabled = !self.no_dedup;
+        if !(self.dedup_window.is_finite() && self.dedup_window >= 0.0) {
+            anyhow::bail!("--dedup-window must be a number of seconds >= 0");
+        }
+        spec.dedup.window = Duration::from_secs_f64(self.dedup_window);
+        Ok(spec)
+    }
+}
+
+/// Runs the CLI; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Recipes => {
+            for (name, about) in crate::recipes::RECIPES {
+                println!("{name:<12} {about}");
+            }
+            0
+        }
+        Command::Check { workers, device } => {
+            let spec = JobSpec::new(crate::recipes::CHECK).workers(workers).device(device);
+            match job::fit(spec) {
+                Ok(r) => {
+                    for l in job_logs(&r) {
+                        println!("{l}");
+                    }
+                    println!("trainbook check: {workers} workers on {} passed", r.device);
+                    0
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    1
+                }
+            }
+        }
+        Command::Train(args) => match train(&args) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                if args.json {
+                    println!("{}", serde_json::json!({"status": "error", "error": format!("{e:#}")}));
+                }
+                2
+            }
+        },
+    }
+}
+
+fn train(args: &TrainArgs) -> Result<i32> {
+    let spec = args.to_spec()?;
+    // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The
+    // handler goes in before any thread exists, so no other thread receives the signal.
+    let current: std::sync::Arc<std::sync::Mutex<(bool, Option<crate::job::Job>)>> = Default::default();
+    let slot = current.clone();
+    let _ = ctrlc_stop(move || {
+        let job = {
+            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+            g.0 = true;
+            g.1.clone()
+        };
+        if let Some(j) = job {
+            let _ = j.stop();
+        }
+    });
+    let job = job::launch(spec)?;
+    let interrupted_early = {
+        let mut g = current.lock().unwrap_or_else(|e| e.into_inner());
+        g.1 = Some(job.clone());
+        g.0
+    };
+    if interrupted_early {
+        let _ = job.stop();
+    }
+    let updates = job.subscribe();
+    let human_to_stderr = args.json;
+    let bar = ProgressBar::with_draw_target(Some(0), if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+    bar.set_style(ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg}").expect("valid template").progress_chars("█▉ "));
+    eprintln!("trainbook: {} x{} on {} · run directory {}", job.spec().recipe, job.spec().workers, job.device(), job.run_dir().display());
+    let mut last_loss: Option<f64> = None;
+    for u in updates {
+        match u {
+            Update::Log(line) => {
+                let text = line.to_string();
+                if bar.is_hidden() {
+                    if human_to_stderr {
+                        eprintln!("{text}");
+                    } else {
+                        println!("{text}");
+                    }
+                } else {
+                    bar.println(text);
+                }
+            }
+            Update::Metric(m) => {
+                if m.name == "loss" && m.rank == 0 {
+                    last_loss = Some(m.value);
+                }
+            }
+            Update::Progress(p) => {
+                bar.set_length(p.total_steps);
+                bar.set_position(p.step);
+                bar.set_message(trainbook_widgets::progress_line(p.epoch, p.epochs, p.step, p.total_steps, last_loss, p.samples_per_second, p.elapsed));
+            }
+            Update::Checkpoint { .. } => {}
+            Update::Finished(_) => break,
+        }
+    }
+    bar.finish_and_clear();
+    let result = job.wait();
+    let summary = job.result()?;
+    match &result {
+        Ok(r) => eprintln!(
+            "trainbook: {} in {} · {} steps · final train loss {:.4} · {} · {}",
+            r.status,
+            trainbook_widgets::format_duration(r.elapsed),
+            r.steps,
+            r.final_train_loss,
+            trainbook_widgets::format_rate(r.samples_per_second, "samples"),
+            r.run_dir.display()
+        ),
+        Err(e) => eprintln!("error: {e:#}"),
+    }
+    if args.json {
+        println!("{}", summary.to_json());
+    }
+    Ok(if summary.status == JobStatus::Succeeded { 0 } else { 1 })
+}
+
+fn job_logs(r: &crate::job::TrainResult) -> Vec<String> {
+    std::fs::read_to_string(r.run_dir.join("logs").join("rank0.log")).map(|s| s.lines().map(String::from).collect()).unwrap_or_default()
+}
+
+/// Installs a SIGINT/SIGTERM handler that runs `f` once (on a helper thread).
+fn ctrlc_stop(f: impl FnOnce() + Send + 'static) -> Result<()> {
+    use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    // Block the signals in this thread (and threads spawned later); a helper waits for them.
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
+    std::thread::Builder::new().name("trainbook-signals".into()).spawn(move || {
+        if set.wait().is_ok() {
+            eprintln!("trainbook: stopping workers…");
+            f();
+        }
+    })?;
+    Ok(())
+}

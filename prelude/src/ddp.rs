@@ -1,0 +1,150 @@
+//! Data-parallel gradient synchronisation.
+//!
+//! Gradients are packed into a few flat buckets (about 25 MB each, like PyTorch DDP's default)
+//! instead of one collective per tensor: per-call latency dominates small tensors. Bucket `k`'s
+//! all-reduce runs while bucket `k+1` is packed, so packing and communication overlap.
+//!
+//! Each rank scales its gradient by `local_batch / global_batch` before the sum, so the result
+//! is the gradient of the mean loss over the global batch even when the last batches differ in
+//! size — exactly what one worker with the whole batch would compute.
+
+use anyhow::Result;
+use tch::{Kind, Tensor};
+
+use crate::dist::ProcessGroup;
+
+/// Default bucket size in bytes.
+pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
+
+struct Bucket {
+    /// (index into params, offset, numel)
+    slots: Vec<(usize, i64, i64)>,
+    flat: Tensor,
+}
+
+pub struct GradSync {
+    params: Vec<Tensor>,
+    buckets: Vec<Bucket>,
+}
+
+impl GradSync {
+    /// `params` are the trainable variables (shallow clones share storage and `.grad()`).
+    pub fn new(params: &[Tensor], bucket_bytes: usize) -> Self {
+        let params: Vec<Tensor> = params.iter().map(|p| p.shallow_clone()).collect();
+        // Group consecutive parameters of one dtype and device into buckets of ~bucket_bytes.
+        let mut buckets = Vec::new();
+        let mut slots: Vec<(usize, i64, i64)> = Vec::new();
+        let mut off = 0i64;
+        let mut bytes = 0usize;
+        let mut key: Option<(Kind, tch::Device)> = None;
+        let flush = |slots: &mut Vec<(usize, i64, i64)>, off: &mut i64, key: Option<(Kind, tch::Device)>, buckets: &mut Vec<Bucket>| {
+            if let (false, Some((kind, dev))) = (slots.is_empty(), key) {
+                buckets.push(Bucket { slots: std::mem::take(slots), flat: Tensor::zeros([*off], (kind, dev)) });
+            }
+            *off = 0;
+        };
+        for (i, p) in params.iter().enumerate() {
+            let k = (p.kind(), p.device());
+            let n = p.numel() as i64;
+            let size = n as usize * p.kind().elt_size_in_bytes();
+            if key.is_some() && (key != Some(k) || bytes + size > bucket_bytes) {
+                flush(&mut slots, &mut off, key, &mut buckets);
+                bytes = 0;
+            }
+            key = Some(k);
+            slots.push((i, off, n));
+            off += n;
+            bytes += size;
+        }
+        flush(&mut slots, &mut off, key, &mut buckets);
+        Self { params, buckets }
+    }
+
+    pub fn num_buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// All-reduces the gradients: afterwards every rank holds
+    /// `sum_r weight_r * grad_r`, with `weight_r = local_batch_r / global_batch`.
+    pub fn sync(&mut self, pg: &ProcessGroup, weight: f64) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            let mut in_flight: Option<(usize, crate::dist::Work)> = None;
+            for b in 0..self.buckets.len() {
+                self.pack(b, weight);
+                let work = pg.allreduce_start(&self.buckets[b].flat)?;
+                if let Some((prev, w)) = in_flight.replace((b, work)) {
+                    w.wait()?;
+                    self.unpack(prev)?;
+                }
+            }
+            if let Some((prev, w)) = in_flight.take() {
+                w.wait()?;
+                self.unpack(prev)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn pack(&mut self, b: usize, weight: f64) {
+        let bucket = &mut self.buckets[b];
+        for &(i, off, n) in &bucket.slots {
+            let mut dst = bucket.flat.narrow(0, off, n);
+            let g = self.params[i].grad();
+            if g.defined() {
+                dst.copy_(&g.view([-1]));
+            } else {
+                let _ = dst.zero_();
+            }
+        }
+        if weight != 1.0 {
+            let _ = bucket.flat.g_mul_scalar_(weight);
+        }
+    }
+
+    fn unpack(&mut self, b: usize) -> Result<()> {
+        let bucket = &self.buckets[b];
+        for &(i, off, n) in &bucket.slots {
+            let g = self.params[i].grad();
+            if !g.defined() {
+                // Like PyTorch DDP without find_unused_parameters: every rank must produce every
+                // gradient, or the ranks' models would drift apart.
+                anyhow::bail!(
+                    "trainable parameter #{i} ({:?}) got no gradient this step: every trainable \
+                     parameter must take part in the loss for data-parallel training",
+                    self.params[i].size()
+                );
+            }
+            g.view([-1]).copy_(&bucket.flat.narrow(0, off, n));
+        }
+        Ok(())
+    }
+}
+
+/// Makes every rank start from rank 0's parameters (and buffers), in flat buckets.
+pub fn broadcast_parameters(pg: &ProcessGroup, tensors: &[Tensor]) -> Result<()> {
+    if pg.world_size() == 1 {
+        return Ok(());
+    }
+    tch::no_grad(|| -> Result<()> {
+        let sync = GradSync::new(tensors, BUCKET_BYTES);
+        for bucket in &sync.buckets {
+            let mut flat = bucket.flat.shallow_clone();
+            for &(i, off, n) in &bucket.slots {
+                flat.narrow(0, off, n).copy_(&tensors[i].view([-1]));
+            }
+            pg.broadcast(&[&flat], 0)?;
+            for &(i, off, n) in &bucket.slots {
+                tensors[i].shallow_clone().view([-1]).copy_(&flat.narrow(0, off, n));
+            }
+            let _ = &mut flat;
+        }
+        Ok(())
+    })
+}
+
+/// Sums a few f64 values over all ranks (epoch metrics: loss sums, correct counts, sizes).
+pub fn allreduce_sums(pg: &ProcessGroup, values: &[f64]) -> Result<Vec<f64>> {
+    let t = Tensor::from_slice(values);
+    pg.allreduce(&[&t], crate::dist::ReduceOp::Sum)?;
+    Ok(Vec::<f64>::try_from(&t)?)
+}

@@ -1,0 +1,300 @@
+//! Collective communication through PyTorch's own c10d engine.
+//!
+//! A [`ProcessGroup`] is the generic `c10d::ProcessGroup` with gloo serving CPU tensors, NCCL
+//! serving CUDA tensors (builds with the `cuda` feature) and an HCCL slot for Intel Gaudi.
+//! Rendezvous follows torch.distributed's `env://` contract (`MASTER_ADDR`, `MASTER_PORT`,
+//! `RANK`, `WORLD_SIZE`), so trainbook workers can also be started by other launchers.
+//! Every call carries a timeout, so a dead peer turns into an error instead of a hang.
+
+mod ffi;
+
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_void};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tch::Tensor;
+
+const ERR_LEN: usize = 4096;
+
+fn call<T>(what: &str, f: impl FnOnce(*mut c_char, usize) -> T, failed: impl Fn(&T) -> bool) -> Result<T> {
+    let mut buf = vec![0 as c_char; ERR_LEN];
+    let out = f(buf.as_mut_ptr(), ERR_LEN);
+    if failed(&out) {
+        // SAFETY: the shim always NUL-terminates within ERR_LEN.
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        bail!("{what} failed: {}", msg.trim());
+    }
+    Ok(out)
+}
+
+/// Which c10d backend carries the model's tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Gloo,
+    Nccl,
+    Hccl,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Gloo => "gloo",
+            Backend::Nccl => "nccl",
+            Backend::Hccl => "hccl",
+        }
+    }
+}
+
+/// Whether this build can create NCCL process groups (the `cuda` feature).
+pub fn have_nccl() -> bool {
+    unsafe { ffi::tb_have_nccl() != 0 }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// Sum, then divide by the world size (gloo has no native average).
+    Mean,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    fn code(self) -> i32 {
+        match self {
+            ReduceOp::Sum | ReduceOp::Mean => 0,
+            ReduceOp::Max => 1,
+            ReduceOp::Min => 2,
+        }
+    }
+}
+
+/// A rendezvous store hosted by the launcher. Binding port 0 lets the OS pick a free port
+/// atomically, so two jobs started at once can never race for the same port.
+pub struct RendezvousServer {
+    ptr: *mut ffi::TbStore,
+    port: u16,
+}
+
+// SAFETY: the TCPStore server runs its own threads; the handle is only freed once.
+unsafe impl Send for RendezvousServer {}
+unsafe impl Sync for RendezvousServer {}
+
+impl RendezvousServer {
+    pub fn bind(host: &str, port: u16, timeout: Duration) -> Result<Self> {
+        let chost = CString::new(host).context("master address contains a NUL byte")?;
+        let mut out_port = 0u16;
+        let ptr = call(
+            "starting the rendezvous store",
+            |e, n| unsafe {
+                ffi::tb_store_server(chost.as_ptr(), port, timeout.as_millis() as i64, &mut out_port, e, n)
+            },
+            |p| p.is_null(),
+        )
+        .map_err(|e| {
+            if port != 0 {
+                anyhow!(
+                    "{e}\nhint: master port {port} on {host} is probably in use by another \
+                     process; choose another port, or leave the port unset to pick a free one"
+                )
+            } else {
+                e
+            }
+        })?;
+        Ok(Self { ptr, port: out_port })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for RendezvousServer {
+    fn drop(&mut self) {
+        unsafe { ffi::tb_store_free(self.ptr) }
+    }
+}
+
+/// How a worker joins its job's process group.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    pub backend: Backend,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub rank: usize,
+    pub world_size: usize,
+    /// Host the store in this process (torch's env:// behaviour for rank 0). trainbook's
+    /// launcher hosts it itself and sets `TRAINBOOK_AGENT_STORE=1`.
+    pub host_store: bool,
+    pub timeout: Duration,
+    /// Network interface for gloo (`GLOO_SOCKET_IFNAME`), if set.
+    pub gloo_ifname: Option<String>,
+}
+
+impl InitOptions {
+    /// Reads torch.distributed's env:// variables.
+    pub fn from_env(backend: Backend, timeout: Duration) -> Result<Self> {
+        fn var(name: &str) -> Result<String> {
+            std::env::var(name).with_context(|| {
+                format!("{name} is not set: workers need MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (start them with `trainbook train` or `launch`)")
+            })
+        }
+        fn num<T: std::str::FromStr>(name: &str) -> Result<T> {
+            let v = var(name)?;
+            v.trim().parse().map_err(|_| anyhow!("{name}={v:?} is not a valid number"))
+        }
+        let rank: usize = num("RANK")?;
+        let world_size: usize = num("WORLD_SIZE")?;
+        if world_size == 0 || rank >= world_size {
+            bail!("RANK={rank} must be below WORLD_SIZE={world_size}");
+        }
+        let agent_store = std::env::var("TRAINBOOK_AGENT_STORE").map(|v| v == "1").unwrap_or(false);
+        Ok(Self {
+            backend,
+            master_addr: var("MASTER_ADDR")?,
+            master_port: num("MASTER_PORT")?,
+            rank,
+            world_size,
+            host_store: rank == 0 && !agent_store,
+            timeout,
+            gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+/// A c10d process group: this worker's handle on the job's collectives.
+///
+/// Collectives write into the tensors they are given although they take `&Tensor`: a tch
+/// tensor is a shared handle on storage (like `at::Tensor`), so this is the same interior
+/// mutability every in-place tch operation has.
+pub struct ProcessGroup {
+    ptr: *mut ffi::TbPg,
+    rank: usize,
+    world_size: usize,
+    backend: Backend,
+}
+
+// SAFETY: c10d process groups are thread-safe for enqueueing work; trainbook uses each one from
+// a single training thread at a time.
+unsafe impl Send for ProcessGroup {}
+
+impl ProcessGroup {
+    pub fn new(opts: &InitOptions) -> Result<Self> {
+        let backend = CString::new(opts.backend.name()).unwrap();
+        let addr = CString::new(opts.master_addr.as_str()).context("MASTER_ADDR contains a NUL byte")?;
+        let ifname = CString::new(opts.gloo_ifname.clone().unwrap_or_default()).context("GLOO_SOCKET_IFNAME contains a NUL byte")?;
+        let ptr = call(
+            &format!(
+                "joining the {} process group as rank {} of {} at {}:{}",
+                opts.backend.name(),
+                opts.rank,
+                opts.world_size,
+                opts.master_addr,
+                opts.master_port
+            ),
+            |e, n| unsafe {
+                ffi::tb_pg_new(
+                    backend.as_ptr(),
+                    addr.as_ptr(),
+                    opts.master_port,
+                    opts.rank as i32,
+                    opts.world_size as i32,
+                    opts.host_store as i32,
+                    opts.timeout.as_millis() as i64,
+                    ifname.as_ptr(),
+                    e,
+                    n,
+                )
+            },
+            |p| p.is_null(),
+        )?;
+        let (rank, world_size) = unsafe { (ffi::tb_pg_rank(ptr) as usize, ffi::tb_pg_size(ptr) as usize) };
+        Ok(Self { ptr, rank, world_size, backend: opts.backend })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// All-reduces `tensors` in place. Tensors must be contiguous and live on the group's device.
+    pub fn allreduce(&self, tensors: &[&Tensor], op: ReduceOp) -> Result<()> {
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+        call(
+            "allreduce",
+            |e, n| unsafe { ffi::tb_pg_allreduce(self.ptr, ptrs.as_ptr(), ptrs.len(), op.code(), e, n) },
+            |rc| *rc != 0,
+        )?;
+        if op == ReduceOp::Mean && self.world_size > 1 {
+            for t in tensors {
+                let _ = t.shallow_clone().g_div_scalar_(self.world_size as f64);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts an in-place sum-allreduce of one tensor; [`Work::wait`] completes it.
+    pub fn allreduce_start(&self, tensor: &Tensor) -> Result<Work> {
+        let ptr = call(
+            "allreduce",
+            |e, n| unsafe { ffi::tb_pg_allreduce_start(self.ptr, tensor.as_ptr() as *mut c_void, 0, e, n) },
+            |p| p.is_null(),
+        )?;
+        Ok(Work { ptr })
+    }
+
+    /// Broadcasts `tensors` in place from `root` to every rank.
+    pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<()> {
+        if root >= self.world_size {
+            bail!("broadcast root {root} is not a rank of this group (world size {})", self.world_size);
+        }
+        let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
+        call(
+            "broadcast",
+            |e, n| unsafe { ffi::tb_pg_broadcast(self.ptr, ptrs.as_ptr(), ptrs.len(), root as i32, e, n) },
+            |rc| *rc != 0,
+        )?;
+        Ok(())
+    }
+
+    pub fn barrier(&self) -> Result<()> {
+        call("barrier", |e, n| unsafe { ffi::tb_pg_barrier(self.ptr, e, n) }, |rc| *rc != 0)?;
+        Ok(())
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        unsafe { ffi::tb_pg_free(self.ptr) }
+    }
+}
+
+/// An in-flight collective.
+pub struct Work {
+    ptr: *mut ffi::TbWork,
+}
+
+impl Work {
+    pub fn wait(self) -> Result<()> {
+        let rc = call("allreduce", |e, n| unsafe { ffi::tb_work_wait(self.ptr, e, n) }, |rc| *rc != 0);
+        rc.map(|_| ())
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        unsafe { ffi::tb_work_free(self.ptr) }
+    }
+}

@@ -1,0 +1,308 @@
+//! The event stream from workers to the driver.
+//!
+//! Workers PUSH, the driver PULLs, over zeromq on loopback. Every message is two frames,
+//! `[token, json]`; the token is random per job and anything without it is dropped (counted,
+//! never parsed), so another local process cannot inject events into a job.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context, Result};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+pub use crate::dedup::Stream;
+
+/// Seconds since the Unix epoch.
+pub fn unix_time() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// What a worker reports when it finishes.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct WorkerSummary {
+    pub steps: u64,
+    pub epochs: u64,
+    pub samples: u64,
+    pub train_seconds: f64,
+    /// Mean training loss of the last epoch, all-reduced over ranks.
+    pub final_train_loss: f64,
+    /// Sum and L2 norm of all final parameters (identical on every rank after data-parallel
+    /// training; handy to compare runs).
+    pub param_sum: f64,
+    pub param_l2: f64,
+    pub device: String,
+    /// Final epoch metrics (all-reduced), e.g. eval_loss, eval_accuracy.
+    pub metrics: std::collections::BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Started { rank: usize, pid: u32, device: String, threads: usize },
+    Log { rank: usize, stream: LogStream, text: String },
+    Metric { rank: usize, step: u64, epoch: u64, name: String, value: f64, time: f64 },
+    Progress { rank: usize, step: u64, total_steps: u64, epoch: u64, epochs: u64, samples: u64, samples_per_second: f64 },
+    Checkpoint { rank: usize, step: u64, epoch: u64, path: String },
+    Error { rank: usize, message: String },
+    Done { rank: usize, summary: WorkerSummary },
+}
+
+impl Event {
+    pub fn rank(&self) -> usize {
+        match self {
+            Event::Started { rank, .. }
+            | Event::Log { rank, .. }
+            | Event::Metric { rank, .. }
+            | Event::Progress { rank, .. }
+            | Event::Checkpoint { rank, .. }
+            | Event::Error { rank, .. }
+            | Event::Done { rank, .. } => *rank,
+        }
+    }
+}
+
+/// Serializable twin of [`Stream`].
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+impl From<LogStream> for Stream {
+    fn from(s: LogStream) -> Self {
+        match s {
+            LogStream::Stdout => Stream::Stdout,
+            LogStream::Stderr => Stream::Stderr,
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the event-stream runtime")
+}
+
+/// Driver side: receives events for one job.
+pub struct Collector {
+    endpoint: String,
+    dropped: Arc<AtomicU64>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Collector {
+    /// Binds a PULL socket on `host` (port chosen by the OS) and forwards every event carrying
+    /// `token` to `sink` (which returns false once nobody listens).
+    pub fn start(host: &str, token: String, mut sink: impl FnMut(Event) -> bool + Send + 'static) -> Result<Self> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<String>>();
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let dropped = Arc::new(AtomicU64::new(0));
+        let dropped2 = dropped.clone();
+        let addr = format!("tcp://{host}:0");
+        let thread = thread::Builder::new()
+            .name("trainbook-events".into())
+            .spawn(move || {
+                let rt = match runtime() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut socket = zeromq::PullSocket::new();
+                    let endpoint = match socket.bind(&addr).await {
+                        Ok(ep) => ep.to_string(),
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(anyhow!("binding the event socket on {addr}: {e}")));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(endpoint));
+                    let token = Bytes::from(token.into_bytes());
+                    loop {
+                        tokio::select! {
+                            _ = &mut stop_rx => break,
+                            msg = socket.recv() => {
+                                let Ok(msg) = msg else { continue };
+                                match decode(&msg, &token) {
+                                    Some(ev) => { if !sink(ev) { break; } }
+                                    None => { dropped2.fetch_add(1, Ordering::Relaxed); }
+                                }
+                            }
+                        }
+                    }
+                    let _ = socket.close().await;
+                });
+            })
+            .context("spawning the event collector thread")?;
+        let endpoint = ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| anyhow!("the event collector did not start within 10 s"))??;
+        Ok(Self { endpoint, dropped, shutdown: Some(stop_tx), thread: Some(thread) })
+    }
+
+    /// Where workers connect, e.g. `tcp://127.0.0.1:40123`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Messages dropped for a missing or wrong token, or unparsable content.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn decode(msg: &ZmqMessage, token: &Bytes) -> Option<Event> {
+    if msg.len() != 2 {
+        return None;
+    }
+    let got = msg.get(0)?;
+    // Compare in constant time so the token cannot be guessed byte by byte.
+    if got.len() != token.len() || got.iter().zip(token.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+        return None;
+    }
+    serde_json::from_slice(msg.get(1)?).ok()
+}
+
+/// A fresh random token for one job.
+pub fn new_token() -> String {
+    use rand::Rng;
+    let bytes: [u8; 16] = rand::thread_rng().gen();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+enum Outgoing {
+    Event(Event),
+    Flush(mpsc::Sender<()>),
+}
+
+/// Worker side: sends events to the driver from any thread, never blocking the training loop.
+#[derive(Clone)]
+pub struct Emitter {
+    tx: tokio::sync::mpsc::UnboundedSender<Outgoing>,
+    rank: usize,
+}
+
+impl Emitter {
+    /// Connects to the driver's collector. Fails if the driver cannot be reached.
+    pub fn connect(endpoint: &str, token: &str, rank: usize) -> Result<Self> {
+        // A tokio channel, awaited: while this thread waits for events the runtime keeps running
+        // zeromq's writer tasks, so events leave as they are sent, not at the end.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Outgoing>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let endpoint = endpoint.to_string();
+        let token = Bytes::from(token.to_string().into_bytes());
+        thread::Builder::new()
+            .name("trainbook-emitter".into())
+            .spawn(move || {
+                let rt = match runtime() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut socket = zeromq::PushSocket::new();
+                    let connected = tokio::time::timeout(Duration::from_secs(10), socket.connect(&endpoint)).await;
+                    match connected {
+                        Ok(Ok(())) => {
+                            let _ = ready_tx.send(Ok(()));
+                        }
+                        Ok(Err(e)) => {
+                            let _ = ready_tx.send(Err(anyhow!("connecting to the driver at {endpoint}: {e}")));
+                            return;
+                        }
+                        Err(_) => {
+                            let _ = ready_tx.send(Err(anyhow!("connecting to the driver at {endpoint}: timed out after 10 s")));
+                            return;
+                        }
+                    }
+                    while let Some(out) = rx.recv().await {
+                        match out {
+                            Outgoing::Event(ev) => {
+                                let Ok(json) = serde_json::to_vec(&ev) else { continue };
+                                let frames = vec![token.clone(), Bytes::from(json)];
+                                let msg = ZmqMessage::try_from(frames).expect("two frames");
+                                if socket.send(msg).await.is_err() {
+                                    // Driver gone: nothing left to report to.
+                                    break;
+                                }
+                            }
+                            Outgoing::Flush(done) => {
+                                // zeromq queues messages per peer and a separate task writes them
+                                // to the TCP stream; give that task the runtime until it has.
+                                for _ in 0..16 {
+                                    tokio::task::yield_now().await;
+                                }
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                });
+            })
+            .context("spawning the event emitter thread")?;
+        ready_rx.recv_timeout(Duration::from_secs(15)).map_err(|_| anyhow!("event emitter did not start"))??;
+        Ok(Self { tx, rank })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn send(&self, ev: Event) {
+        let _ = self.tx.send(Outgoing::Event(ev));
+    }
+
+    pub fn log(&self, text: impl Into<String>) {
+        self.send(Event::Log { rank: self.rank, stream: LogStream::Stdout, text: text.into() });
+    }
+
+    pub fn metric(&self, step: u64, epoch: u64, name: &str, value: f64) {
+        self.send(Event::Metric { rank: self.rank, step, epoch, name: name.to_string(), value, time: unix_time() });
+    }
+
+    /// Waits until every event sent so far has been handed to the kernel's socket buffer (call
+    /// before exiting, so the last events are not lost).
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let (tx, rx) = mpsc::channel();
+        if self.tx.send(Outgoing::Flush(tx)).is_err() {
+            return false;
+        }
+        rx.recv_timeout(timeout).is_ok()
+    }
+}
+
+/// Sends one raw multipart message to an event endpoint; used to check that untrusted
+/// messages are ignored.
+pub fn send_raw(endpoint: &str, frames: Vec<Vec<u8>>) -> Result<()> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let mut socket = zeromq::PushSocket::new();
+        socket.connect(endpoint).await.map_err(|e| anyhow!("connect {endpoint}: {e}"))?;
+        let msg = ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>())
+            .map_err(|e| anyhow!("building message: {e}"))?;
+        socket.send(msg).await.map_err(|e| anyhow!("send: {e}"))?;
+        // Let the bytes leave before the socket is dropped.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,730 @@
+//! The driver side of a job: start workers, collect their events and output, watch their
+//! health, and hand results to the caller. Data flows one way — workers → events → this
+//! driver → subscribers (terminal, notebook widgets); only stop requests flow back.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+use crate::dedup::{Deduplicator, Shown, Stream};
+use crate::device::{self, DeviceKind};
+use crate::dist::RendezvousServer;
+use crate::events::{self, Collector, Event, WorkerSummary};
+use crate::launch::{self, Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
+use crate::metrics::{self, MetricRow};
+use crate::spec::JobSpec;
+
+/// Lines of each rank kept for error reports.
+const TAIL_LINES: usize = 20;
+/// Log lines kept in memory per job (the run directory has them all).
+const MEMORY_LOG_LINES: usize = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    Starting,
+    Running,
+    Succeeded,
+    Failed,
+    Stopped,
+}
+
+impl JobStatus {
+    pub fn is_finished(self) -> bool {
+        matches!(self, JobStatus::Succeeded | JobStatus::Failed | JobStatus::Stopped)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            JobStatus::Starting => "starting",
+            JobStatus::Running => "running",
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+            JobStatus::Stopped => "stopped",
+        }
+    }
+}
+
+impl std::fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a job did not succeed.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("worker rank {rank} failed ({how}); all workers were stopped.{message}\nlast lines of rank {rank}:\n{tail}\nfull log: {log}")]
+    WorkerFailed { rank: usize, how: String, message: String, tail: String, log: String },
+    #[error("the job was stopped before it finished (run directory: {run_dir})")]
+    Interrupted { run_dir: String },
+}
+
+/// One line of worker output.
+#[derive(Clone, Debug, Serialize)]
+pub struct LogRecord {
+    pub rank: usize,
+    pub stream: &'static str,
+    pub text: String,
+    /// Seconds since the job started.
+    pub time: f64,
+}
+
+impl std::fmt::Display for LogRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "(rank {}) {}", self.rank, self.text)
+    }
+}
+
+/// Latest progress, as reported by rank 0.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Progress {
+    pub step: u64,
+    pub total_steps: u64,
+    pub epoch: u64,
+    pub epochs: u64,
+    pub samples: u64,
+    pub samples_per_second: f64,
+    pub elapsed: f64,
+}
+
+/// What subscribers (terminal, notebook) receive while the job runs.
+#[derive(Clone, Debug)]
+pub enum Update {
+    Log(Shown),
+    Metric(MetricRow),
+    Progress(Progress),
+    Checkpoint { epoch: u64, path: PathBuf },
+    Finished(JobStatus),
+}
+
+/// The outcome of a job.
+#[derive(Clone, Debug)]
+pub struct TrainResult {
+    pub status: JobStatus,
+    pub recipe: String,
+    pub workers: usize,
+    pub device: DeviceKind,
+    /// Final metrics: the last value of every global metric plus run statistics.
+    pub metrics: BTreeMap<String, f64>,
+    pub metrics_df: polars::prelude::DataFrame,
+    pub last_checkpoint: Option<PathBuf>,
+    pub best_checkpoint: Option<PathBuf>,
+    pub run_dir: PathBuf,
+    pub error: Option<String>,
+    pub steps: u64,
+    pub samples_per_second: f64,
+    pub final_train_loss: f64,
+    pub param_sum: f64,
+    pub param_l2: f64,
+    pub elapsed: f64,
+}
+
+impl TrainResult {
+    /// The summary the CLI prints with `--json`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "status": self.status.name(),
+            "recipe": self.recipe,
+            "workers": self.workers,
+            "device": self.device.name(),
+            "steps": self.steps,
+            "final_train_loss": finite_or_null(self.final_train_loss),
+            "samples_per_second": finite_or_null(self.samples_per_second),
+            "elapsed_seconds": self.elapsed,
+            "run_dir": self.run_dir.display().to_string(),
+            "param_sum": finite_or_null(self.param_sum),
+            "param_l2": finite_or_null(self.param_l2),
+            "metrics": self.metrics.iter().map(|(k, v)| (k.clone(), finite_or_null(*v))).collect::<serde_json::Map<_, _>>(),
+            "last_checkpoint": self.last_checkpoint.as_ref().map(|p| p.display().to_string()),
+            "best_checkpoint": self.best_checkpoint.as_ref().map(|p| p.display().to_string()),
+            "error": self.error,
+        })
+    }
+}
+
+fn finite_or_null(v: f64) -> serde_json::Value {
+    if v.is_finite() {
+        serde_json::json!(v)
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+struct State {
+    status: JobStatus,
+    metrics: Vec<MetricRow>,
+    logs: VecDeque<LogRecord>,
+    tails: Vec<VecDeque<String>>,
+    errors: Vec<Option<String>>,
+    progress: Option<Progress>,
+    checkpoints: Vec<(u64, PathBuf)>,
+    summaries: Vec<Option<WorkerSummary>>,
+    failure: Option<TrainError>,
+    pids: Vec<u32>,
+    elapsed: f64,
+    dropped_events: u64,
+}
+
+struct Shared {
+    id: u64,
+    spec: JobSpec,
+    device: DeviceKind,
+    run_dir: PathBuf,
+    events_endpoint: String,
+    started: Instant,
+    state: Mutex<State>,
+    finished: Condvar,
+    stop_requested: AtomicBool,
+    subscribers: Mutex<Vec<mpsc::Sender<Update>>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock must not make the job unreadable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, u: Update) {
+        let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        subs.retain(|s| s.send(u.clone()).is_ok());
+    }
+}
+
+/// A handle on a running or finished job. Cheap to clone.
+#[derive(Clone)]
+pub struct Job {
+    shared: Arc<Shared>,
+}
+
+static REGISTRY: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Jobs of this process that have not finished.
+pub fn running_jobs() -> Vec<Job> {
+    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|w| w.strong_count() > 0);
+    reg.iter().filter_map(|w| w.upgrade()).map(|shared| Job { shared }).filter(|j| !j.status().is_finished()).collect()
+}
+
+/// Stops every running job of this process (what a notebook interrupt does first).
+pub fn stop_all() -> usize {
+    let jobs = running_jobs();
+    for j in &jobs {
+        j.request_stop();
+    }
+    for j in &jobs {
+        let _ = j.wait_finished(STOP_GRACE + Duration::from_secs(3));
+    }
+    jobs.len()
+}
+
+/// Starts a job and returns at once; see [`Job::wait`].
+pub fn launch(spec: JobSpec) -> Result<Job> {
+    spec.validate()?;
+    let device = device::resolve(spec.device, spec.workers)?;
+    let program = launch::worker_binary()?;
+    let run_dir = create_run_dir(&spec)?;
+    write_json_atomic(&run_dir.join("config.json"), &spec)?;
+
+    let timeout = Duration::from_secs(spec.collective_timeout_secs);
+    let store = RendezvousServer::bind(&spec.master_addr, spec.master_port.unwrap_or(0), timeout)?;
+    let token = events::new_token();
+    let (tx, rx) = mpsc::channel::<Incoming>();
+    let ev_tx = tx.clone();
+    let collector = Collector::start("127.0.0.1", token.clone(), move |e| ev_tx.send(Incoming::Event(e)).is_ok())?;
+
+    let threads = match device {
+        DeviceKind::Cpu => spec.threads_per_worker.unwrap_or_else(|| device::cpu_threads_per_worker(spec.workers)),
+        _ => spec.threads_per_worker.unwrap_or(4),
+    };
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let cmds: Vec<WorkerCommand> = (0..spec.workers)
+        .map(|rank| {
+            let mut env: Vec<(String, String)> = vec![
+                ("RANK".into(), rank.to_string()),
+                ("LOCAL_RANK".into(), rank.to_string()),
+                ("WORLD_SIZE".into(), spec.workers.to_string()),
+                ("LOCAL_WORLD_SIZE".into(), spec.workers.to_string()),
+                ("MASTER_ADDR".into(), spec.master_addr.clone()),
+                ("MASTER_PORT".into(), store.port().to_string()),
+                ("TRAINBOOK_AGENT_STORE".into(), "1".into()),
+                ("TRAINBOOK_EVENTS".into(), collector.endpoint().to_string()),
+                ("TRAINBOOK_TOKEN".into(), token.clone()),
+                ("TRAINBOOK_RUN_DIR".into(), run_dir.display().to_string()),
+                ("TRAINBOOK_CONFIG".into(), run_dir.join("config.json").display().to_string()),
+                ("TRAINBOOK_DEVICE".into(), device.name().into()),
+                ("TRAINBOOK_THREADS".into(), threads.to_string()),
+                ("OMP_NUM_THREADS".into(), threads.to_string()),
+                ("MKL_NUM_THREADS".into(), threads.to_string()),
+            ];
+            env.extend(spec.env.iter().cloned());
+            WorkerCommand { rank, program: program.clone(), env, cwd: cwd.clone() }
+        })
+        .collect();
+
+    let world = spec.workers;
+    let shared = Arc::new(Shared {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        spec,
+        device,
+        run_dir,
+        events_endpoint: collector.endpoint().to_string(),
+        started: Instant::now(),
+        state: Mutex::new(State {
+            status: JobStatus::Starting,
+            metrics: Vec::new(),
+            logs: VecDeque::new(),
+            tails: vec![VecDeque::new(); world],
+            errors: vec![None; world],
+            progress: None,
+            checkpoints: Vec::new(),
+            summaries: vec![None; world],
+            failure: None,
+            pids: Vec::new(),
+            elapsed: 0.0,
+            dropped_events: 0,
+        }),
+        finished: Condvar::new(),
+        stop_requested: AtomicBool::new(false),
+        subscribers: Mutex::new(Vec::new()),
+    });
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&shared));
+
+    // Workers are spawned from the driver thread, which lives exactly as long as they do:
+    // PR_SET_PDEATHSIG fires when the *thread* that forked them exits.
+    let (spawned_tx, spawned_rx) = mpsc::channel::<Result<()>>();
+    let driver_shared = shared.clone();
+    thread::Builder::new()
+        .name(format!("trainbook-job-{}", shared.id))
+        .spawn(move || {
+            let raw_tx = tx.clone();
+            let workers = Workers::spawn(cmds, move |r| raw_tx.send(Incoming::Raw(r)).is_ok());
+            match workers {
+                Ok(w) => {
+                    {
+                        let mut st = driver_shared.lock();
+                        st.pids = w.pids();
+                        st.status = JobStatus::Running;
+                    }
+                    let _ = spawned_tx.send(Ok(()));
+                    drive(&driver_shared, w, rx, collector, store);
+                }
+                Err(e) => {
+                    {
+                        let mut st = driver_shared.lock();
+                        st.status = JobStatus::Failed;
+                    }
+                    driver_shared.finished.notify_all();
+                    let _ = spawned_tx.send(Err(e));
+                }
+            }
+        })
+        .context("spawning the job driver thread")?;
+    spawned_rx.recv().map_err(|_| anyhow!("the job driver thread died while starting workers"))??;
+    Ok(Job { shared })
+}
+
+/// Launches and waits: the blocking form of [`launch`].
+pub fn fit(spec: JobSpec) -> Result<TrainResult> {
+    launch(spec)?.wait()
+}
+
+enum Incoming {
+    Event(Event),
+    Raw(RawOutput),
+}
+
+struct Driver<'a> {
+    shared: &'a Shared,
+    dedup: Deduplicator,
+    log_files: Vec<Option<File>>,
+}
+
+impl Driver<'_> {
+    fn elapsed(&self) -> f64 {
+        self.shared.started.elapsed().as_secs_f64()
+    }
+
+    fn line(&mut self, rank: usize, stream: Stream, text: String) {
+        if let Some(Some(f)) = self.log_files.get_mut(rank) {
+            let tag = if stream == Stream::Stderr { "[stderr] " } else { "" };
+            let _ = writeln!(f, "{tag}{text}");
+        }
+        let now = Instant::now();
+        let shown = self.dedup.push(rank, stream, &text, now);
+        {
+            let mut st = self.shared.lock();
+            if let Some(t) = st.tails.get_mut(rank) {
+                if t.len() == TAIL_LINES {
+                    t.pop_front();
+                }
+                t.push_back(text.clone());
+            }
+            if st.logs.len() == MEMORY_LOG_LINES {
+                st.logs.pop_front();
+            }
+            let stream = if stream == Stream::Stderr { "stderr" } else { "stdout" };
+            let time = self.elapsed();
+            st.logs.push_back(LogRecord { rank, stream, text, time });
+        }
+        for s in shown {
+            self.shared.publish(Update::Log(s));
+        }
+    }
+
+    fn event(&mut self, ev: Event) {
+        let elapsed = self.elapsed();
+        match ev {
+            Event::Log { rank, stream, text } => self.line(rank, stream.into(), text),
+            Event::Metric { rank, step, epoch, name, value, .. } => {
+                let row = MetricRow { rank: rank as u32, step, epoch, name, value, time: elapsed };
+                self.shared.lock().metrics.push(row.clone());
+                self.shared.publish(Update::Metric(row));
+            }
+            Event::Progress { step, total_steps, epoch, epochs, samples, samples_per_second, .. } => {
+                let p = Progress { step, total_steps, epoch, epochs, samples, samples_per_second, elapsed };
+                self.shared.lock().progress = Some(p.clone());
+                self.shared.publish(Update::Progress(p));
+            }
+            Event::Checkpoint { epoch, path, .. } => {
+                let path = PathBuf::from(path);
+                self.shared.lock().checkpoints.push((epoch, path.clone()));
+                self.shared.publish(Update::Checkpoint { epoch, path });
+            }
+            Event::Error { rank, message } => {
+                if let Some(slot) = self.shared.lock().errors.get_mut(rank) {
+                    *slot = Some(message.clone());
+                }
+                self.line(rank, Stream::Stderr, format!("error: {message}"));
+            }
+            Event::Done { rank, summary } => {
+                if let Some(slot) = self.shared.lock().summaries.get_mut(rank) {
+                    *slot = Some(summary);
+                }
+            }
+            Event::Started { rank, pid, device, threads } => {
+                let _ = (rank, pid, device, threads);
+            }
+        }
+    }
+
+    fn incoming(&mut self, m: Incoming) {
+        match m {
+            Incoming::Event(e) => self.event(e),
+            Incoming::Raw(RawOutput::Line { rank, stderr, text }) => {
+                self.line(rank, if stderr { Stream::Stderr } else { Stream::Stdout }, text)
+            }
+        }
+    }
+
+    fn flush_dedup(&mut self, finish: bool) {
+        let shown = if finish { self.dedup.finish() } else { self.dedup.flush_due(Instant::now()) };
+        for s in shown {
+            self.shared.publish(Update::Log(s));
+        }
+    }
+
+    fn failure(&self, exit: &Exit) -> TrainError {
+        let st = self.shared.lock();
+        let tail: Vec<String> = st.tails.get(exit.rank).map(|t| t.iter().map(|l| format!("  {l}")).collect()).unwrap_or_default();
+        let message = st.errors.get(exit.rank).cloned().flatten().map(|m| format!("\nerror: {m}")).unwrap_or_default();
+        let how = if exit.success() { "exited before reporting completion".to_string() } else { exit.describe() };
+        TrainError::WorkerFailed {
+            rank: exit.rank,
+            how,
+            message,
+            tail: if tail.is_empty() { "  (no output)".into() } else { tail.join("\n") },
+            log: self.shared.run_dir.join("logs").join(format!("rank{}.log", exit.rank)).display().to_string(),
+        }
+    }
+}
+
+fn drive(shared: &Shared, mut workers: Workers, rx: mpsc::Receiver<Incoming>, collector: Collector, store: RendezvousServer) {
+    let world = shared.spec.workers;
+    let logs_dir = shared.run_dir.join("logs");
+    let log_files = (0..world).map(|r| File::create(logs_dir.join(format!("rank{r}.log"))).ok()).collect();
+    let mut d = Driver { shared, dedup: Deduplicator::new(shared.spec.dedup), log_files };
+    let mut stopped_by_user = false;
+
+    while !workers.all_exited() {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(m) => {
+                d.incoming(m);
+                // Drain what is queued before looking at process state again.
+                while let Ok(m) = rx.try_recv() {
+                    d.incoming(m);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        d.flush_dedup(false);
+        if shared.stop_requested.load(Ordering::Relaxed) && !stopped_by_user {
+            stopped_by_user = true;
+            workers.stop(STOP_GRACE);
+            continue;
+        }
+        let exits = workers.poll();
+        if stopped_by_user || exits.is_empty() {
+            continue;
+        }
+        let done_ranks = |st: &State, r: usize| st.summaries.get(r).map(|s| s.is_some()).unwrap_or(false);
+        // A clean exit counts only once its `done` event arrived; give the socket a moment.
+        let mut bad: Vec<Exit> = Vec::new();
+        for e in exits {
+            if e.success() {
+                let deadline = Instant::now() + Duration::from_millis(500);
+                while !done_ranks(&shared.lock(), e.rank) && Instant::now() < deadline {
+                    if let Ok(m) = rx.recv_timeout(Duration::from_millis(10)) {
+                        d.incoming(m);
+                    }
+                }
+                if !done_ranks(&shared.lock(), e.rank) {
+                    bad.push(e);
+                }
+            } else {
+                bad.push(e);
+            }
+        }
+        if !bad.is_empty() && shared.lock().failure.is_none() {
+            // The root cause is usually the worker that died by a signal; its peers then fail
+            // with "connection closed" errors moments later.
+            bad.sort_by_key(|e| (e.signal.is_none(), e.rank));
+            workers.stop(STOP_GRACE);
+            // Collect the failing rank's last words before building the report.
+            workers.join_readers(Duration::from_millis(300));
+            while let Ok(m) = rx.try_recv() {
+                d.incoming(m);
+            }
+            let failure = d.failure(&bad[0]);
+            shared.lock().failure = Some(failure);
+        }
+    }
+
+    // Every worker is gone: take in what is still in flight.
+    workers.join_readers(Duration::from_secs(1));
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(m) => d.incoming(m),
+            Err(_) => {
+                let st = shared.lock();
+                if st.summaries.iter().all(|s| s.is_some()) || st.failure.is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    d.flush_dedup(true);
+    let dropped = collector.dropped();
+    drop(collector);
+    drop(store);
+
+    let status = {
+        let mut st = shared.lock();
+        st.dropped_events = dropped;
+        st.elapsed = shared.started.elapsed().as_secs_f64();
+        st.status = if st.failure.is_some() {
+            JobStatus::Failed
+        } else if stopped_by_user {
+            JobStatus::Stopped
+        } else if st.summaries.iter().all(|s| s.is_some()) {
+            JobStatus::Succeeded
+        } else {
+            JobStatus::Failed
+        };
+        if st.status == JobStatus::Failed && st.failure.is_none() {
+            st.failure = Some(TrainError::WorkerFailed {
+                rank: 0,
+                how: "workers exited without reporting completion".into(),
+                message: String::new(),
+                tail: String::new(),
+                log: shared.run_dir.join("logs").display().to_string(),
+            });
+        }
+        let rows = st.metrics.clone();
+        drop(st);
+        if let Err(e) = metrics::write_parquet(&rows, &shared.run_dir.join("metrics.parquet")) {
+            eprintln!("trainbook: could not write metrics.parquet: {e:#}");
+        }
+        shared.lock().status
+    };
+    shared.publish(Update::Finished(status));
+    shared.finished.notify_all();
+}
+
+impl Job {
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    pub fn spec(&self) -> &JobSpec {
+        &self.shared.spec
+    }
+
+    pub fn device(&self) -> DeviceKind {
+        self.shared.device
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.shared.run_dir
+    }
+
+    /// The zeromq endpoint workers report to (loopback; messages need the job's token).
+    pub fn events_endpoint(&self) -> &str {
+        &self.shared.events_endpoint
+    }
+
+    pub fn status(&self) -> JobStatus {
+        self.shared.lock().status
+    }
+
+    /// Worker process ids (for diagnostics and tests).
+    pub fn pids(&self) -> Vec<u32> {
+        self.shared.lock().pids.clone()
+    }
+
+    pub fn progress(&self) -> Option<Progress> {
+        self.shared.lock().progress.clone()
+    }
+
+    /// Every metric reported so far: columns rank, step, epoch, name, value, time.
+    pub fn metrics(&self) -> Result<polars::prelude::DataFrame> {
+        let rows = self.shared.lock().metrics.clone();
+        metrics::to_dataframe(&rows)
+    }
+
+    /// The most recent log lines of all workers (the run directory holds the full logs).
+    pub fn logs(&self) -> Vec<LogRecord> {
+        self.shared.lock().logs.iter().cloned().collect()
+    }
+
+    /// Messages that reached the event socket without this job's token (dropped).
+    pub fn dropped_events(&self) -> u64 {
+        self.shared.lock().dropped_events
+    }
+
+    /// Live updates from now on. Dropping the receiver unsubscribes.
+    pub fn subscribe(&self) -> mpsc::Receiver<Update> {
+        let (tx, rx) = mpsc::channel();
+        let finished = { self.shared.lock().status.is_finished() };
+        if finished {
+            let _ = tx.send(Update::Finished(self.status()));
+        } else {
+            self.shared.subscribers.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+        }
+        rx
+    }
+
+    fn request_stop(&self) {
+        self.shared.stop_requested.store(true, Ordering::Relaxed);
+    }
+
+    fn wait_finished(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut st = self.shared.lock();
+        while !st.status.is_finished() {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
+            if left.is_zero() {
+                return false;
+            }
+            st = self.shared.finished.wait_timeout(st, left).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+
+    /// Stops the workers (SIGTERM, then SIGKILL after a grace period) and waits for them.
+    pub fn stop(&self) -> Result<()> {
+        self.request_stop();
+        if !self.wait_finished(STOP_GRACE + Duration::from_secs(5)) {
+            bail!("job {} did not stop within {} s; its workers were sent SIGKILL", self.id(), STOP_GRACE.as_secs() + 5);
+        }
+        Ok(())
+    }
+
+    /// Blocks until the job ends. Ok for a successful job; the error names the failing rank
+    /// or says the job was stopped. [`Job::result`] has the details either way.
+    pub fn wait(&self) -> Result<TrainResult> {
+        self.wait_finished(Duration::MAX);
+        let result = self.result()?;
+        match result.status {
+            JobStatus::Succeeded => Ok(result),
+            JobStatus::Stopped => Err(TrainError::Interrupted { run_dir: result.run_dir.display().to_string() }.into()),
+            _ => Err(self.shared.lock().failure.clone().map(anyhow::Error::from).unwrap_or_else(|| anyhow!("the job failed"))),
+        }
+    }
+
+    /// The job's result so far (final once the job has finished).
+    pub fn result(&self) -> Result<TrainResult> {
+        let st = self.shared.lock();
+        let summaries: Vec<&WorkerSummary> = st.summaries.iter().flatten().collect();
+        let s0 = st.summaries.first().cloned().flatten().unwrap_or_default();
+        let samples: u64 = summaries.iter().map(|s| s.samples).sum();
+        let secs = summaries.iter().map(|s| s.train_seconds).fold(0.0, f64::max);
+        let mut final_metrics = s0.metrics.clone();
+        let best_epoch = st
+            .metrics
+            .iter()
+            .filter(|m| m.name == "eval_loss")
+            .min_by(|a, b| a.value.total_cmp(&b.value))
+            .map(|m| m.epoch);
+        let last_checkpoint = st.checkpoints.last().map(|(_, p)| p.clone());
+        let best_checkpoint = best_epoch
+            .and_then(|e| st.checkpoints.iter().find(|(ce, _)| *ce == e).map(|(_, p)| p.clone()))
+            .or_else(|| last_checkpoint.clone());
+        let sps = if secs > 0.0 { samples as f64 / secs } else { 0.0 };
+        final_metrics.insert("samples_per_second".into(), sps);
+        final_metrics.insert("train_loss".into(), s0.final_train_loss);
+        Ok(TrainResult {
+            status: st.status,
+            recipe: self.shared.spec.recipe.clone(),
+            workers: self.shared.spec.workers,
+            device: self.shared.device,
+            metrics: final_metrics,
+            metrics_df: metrics::to_dataframe(&st.metrics)?,
+            last_checkpoint,
+            best_checkpoint,
+            run_dir: self.shared.run_dir.clone(),
+            error: st.failure.as_ref().map(|f| f.to_string()).or(if st.status == JobStatus::Stopped { Some("stopped".into()) } else { None }),
+            steps: s0.steps,
+            samples_per_second: sps,
+            final_train_loss: s0.final_train_loss,
+            param_sum: s0.param_sum,
+            param_l2: s0.param_l2,
+            elapsed: if st.status.is_finished() { st.elapsed } else { self.shared.started.elapsed().as_secs_f64() },
+        })
+    }
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Job({} {} x{} on {}, {}, {})", self.id(), self.spec().recipe, self.spec().workers, self.device(), self.status(), self.run_dir().display())
+    }
+}
+
+fn create_run_dir(spec: &JobSpec) -> Result<PathBuf> {
+    let root = spec
+        .runs_root
+        .clone()
+        .or_else(|| std::env::var_os("TRAINBOOK_RUNS").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("trainbook_runs"));
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+    let suffix: u16 = rand::random();
+    let dir = root.join(format!("{}-{stamp}-{suffix:04x}", spec.recipe));
+    std::fs::create_dir_all(dir.join("logs"))
+        .with_context(|| format!("cannot create the run directory {}: check that its parent is writable, or set TRAINBOOK_RUNS", dir.display()))?;
+    Ok(std::fs::canonicalize(&dir).unwrap_or(dir))
+}
+
+/// Writes JSON to a temporary file beside `path`, then renames it into place.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    crate::checkpoint::write_atomic(path, &serde_json::to_vec_pretty(value)?)
+}

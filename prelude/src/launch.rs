@@ -1,0 +1,295 @@
+//! Starting and stopping worker processes.
+//!
+//! Workers are always started by exec of the `trainbook-worker` binary, never by fork: a forked
+//! copy of a process that already initialised libtorch, CUDA or the Gaudi runtime inherits
+//! threads and driver state it cannot use. Each job's workers share one process group of their
+//! own (so the driver can signal them all at once and a terminal's Ctrl-C does not hit them
+//! directly), and each asks the kernel to kill it when its parent dies (`PR_SET_PDEATHSIG`).
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// How long workers get to exit after SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Locates the worker binary: `$TRAINBOOK_WORKER`, next to the running executable (or one
+/// directory up, for test binaries in `target/*/deps`), the build this library came from,
+/// then `$PATH`.
+pub fn worker_binary() -> Result<PathBuf> {
+    const NAME: &str = "trainbook-worker";
+    if let Some(p) = std::env::var_os("TRAINBOOK_WORKER") {
+        let p = PathBuf::from(p);
+        return Ok(p);
+    }
+    let mut tried = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            tried.push(dir.join(NAME));
+        }
+    }
+    // The kernel loads this library into an evcxr child, whose executable is not ours.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for profile in ["release", "debug"] {
+        tried.push(manifest.join("..").join("target").join(profile).join(NAME));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        tried.extend(std::env::split_paths(&path).map(|d| d.join(NAME)));
+    }
+    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        anyhow!(
+            "cannot find the {NAME} binary (looked next to this program, in {}/target and on PATH): \
+             run `make build`, or set TRAINBOOK_WORKER=/path/to/{NAME}",
+            manifest.join("..").display()
+        )
+    })
+}
+
+/// One worker to start.
+pub struct WorkerCommand {
+    pub rank: usize,
+    pub program: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+/// A line of raw worker output (stdout/stderr), so panics and libtorch aborts reach the user.
+pub enum RawOutput {
+    Line { rank: usize, stderr: bool, text: String },
+}
+
+/// The running workers of one job.
+pub struct Workers {
+    children: Vec<Option<Child>>,
+    pgid: Option<Pid>,
+    readers: Vec<thread::JoinHandle<()>>,
+}
+
+/// How a worker ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    pub rank: usize,
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl Exit {
+    fn from_status(rank: usize, s: ExitStatus) -> Self {
+        Self { rank, code: s.code(), signal: s.signal() }
+    }
+
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// "exit code 1" / "killed by signal 9 (SIGKILL)".
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => {
+                let name = Signal::try_from(s).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into());
+                format!("killed by signal {s} ({name})")
+            }
+            _ => "unknown exit status".into(),
+        }
+    }
+}
+
+impl Workers {
+    /// Starts every worker. Output lines go to `out`. If any worker cannot start, the ones
+    /// already started are stopped and the error says which rank failed and why.
+    pub fn spawn<F>(cmds: Vec<WorkerCommand>, out: F) -> Result<Self>
+    where
+        F: Fn(RawOutput) -> bool + Clone + Send + 'static,
+    {
+        let mut me = Workers { children: Vec::new(), pgid: None, readers: Vec::new() };
+        let parent = std::process::id() as i32;
+        for wc in cmds {
+            let mut cmd = Command::new(&wc.program);
+            cmd.envs(wc.env.iter().map(|(k, v)| (k, v)))
+                .current_dir(&wc.cwd)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                // All workers of a job join the first one's process group.
+                .process_group(me.pgid.map(|p| p.as_raw()).unwrap_or(0));
+            // SAFETY: only async-signal-safe calls (prctl, getppid, sigprocmask, signal, _exit)
+            // between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The parent may have died before prctl took effect.
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                    // Signal masks and ignored signals survive exec: a launcher that blocks
+                    // SIGTERM (the CLI waits for signals on a helper thread) or a front end that
+                    // ignores SIGINT must not pass that on, or workers could not be stopped.
+                    let mut empty: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut empty);
+                    libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                    libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                    libc::signal(libc::SIGINT, libc::SIG_DFL);
+                    Ok(())
+                });
+            }
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    me.stop(STOP_GRACE);
+                    bail!(
+                        "worker {} could not start: {}: {e}. Check that the worker binary exists and \
+                         is executable (set TRAINBOOK_WORKER to override it)",
+                        wc.rank,
+                        wc.program.display()
+                    );
+                }
+            };
+            if me.pgid.is_none() {
+                me.pgid = Some(Pid::from_raw(child.id() as i32));
+            }
+            let rank = wc.rank;
+            if let Some(so) = child.stdout.take() {
+                me.readers.push(read_lines(so, rank, false, out.clone())?);
+            }
+            if let Some(se) = child.stderr.take() {
+                me.readers.push(read_lines(se, rank, true, out.clone())?);
+            }
+            me.children.push(Some(child));
+        }
+        Ok(me)
+    }
+
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().flatten().map(|c| c.id()).collect()
+    }
+
+    /// Reaps workers that have exited since the last call.
+    pub fn poll(&mut self) -> Vec<Exit> {
+        let mut exits = Vec::new();
+        for (rank, slot) in self.children.iter_mut().enumerate() {
+            if let Some(child) = slot {
+                if let Ok(Some(status)) = child.try_wait() {
+                    exits.push(Exit::from_status(rank, status));
+                    *slot = None;
+                }
+            }
+        }
+        exits
+    }
+
+    pub fn all_exited(&self) -> bool {
+        self.children.iter().all(|c| c.is_none())
+    }
+
+    /// SIGTERM to the whole group, SIGKILL after `grace`; reaps everything. Returns the exits
+    /// that happened during the stop.
+    pub fn stop(&mut self, grace: Duration) -> Vec<Exit> {
+        let mut exits = self.poll();
+        if self.all_exited() {
+            return exits;
+        }
+        self.signal(Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !self.all_exited() {
+            thread::sleep(Duration::from_millis(20));
+            exits.extend(self.poll());
+        }
+        if !self.all_exited() {
+            self.signal(Signal::SIGKILL);
+            for (rank, slot) in self.children.iter_mut().enumerate() {
+                if let Some(mut child) = slot.take() {
+                    let _ = child.kill();
+                    if let Ok(status) = child.wait() {
+                        exits.push(Exit::from_status(rank, status));
+                    }
+                }
+            }
+        }
+        exits
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(pgid) = self.pgid {
+            let _ = killpg(pgid, sig);
+        }
+        for child in self.children.iter().flatten() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), sig);
+        }
+    }
+
+    /// Waits for the output readers to drain (call after every worker exited).
+    pub fn join_readers(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        for r in self.readers.drain(..) {
+            while !r.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
+            if r.is_finished() {
+                let _ = r.join();
+            }
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        if !self.all_exited() {
+            self.stop(STOP_GRACE);
+        }
+    }
+}
+
+fn read_lines<F>(src: impl Read + Send + 'static, rank: usize, stderr: bool, out: F) -> Result<thread::JoinHandle<()>>
+where
+    F: Fn(RawOutput) -> bool + Send + 'static,
+{
+    thread::Builder::new()
+        .name(format!("trainbook-rank{rank}-{}", if stderr { "err" } else { "out" }))
+        .spawn(move || {
+            let mut reader = BufReader::new(src);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match reader.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']).to_string();
+                        if !out(RawOutput::Line { rank, stderr, text }) {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .context("spawning an output reader thread")
+}
+
+/// True if a process with this pid exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // Field 3, after the parenthesised command name, is the state.
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,221 @@
+//! BERT encoder with a sequence-classification head, parameter names identical to Hugging Face
+//! Transformers' `BertForSequenceClassification` (`bert.embeddings.word_embeddings.weight`,
+//! `bert.encoder.layer.0.attention.self.query.weight`, ..., `classifier.weight`).
+
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BertConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub intermediate_size: i64,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default = "default_dropout")]
+    pub hidden_dropout_prob: f64,
+    #[serde(default = "default_dropout")]
+    pub attention_probs_dropout_prob: f64,
+    pub max_position_embeddings: i64,
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: i64,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
+}
+
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_dropout() -> f64 {
+    0.1
+}
+fn default_type_vocab() -> i64 {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_init_range() -> f64 {
+    0.02
+}
+
+impl BertConfig {
+    /// A 2-layer, hidden-64 BERT: seconds to train on a CPU, for tests and CI.
+    pub fn tiny(vocab_size: i64, max_positions: i64) -> Self {
+        Self {
+            vocab_size,
+            hidden_size: 64,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            intermediate_size: 128,
+            hidden_act: default_act(),
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            max_position_embeddings: max_positions,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            initializer_range: 0.02,
+        }
+    }
+
+    pub fn with_dropout(mut self, p: f64) -> Self {
+        self.hidden_dropout_prob = p;
+        self.attention_probs_dropout_prob = p;
+        self
+    }
+}
+
+fn linear(vs: nn::Path, i: i64, o: i64, cfg: &BertConfig) -> nn::Linear {
+    let c = nn::LinearConfig {
+        ws_init: nn::Init::Randn { mean: 0.0, stdev: cfg.initializer_range },
+        bs_init: Some(nn::Init::Const(0.0)),
+        bias: true,
+    };
+    nn::linear(vs, i, o, c)
+}
+
+fn layer_norm(vs: nn::Path, n: i64, cfg: &BertConfig) -> nn::LayerNorm {
+    nn::layer_norm(vs, vec![n], nn::LayerNormConfig { eps: cfg.layer_norm_eps, ..Default::default() })
+}
+
+fn embedding(vs: nn::Path, n: i64, d: i64, cfg: &BertConfig) -> nn::Embedding {
+    nn::embedding(vs, n, d, nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: cfg.initializer_range }, ..Default::default() })
+}
+
+fn activation(name: &str, x: &Tensor) -> Tensor {
+    match name {
+        "relu" => x.relu(),
+        "gelu_new" | "gelu_pytorch_tanh" => x.gelu("tanh"),
+        _ => x.gelu("none"),
+    }
+}
+
+struct Embeddings {
+    word: nn::Embedding,
+    position: nn::Embedding,
+    token_type: nn::Embedding,
+    norm: nn::LayerNorm,
+    dropout: f64,
+}
+
+impl Embeddings {
+    fn new(vs: nn::Path, c: &BertConfig) -> Self {
+        Self {
+            word: embedding(&vs / "word_embeddings", c.vocab_size, c.hidden_size, c),
+            position: embedding(&vs / "position_embeddings", c.max_position_embeddings, c.hidden_size, c),
+            token_type: embedding(&vs / "token_type_embeddings", c.type_vocab_size, c.hidden_size, c),
+            norm: layer_norm(&vs / "LayerNorm", c.hidden_size, c),
+            dropout: c.hidden_dropout_prob,
+        }
+    }
+
+    fn forward(&self, ids: &Tensor, token_types: Option<&Tensor>, train: bool) -> Tensor {
+        let seq = ids.size()[1];
+        let pos = Tensor::arange(seq, (Kind::Int64, ids.device())).unsqueeze(0);
+        let tt = match token_types {
+            Some(t) => self.token_type.forward(t),
+            None => self.token_type.forward(&ids.zeros_like()),
+        };
+        let x = self.word.forward(ids) + self.position.forward(&pos) + tt;
+        self.norm.forward(&x).dropout(self.dropout, train)
+    }
+}
+
+struct Layer {
+    query: nn::Linear,
+    key: nn::Linear,
+    value: nn::Linear,
+    attn_out: nn::Linear,
+    attn_norm: nn::LayerNorm,
+    intermediate: nn::Linear,
+    output: nn::Linear,
+    out_norm: nn::LayerNorm,
+    heads: i64,
+    act: String,
+    dropout: f64,
+    attn_dropout: f64,
+}
+
+impl Layer {
+    fn new(vs: nn::Path, c: &BertConfig) -> Self {
+        let h = c.hidden_size;
+        let att = &vs / "attention";
+        Self {
+            query: linear(&att / "self" / "query", h, h, c),
+            key: linear(&att / "self" / "key", h, h, c),
+            value: linear(&att / "self" / "value", h, h, c),
+            attn_out: linear(&att / "output" / "dense", h, h, c),
+            attn_norm: layer_norm(&att / "output" / "LayerNorm", h, c),
+            intermediate: linear(&vs / "intermediate" / "dense", h, c.intermediate_size, c),
+            output: linear(&vs / "output" / "dense", c.intermediate_size, h, c),
+            out_norm: layer_norm(&vs / "output" / "LayerNorm", h, c),
+            heads: c.num_attention_heads,
+            act: c.hidden_act.clone(),
+            dropout: c.hidden_dropout_prob,
+            attn_dropout: c.attention_probs_dropout_prob,
+        }
+    }
+
+    /// `mask`: additive attention mask broadcastable to (batch, heads, seq, seq).
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>, train: bool) -> Tensor {
+        let (b, s, h) = x.size3().expect("hidden states are (batch, seq, hidden)");
+        let d = h / self.heads;
+        let split = |t: Tensor| t.view([b, s, self.heads, d]).transpose(1, 2);
+        let q = split(self.query.forward(x));
+        let k = split(self.key.forward(x));
+        let v = split(self.value.forward(x));
+        let p = if train { self.attn_dropout } else { 0.0 };
+        let ctx = Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, false, None, false);
+        let ctx = ctx.transpose(1, 2).contiguous().view([b, s, h]);
+        let attn = self.attn_norm.forward(&(self.attn_out.forward(&ctx).dropout(self.dropout, train) + x));
+        let inter = activation(&self.act, &self.intermediate.forward(&attn));
+        self.out_norm.forward(&(self.output.forward(&inter).dropout(self.dropout, train) + attn))
+    }
+}
+
+/// `BertForSequenceClassification`.
+pub struct BertClassifier {
+    embeddings: Embeddings,
+    layers: Vec<Layer>,
+    pooler: nn::Linear,
+    classifier: nn::Linear,
+    dropout: f64,
+    pub num_labels: i64,
+}
+
+impl BertClassifier {
+    /// Builds under `root` (use the VarStore's root; names get the `bert.` prefix).
+    pub fn new(root: &nn::Path, c: &BertConfig, num_labels: i64) -> Self {
+        let bert = root / "bert";
+        let enc = &bert / "encoder" / "layer";
+        Self {
+            embeddings: Embeddings::new(&bert / "embeddings", c),
+            layers: (0..c.num_hidden_layers).map(|i| Layer::new(&enc / i, c)).collect(),
+            pooler: linear(&bert / "pooler" / "dense", c.hidden_size, c.hidden_size, c),
+            classifier: linear(root / "classifier", c.hidden_size, num_labels, c),
+            dropout: c.hidden_dropout_prob,
+            num_labels,
+        }
+    }
+
+    /// Logits (batch, num_labels). `attention_mask`: 1 for real tokens, 0 for padding.
+    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, token_types: Option<&Tensor>, train: bool) -> Tensor {
+        let mut x = self.embeddings.forward(input_ids, token_types, train);
+        let mask = attention_mask.map(|m| {
+            // (batch, 1, 1, seq): 0 where attended, -inf-ish where padded.
+            let keep = m.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
+            Tensor::zeros(keep.size(), (x.kind(), x.device())).masked_fill(&keep.logical_not(), f64::from(f32::MIN))
+        });
+        for l in &self.layers {
+            x = l.forward(&x, mask.as_ref(), train);
+        }
+        let cls = x.select(1, 0);
+        let pooled = self.pooler.forward(&cls).tanh();
+        self.classifier.forward(&pooled.dropout(self.dropout, train))
+    }
+}

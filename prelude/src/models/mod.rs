@@ -1,0 +1,3 @@
+//! Model definitions, one file per model family.
+
+pub mod bert;

@@ -1,0 +1,115 @@
+//! Recipes: what a worker trains (model, data, defaults). The engine knows them only through
+//! the [`Recipe`] trait and this registry.
+
+pub mod synthetic;
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use tch::{nn, Tensor};
+
+use crate::spec::{OptimizerKind, TrainConfig};
+
+/// Names accepted by `trainbook train <recipe>` and [`crate::spec::JobSpec::new`].
+pub const RECIPES: &[(&str, &str)] = &[("synthetic", "tiny BERT classifying generated token sequences (engine self-test)")];
+
+/// The job name of `trainbook check`: workers verify the collectives instead of training.
+pub const CHECK: &str = "check";
+/// The job name of the allreduce benchmark (see `benches/engine.rs`).
+pub const BENCH_ALLREDUCE: &str = "bench-allreduce";
+
+pub fn check_name(name: &str) -> Result<()> {
+    if name == CHECK || name == BENCH_ALLREDUCE || RECIPES.iter().any(|(n, _)| *n == name) {
+        return Ok(());
+    }
+    let known: Vec<&str> = RECIPES.iter().map(|(n, _)| *n).collect();
+    bail!("unknown recipe '{name}': available recipes are {}", known.join(", "))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Eval,
+}
+
+/// Fully resolved hyper-parameters (preset defaults overridden by the job's config).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Hyper {
+    pub preset: String,
+    pub epochs: u64,
+    pub max_steps: Option<u64>,
+    pub global_batch_size: usize,
+    pub lr: f64,
+    pub optimizer: OptimizerKind,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub dropout: f64,
+    pub seed: u64,
+    pub grad_clip: Option<f64>,
+}
+
+impl Hyper {
+    /// Applies the user's overrides on top of preset defaults.
+    pub fn with_overrides(mut self, c: &TrainConfig) -> Self {
+        if let Some(v) = c.epochs {
+            self.epochs = v;
+        }
+        if c.max_steps.is_some() {
+            self.max_steps = c.max_steps;
+        }
+        if let Some(v) = c.global_batch_size {
+            self.global_batch_size = v;
+        }
+        if let Some(v) = c.lr {
+            self.lr = v;
+        }
+        if let Some(v) = c.optimizer {
+            self.optimizer = v;
+        }
+        if let Some(v) = c.momentum {
+            self.momentum = v;
+        }
+        if let Some(v) = c.weight_decay {
+            self.weight_decay = v;
+        }
+        if let Some(v) = c.dropout {
+            self.dropout = v;
+        }
+        if let Some(v) = c.seed {
+            self.seed = v;
+        }
+        if c.grad_clip.is_some() {
+            self.grad_clip = c.grad_clip;
+        }
+        self
+    }
+}
+
+/// What the training loop needs from a recipe.
+pub trait Recipe {
+    fn vars(&self) -> &nn::VarStore;
+    fn train_len(&self) -> usize;
+    fn eval_len(&self) -> usize;
+    /// Logits and labels for the given samples of a split.
+    fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)>;
+    /// Writes a loadable checkpoint into `dir` (an empty directory).
+    fn save(&self, dir: &Path) -> Result<()> {
+        self.vars().save(dir.join("model.safetensors"))?;
+        Ok(())
+    }
+}
+
+/// Builds a recipe on `device`. Model initialisation is seeded, so every rank builds the same
+/// model (rank 0's parameters are broadcast anyway).
+pub fn build(name: &str, config: &TrainConfig, device: tch::Device) -> Result<(Box<dyn Recipe>, Hyper)> {
+    match name {
+        "synthetic" => {
+            let (r, h) = synthetic::Synthetic::build(config, device)?;
+            Ok((Box::new(r), h))
+        }
+        other => {
+            check_name(other)?;
+            unreachable!()
+        }
+    }
+}

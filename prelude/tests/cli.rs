@@ -1,0 +1,123 @@
+//! The `trainbook` command line: JSON summaries, worker-count invariance, and one clear error
+//! (never a hang) for each kind of bad input.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn runs_root() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join("trainbook-cli-tests");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs the CLI with a hard deadline so a hang fails the test instead of stalling CI.
+fn trainbook(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainbook"));
+    cmd.args(args).env("TRAINBOOK_RUNS", runs_root()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if t0.elapsed() > deadline {
+            let _ = child.kill();
+            panic!("trainbook {args:?} did not finish within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn last_json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn json_summary_is_the_same_whatever_the_worker_count() {
+    let args = |w: &'static str| {
+        ["train", "synthetic", "--workers", w, "--device", "cpu", "--preset", "tiny", "--optimizer", "sgd", "--dropout", "0", "--seed", "3", "--global-batch-size", "8", "--max-steps", "30", "--json"]
+    };
+    let one = trainbook(&args("1"), &[], Duration::from_secs(120));
+    let two = trainbook(&args("2"), &[], Duration::from_secs(120));
+    assert!(one.status.success() && two.status.success(), "{}", String::from_utf8_lossy(&two.stderr));
+    let (a, b) = (last_json(&one), last_json(&two));
+    for key in ["status", "workers", "device", "steps", "final_train_loss", "samples_per_second", "run_dir", "param_sum", "param_l2"] {
+        assert!(a.get(key).is_some(), "missing {key} in {a}");
+    }
+    assert_eq!(a["status"], "succeeded");
+    assert_eq!(b["workers"], 2);
+    assert_eq!(b["device"], "cpu");
+    assert_eq!(a["steps"], 30);
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert!((f(&a, "param_sum") - f(&b, "param_sum")).abs() < 1e-3, "{a}\n{b}");
+    assert!((f(&a, "param_l2") - f(&b, "param_l2")).abs() < 1e-4, "{a}\n{b}");
+}
+
+fn expect_clear_error(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let out = trainbook(args, env, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let errors = stderr.lines().filter(|l| l.starts_with("error")).count();
+    assert_eq!(errors, 1, "exactly one error line expected for {args:?}:\n{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "{args:?}: expected {n:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn zero_workers() {
+    expect_clear_error(&["train", "synthetic", "--workers", "0"], &[], &["at least one worker"]);
+}
+
+#[test]
+fn unknown_recipe() {
+    expect_clear_error(&["train", "nosuch", "--workers", "2"], &[], &["unknown recipe 'nosuch'", "synthetic"]);
+}
+
+#[test]
+fn cuda_without_a_gpu() {
+    expect_clear_error(&["train", "synthetic", "--workers", "2", "--device", "cuda"], &[], &["no CUDA device", "--device cpu"]);
+}
+
+#[test]
+fn hpu_without_the_gaudi_stack() {
+    expect_clear_error(&["train", "synthetic", "--workers", "2", "--device", "hpu"], &[], &["Gaudi", "--device cpu"]);
+}
+
+#[test]
+fn occupied_master_port() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    expect_clear_error(&["train", "synthetic", "--workers", "2", "--device", "cpu", "--master-port", &port], &[], &["in use", &port]);
+}
+
+#[test]
+fn worker_that_cannot_start() {
+    expect_clear_error(
+        &["train", "synthetic", "--workers", "2", "--device", "cpu"],
+        &[("TRAINBOOK_WORKER", "/nonexistent/trainbook-worker")],
+        &["could not start", "/nonexistent/trainbook-worker"],
+    );
+}
+
+#[test]
+fn bad_device_name_and_help() {
+    expect_clear_error(&["train", "synthetic", "--device", "tpu"], &[], &["unknown device 'tpu'"]);
+    let help = trainbook(&["train", "--help"], &[], Duration::from_secs(10));
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--workers", "--device", "--preset", "--epochs", "--max-steps", "--global-batch-size", "--lr", "--optimizer", "--dropout", "--seed", "--json"] {
+        assert!(text.contains(flag), "--help lacks {flag}");
+    }
+}
+
+#[test]
+fn check_subcommand_passes() {
+    let out = trainbook(&["check", "--workers", "2", "--device", "cpu"], &[], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("collectives ok"));
+}

@@ -1,0 +1,202 @@
+//! End-to-end tests of the engine: real worker processes, real gloo collectives, real zeromq
+//! event streams. Tiny configurations keep each test to seconds.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use trainbook::launch::process_alive;
+use trainbook::{JobSpec, JobStatus, OptimizerKind};
+
+fn runs_root() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join("trainbook-engine-tests");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tiny(workers: usize) -> JobSpec {
+    JobSpec::new("synthetic").workers(workers).preset("tiny").device(trainbook::DeviceRequest::Cpu).runs_root(runs_root())
+}
+
+fn load(path: &Path) -> Vec<(String, tch::Tensor)> {
+    let mut v = tch::Tensor::read_safetensors(path).unwrap();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// (a) 2 workers with batch b/2 each end where 1 worker with batch b ends.
+#[test]
+fn data_parallel_matches_single_worker() {
+    let run = |workers| {
+        let spec = tiny(workers).optimizer(OptimizerKind::Sgd).dropout(0.0).seed(7).global_batch_size(8).max_steps(20);
+        trainbook::fit(spec).expect("training succeeds")
+    };
+    let one = run(1);
+    let two = run(2);
+    assert_eq!(one.steps, 20);
+    assert_eq!(two.steps, 20);
+    let a = load(&one.last_checkpoint.as_ref().unwrap().join("model.safetensors"));
+    let b = load(&two.last_checkpoint.as_ref().unwrap().join("model.safetensors"));
+    assert_eq!(a.len(), b.len());
+    let mut max_diff = 0.0f64;
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        max_diff = max_diff.max((ta - tb).abs().max().double_value(&[]));
+    }
+    assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
+    assert!((one.param_sum - two.param_sum).abs() < 1e-3, "{} vs {}", one.param_sum, two.param_sum);
+    // The starting point was trained away from: the comparison is not vacuous.
+    assert!(one.final_train_loss.is_finite());
+}
+
+/// (b) allreduce / broadcast / barrier with three processes.
+#[test]
+fn collectives_are_correct_with_three_workers() {
+    let spec = JobSpec::new("check").workers(3).device(trainbook::DeviceRequest::Cpu).runs_root(runs_root());
+    let r = trainbook::fit(spec).expect("collective checks pass");
+    assert_eq!(r.status, JobStatus::Succeeded);
+    let log = std::fs::read_to_string(r.run_dir.join("logs/rank2.log")).unwrap();
+    assert!(log.contains("collectives ok"), "{log}");
+}
+
+/// Training through the job API: loss goes down, metrics and files land in the run directory.
+#[test]
+fn job_reports_metrics_logs_and_checkpoints() {
+    let job = trainbook::launch(tiny(2).epochs(2)).unwrap();
+    let r = job.wait().unwrap();
+    let df = job.metrics().unwrap();
+    let cols: Vec<String> = df.get_column_names().iter().map(|c| c.to_string()).collect();
+    assert_eq!(cols, ["rank", "step", "epoch", "name", "value", "time"]);
+    let losses: Vec<f64> = job
+        .logs()
+        .iter()
+        .filter(|l| l.rank == 0 && l.text.starts_with("train epoch:"))
+        .map(|l| l.text.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(losses.len() as u64, r.steps, "one loss line per step on rank 0");
+    let n = losses.len() / 4;
+    let first: f64 = losses[..n].iter().sum::<f64>() / n as f64;
+    let last: f64 = losses[losses.len() - n..].iter().sum::<f64>() / n as f64;
+    assert!(last < first * 0.9, "loss should fall: first quarter {first:.4}, last quarter {last:.4}");
+    assert!(r.metrics["eval_accuracy"] > 0.6, "{:?}", r.metrics);
+    for f in ["config.json", "metrics.parquet", "logs/rank0.log", "logs/rank1.log"] {
+        assert!(r.run_dir.join(f).exists(), "{f} missing");
+    }
+    let parquet = trainbook::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
+    assert_eq!(parquet.height(), df.height());
+    assert_eq!(r.last_checkpoint.as_ref().unwrap().file_name().unwrap(), "epoch-1");
+    assert!(r.best_checkpoint.is_some());
+    // No temporary files left behind by atomic writes.
+    let leftovers: Vec<_> = walk(&r.run_dir).into_iter().filter(|p| p.to_string_lossy().contains(".tmp-")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// (c) a worker killed mid-run: the job fails within 5 s naming it; no worker survives.
+#[test]
+fn killed_worker_fails_the_job_fast_and_leaves_nothing() {
+    let job = trainbook::launch(tiny(2).epochs(200)).unwrap();
+    assert!(wait_until(Duration::from_secs(60), || job.progress().map(|p| p.step > 5).unwrap_or(false)), "training never started");
+    let pids = job.pids();
+    let t0 = Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1] as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let err = job.wait().expect_err("the job must fail");
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("rank 1") && msg.contains("SIGKILL"), "{msg}");
+    assert_eq!(job.status(), JobStatus::Failed);
+    for p in pids {
+        assert!(!process_alive(p), "worker {p} still alive");
+    }
+}
+
+/// (f) messages without the job's token never become events.
+#[test]
+fn event_socket_ignores_messages_without_the_token() {
+    let job = trainbook::launch(tiny(1).epochs(3)).unwrap();
+    let endpoint = job.events_endpoint().to_string();
+    let forged = serde_json::json!({"type": "log", "rank": 0, "stream": "stdout", "text": "INJECTED"}).to_string();
+    trainbook::events::send_raw(&endpoint, vec![b"not-the-token".to_vec(), forged.clone().into_bytes()]).unwrap();
+    trainbook::events::send_raw(&endpoint, vec![forged.into_bytes()]).unwrap();
+    job.wait().unwrap();
+    assert!(job.logs().iter().all(|l| !l.text.contains("INJECTED")));
+    assert_eq!(job.dropped_events(), 2);
+}
+
+/// stop() ends a running job promptly with an Interrupted error and no survivors.
+#[test]
+fn stop_terminates_workers() {
+    let job = trainbook::launch(tiny(2).epochs(200)).unwrap();
+    assert!(wait_until(Duration::from_secs(60), || job.progress().is_some()));
+    let pids = job.pids();
+    let t0 = Instant::now();
+    job.stop().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(job.status(), JobStatus::Stopped);
+    let err = job.wait().unwrap_err();
+    assert!(err.downcast_ref::<trainbook::TrainError>().is_some_and(|e| matches!(e, trainbook::TrainError::Interrupted { .. })));
+    for p in pids {
+        assert!(!process_alive(p));
+    }
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)).and_then(|s| s.parse::<u32>().ok());
+            if ppid == Some(pid) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// (d) the launching process killed with SIGKILL: every worker exits within 5 s.
+#[test]
+fn workers_die_with_their_parent() {
+    let mut cli = Command::new(env!("CARGO_BIN_EXE_trainbook"))
+        .args(["train", "synthetic", "--workers", "2", "--device", "cpu", "--epochs", "200"])
+        .env("TRAINBOOK_RUNS", runs_root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = cli.id();
+    let mut workers = Vec::new();
+    assert!(wait_until(Duration::from_secs(60), || {
+        workers = children_of(pid);
+        workers.len() == 2
+    }));
+    std::thread::sleep(Duration::from_millis(500));
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    let t0 = Instant::now();
+    assert!(wait_until(Duration::from_secs(5), || workers.iter().all(|&w| !process_alive(w))), "workers {workers:?} outlived their parent");
+    eprintln!("workers gone {:?} after the parent's death", t0.elapsed());
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Engine benchmarks, side by side in one run (the machine is shared and noisy: compare ratios).
+#   scripts/bench.sh [a] [b] [c]     (default: all)
+# a: allreduce of 110M float32, 2 workers on loopback: trainbook vs torch.distributed (gloo)
+# b: samples/s, 2 workers x 1 thread vs 1 worker x 2 threads
+# c: time from launch to the first loss event, tiny preset, 2 workers
+# Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export LIBTORCH=${LIBTORCH:-$root/.libtorch}
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c)
+has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
+out=$(mktemp)
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)" >&2
+
+if has a; then
+  bench/torch-venv.sh
+  # Alternate the two implementations so load drift hits both.
+  for round in 1 2; do
+    cargo bench -q -p trainbook --bench engine -- a | tee -a "$out"
+    .bench-venv/bin/python bench/torch_allreduce.py --numel 110000000 --iters 10 | sed 's/^{/{"bench": "allreduce", /' | tee -a "$out"
+  done
+fi
+has b && cargo bench -q -p trainbook --bench engine -- b | tee -a "$out"
+has c && cargo bench -q -p trainbook --bench engine -- c | tee -a "$out"
+
+python3 - "$out" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+ar = [r for r in rows if r.get("bench") == "allreduce"]
+if ar:
+    ours = statistics.median(r["median_s"] for r in ar if r.get("impl") == "trainbook")
+    torch = statistics.median(r["median_s"] for r in ar if r.get("impl") == "torch.distributed")
+    print(f"(a) allreduce 110M f32, 2 workers: trainbook {ours*1e3:.0f} ms, torch.distributed {torch*1e3:.0f} ms, ratio {ours/torch:.3f}x (target <= 1.05)")
+for r in rows:
+    if r.get("bench") == "throughput":
+        print(f"(b) samples/s: 2x1 {r['two_workers_one_thread']:.1f}, 1x2 {r['one_worker_two_threads']:.1f}, ratio {r['ratio']:.3f} (target >= 0.85)")
+    if r.get("bench") == "startup":
+        print(f"(c) launch -> first loss: median {r['median_s']:.2f} s over {len(r['runs_s'])} runs (target <= 2 s)")
+PY
+rm -f "$out"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the LIBTORCH directory that torch-sys (tch) and trainbook's c10d shim compile against,
+# from the torch wheel in the project venv: include/ is the wheel's headers, lib/ holds only the
+# libraries a CPU build needs (plus the CUDA runtime stubs libtorch_cpu.so links to), so rustc's
+# linker never pulls libtorch_cuda on a CPU machine. With TRAINBOOK_CUDA=1 (a CUDA machine with
+# the nvidia-* wheels installed) lib/ also holds libtorch_cuda and the CUDA libraries it needs.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${TRAINBOOK_VENV:-$root/.venv}
+out=${LIBTORCH:-$root/.libtorch}
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+torch=$site/torch
+[ -f "$torch/lib/libtorch_cpu.so" ] || { echo "error: $torch/lib/libtorch_cpu.so not found: run scripts/setup-venv.sh first" >&2; exit 1; }
+
+mkdir -p "$out/lib"
+ln -sfn "$torch/include" "$out/include"
+link() { for f in "$@"; do [ -e "$f" ] && ln -sf "$f" "$out/lib/$(basename "$f")"; done; return 0; }
+link "$torch"/lib/libtorch_cpu.so "$torch"/lib/libtorch.so "$torch"/lib/libc10.so "$torch"/lib/libshm.so "$torch"/lib/libgomp*.so*
+# libtorch_cpu.so needs a handful of symbols from the CUDA runtime and CUPTI even on CPU.
+link "$site"/nvidia/*/lib/libcudart.so.* "$site"/nvidia/*/lib/libcupti.so.*
+if [ "${TRAINBOOK_CUDA:-0}" = 1 ]; then
+  link "$torch"/lib/libtorch_cuda.so "$torch"/lib/libc10_cuda.so "$torch"/lib/libtorch_nvshmem.so "$torch"/lib/libtorch_cuda_linalg.so
+  link "$site"/nvidia/*/lib/*.so*
+else
+  rm -f "$out"/lib/libtorch_cuda.so "$out"/lib/libc10_cuda.so
+fi
+# torch-sys reads the version from this file when present (the wheel keeps it in torch/version.py).
+v=$("$venv/bin/python" -c 'import re,sys; s=open(sys.argv[1]).read(); print(re.search(r"__version__ = .([0-9.]+)", s).group(1))' "$torch/version.py")
+echo "$v" > "$out/build-version"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything trainbook needs on a fresh Debian/Ubuntu machine, idempotently: system packages,
+# the project venv with the torch wheel, and the LIBTORCH layout. Fast when already done.
+#   TRAINBOOK_CUDA=1|0  force or forbid the CUDA build (default: on when nvidia-smi sees a GPU)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+say() { printf '\033[1;34m[setup]\033[0m %s\n' "$*" >&2; }
+
+TORCH_VERSION=2.13.0
+if [ -z "${TRAINBOOK_CUDA:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then TRAINBOOK_CUDA=1; else TRAINBOOK_CUDA=0; fi
+fi
+export TRAINBOOK_CUDA
+
+# 1. System packages: a C++ toolchain, and gloo's headers for the c10d shim (headers only:
+#    libtorch carries its own gloo).
+apt_pkgs=(build-essential pkg-config libgloo-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing system packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. Python venv with the torch wheel. On CPU only the libraries are used (tch links them), so
+#    the wheel goes in with --no-deps plus the two small CUDA runtime wheels libtorch_cpu.so
+#    links to; a CUDA machine gets the full dependency set (cuDNN, NCCL, cuBLAS...).
+py=${PYTHON:-python3}
+[ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
+want="torch==$TORCH_VERSION cuda=$TRAINBOOK_CUDA $(cat scripts/requirements.txt | tr '\n' ' ')"
+if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
+  say "installing torch $TORCH_VERSION into .venv (cuda=$TRAINBOOK_CUDA)"
+  pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+  if [ "$TRAINBOOK_CUDA" = 1 ]; then
+    "${pip[@]}" "torch==$TORCH_VERSION"
+  else
+    "${pip[@]}" --no-deps "torch==$TORCH_VERSION" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85"
+  fi
+  say "installing Python tools (scripts/requirements.txt)"
+  "${pip[@]}" -r scripts/requirements.txt
+  echo "$want" > .venv/.trainbook-setup
+fi
+
+# 3. LIBTORCH layout for tch and the shim.
+LIBTORCH=${LIBTORCH:-$root/.libtorch} scripts/libtorch-layout.sh
