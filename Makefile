@@ -16,12 +16,15 @@ help:
 setup:
 	@scripts/setup.sh
 
+# CUDA builds (set up on a machine whose nvidia-smi sees a GPU) add the `cuda` feature.
+FEATURES = $$(test "$$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda)
+
 build: setup
-	$(CARGO) build --release --workspace --bins
+	$(CARGO) build --release --workspace --bins $(FEATURES)
 	@scripts/install-bins.sh
 
 test: build
-	$(CARGO) test --release --workspace -- --test-threads=1
+	$(CARGO) test --release --workspace $(FEATURES) -- --test-threads=1
 
 demo: build
 	target/release/trainbook train synthetic --workers 2 --preset tiny

@@ -14,9 +14,12 @@ fn main() {
         env::var("DEP_TCH_LIBTORCH_LIB")
             .expect("torch-sys did not export its libtorch directory (DEP_TCH_LIBTORCH_LIB)"),
     );
-    let root = env::var("LIBTORCH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| lib_dir.parent().expect("libtorch lib dir has a parent").to_path_buf());
+    let root = env::var("LIBTORCH").map(PathBuf::from).unwrap_or_else(|_| {
+        lib_dir
+            .parent()
+            .expect("libtorch lib dir has a parent")
+            .to_path_buf()
+    });
     let include = root.join("include");
     let c10d = include.join("torch/csrc/distributed/c10d/ProcessGroupGloo.hpp");
     if !c10d.exists() {
@@ -30,7 +33,10 @@ fn main() {
     // used (gloo objects are held through shared_ptr): never link Debian's libgloo, which would
     // shadow the gloo compiled into libtorch_cpu.
     let gloo_include = env::var("TRAINBOOK_GLOO_INCLUDE").unwrap_or_else(|_| "/usr/include".into());
-    if !PathBuf::from(&gloo_include).join("gloo/algorithm.h").exists() {
+    if !PathBuf::from(&gloo_include)
+        .join("gloo/algorithm.h")
+        .exists()
+    {
         panic!(
             "gloo headers not found under {gloo_include}: install them (`apt-get install \
              libgloo-dev`, which `make setup` does) or set TRAINBOOK_GLOO_INCLUDE"
@@ -54,15 +60,22 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT");
     if cuda {
         // ProcessGroupNCCL.hpp includes nccl.h: the nvidia-nccl wheel ships it.
-        build.flag("-DUSE_C10D_NCCL").flag("-DUSE_CUDA").define("TRAINBOOK_WITH_NCCL", None);
-        if let Ok(nccl) = env::var("TRAINBOOK_NCCL_INCLUDE") {
-            build.include(nccl);
+        build
+            .flag("-DUSE_C10D_NCCL")
+            .flag("-DUSE_CUDA")
+            .define("TRAINBOOK_WITH_NCCL", None);
+        // Colon-separated include directories (nccl.h, CUDA runtime, CCCL, cuSOLVER), from the
+        // environment or from the list scripts/libtorch-layout.sh writes.
+        let listed = root.join("cuda-includes");
+        let dirs = env::var("TRAINBOOK_CUDA_INCLUDE")
+            .ok()
+            .or_else(|| std::fs::read_to_string(&listed).ok())
+            .unwrap_or_default();
+        for d in dirs.trim().split(':').filter(|d| !d.is_empty()) {
+            build.include(d);
         }
-        if let Ok(cuda_inc) = env::var("TRAINBOOK_CUDA_INCLUDE") {
-            build.include(cuda_inc);
-        }
-        println!("cargo:rerun-if-env-changed=TRAINBOOK_NCCL_INCLUDE");
         println!("cargo:rerun-if-env-changed=TRAINBOOK_CUDA_INCLUDE");
+        println!("cargo:rerun-if-changed={}", listed.display());
     }
     build.compile("trainbook_c10d");
 
@@ -75,5 +88,8 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    println!("cargo:rustc-env=TRAINBOOK_LIBTORCH_LIB={}", lib_dir.display());
+    println!(
+        "cargo:rustc-env=TRAINBOOK_LIBTORCH_LIB={}",
+        lib_dir.display()
+    );
 }

@@ -11,19 +11,20 @@ cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
+features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)" >&2
 
 if has a; then
   bench/torch-venv.sh
   # Alternate the two implementations so load drift hits both.
-  for round in 1 2; do
-    cargo bench -q -p trainbook --bench engine -- a | tee -a "$out"
+  for round in 1 2 3; do
+    cargo bench -q -p trainbook $features --bench engine -- a | tee -a "$out"
     .bench-venv/bin/python bench/torch_allreduce.py --numel 110000000 --iters 10 | sed 's/^{/{"bench": "allreduce", /' | tee -a "$out"
   done
 fi
-has b && cargo bench -q -p trainbook --bench engine -- b | tee -a "$out"
-has c && cargo bench -q -p trainbook --bench engine -- c | tee -a "$out"
+has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
+has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
 
 python3 - "$out" <<'PY'
 import json, statistics, sys

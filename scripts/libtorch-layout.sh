@@ -21,8 +21,14 @@ link "$site"/nvidia/*/lib/libcudart.so.* "$site"/nvidia/*/lib/libcupti.so.*
 if [ "${TRAINBOOK_CUDA:-0}" = 1 ]; then
   link "$torch"/lib/libtorch_cuda.so "$torch"/lib/libc10_cuda.so "$torch"/lib/libtorch_nvshmem.so "$torch"/lib/libtorch_cuda_linalg.so
   link "$site"/nvidia/*/lib/*.so*
+  # Headers for the shim's NCCL backend: ProcessGroupNCCL.hpp pulls in nccl.h, the CUDA runtime,
+  # CCCL and cuSOLVER headers, all shipped in the nvidia-* wheels.
+  incs=()
+  for d in "$site"/nvidia/*/include "$site"/nvidia/*/include/cccl; do [ -d "$d" ] && incs+=("$d"); done
+  (IFS=:; echo "${incs[*]}") > "$out/cuda-includes"
+  echo 1 > "$out/cuda"
 else
-  rm -f "$out"/lib/libtorch_cuda.so "$out"/lib/libc10_cuda.so
+  rm -f "$out"/lib/libtorch_cuda.so "$out"/lib/libc10_cuda.so "$out/cuda-includes" "$out/cuda"
 fi
 # torch-sys reads the version from this file when present (the wheel keeps it in torch/version.py).
 v=$("$venv/bin/python" -c 'import re,sys; s=open(sys.argv[1]).read(); print(re.search(r"__version__ = .([0-9.]+)", s).group(1))' "$torch/version.py")

@@ -35,7 +35,8 @@ if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
   say "installing torch $TORCH_VERSION into .venv (cuda=$TRAINBOOK_CUDA)"
   pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
   if [ "$TRAINBOOK_CUDA" = 1 ]; then
-    "${pip[@]}" "torch==$TORCH_VERSION"
+    # The full wheel set, plus the CUDA headers the shim's NCCL backend compiles against.
+    "${pip[@]}" "torch==$TORCH_VERSION" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.*"
   else
     "${pip[@]}" --no-deps "torch==$TORCH_VERSION" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85"
   fi

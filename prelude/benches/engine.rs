@@ -41,7 +41,9 @@ fn allreduce(numel: u64, iters: u64) {
     // torch baseline measures the same way).
     let mut per_iter = std::collections::BTreeMap::<u64, f64>::new();
     for i in (0..df.height()).filter(|&i| names.get(i) == Some("allreduce_seconds")) {
-        let (Some(s), Some(v)) = (steps.get(i), values.get(i)) else { continue };
+        let (Some(s), Some(v)) = (steps.get(i), values.get(i)) else {
+            continue;
+        };
         let e = per_iter.entry(s).or_insert(0.0);
         *e = e.max(v);
     }
@@ -65,7 +67,9 @@ fn throughput(rounds: usize, steps: u64) {
             .preset("bench")
             .max_steps(steps)
             .runs_root(root());
-        trainbook::fit(spec).expect("throughput run").samples_per_second
+        trainbook::fit(spec)
+            .expect("throughput run")
+            .samples_per_second
     };
     let (mut dp, mut single) = (Vec::new(), Vec::new());
     // Interleaved, so drifting machine load hits both configurations alike.
@@ -87,7 +91,12 @@ fn startup(rounds: usize) {
     let mut times = Vec::new();
     for _ in 0..rounds {
         let t0 = Instant::now();
-        let spec = JobSpec::new("synthetic").workers(2).device(DeviceRequest::Cpu).preset("tiny").epochs(1).runs_root(root());
+        let spec = JobSpec::new("synthetic")
+            .workers(2)
+            .device(DeviceRequest::Cpu)
+            .preset("tiny")
+            .epochs(1)
+            .runs_root(root());
         let job = trainbook::launch(spec).expect("launch");
         let rx = job.subscribe();
         let mut first = None;
@@ -104,13 +113,24 @@ fn startup(rounds: usize) {
         times.push(first.expect("a loss event arrived"));
         job.stop().ok();
     }
-    println!("{}", serde_json::json!({"bench": "startup", "workers": 2, "preset": "tiny", "median_s": median(times.clone()), "runs_s": times}));
+    println!(
+        "{}",
+        serde_json::json!({"bench": "startup", "workers": 2, "preset": "tiny", "median_s": median(times.clone()), "runs_s": times})
+    );
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let want = |k: &str| args.is_empty() || args.iter().any(|a| a == k);
-    let num = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let num = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
     if want("a") {
         allreduce(num("BENCH_NUMEL", 110_000_000), num("BENCH_ITERS", 10));
     }

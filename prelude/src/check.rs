@@ -9,7 +9,10 @@ use crate::dist::{ProcessGroup, ReduceOp};
 use crate::events::Emitter;
 
 fn expect_close(what: &str, got: &Tensor, want: f64) -> Result<()> {
-    let diff = (got.to_kind(Kind::Double) - want).abs().max().double_value(&[]);
+    let diff = (got.to_kind(Kind::Double) - want)
+        .abs()
+        .max()
+        .double_value(&[]);
     if diff > 1e-6 * want.abs().max(1.0) {
         bail!("{what}: expected every element to be {want}, max deviation {diff}");
     }
@@ -50,7 +53,13 @@ pub fn run(pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
 /// Times `iters` all-reduces of `numel` float32 values (after two warm-up rounds) and reports
 /// each as an `allreduce_seconds` metric; used by the benchmarks to compare with
 /// torch.distributed on the same machine.
-pub fn bench_allreduce(pg: &ProcessGroup, device: Device, events: &Emitter, numel: i64, iters: u64) -> Result<()> {
+pub fn bench_allreduce(
+    pg: &ProcessGroup,
+    device: Device,
+    events: &Emitter,
+    numel: i64,
+    iters: u64,
+) -> Result<()> {
     let t = Tensor::full([numel], 1.0, (Kind::Float, device));
     for _ in 0..2 {
         pg.allreduce(&[&t], ReduceOp::Sum)?;
@@ -61,7 +70,11 @@ pub fn bench_allreduce(pg: &ProcessGroup, device: Device, events: &Emitter, nume
         let t0 = std::time::Instant::now();
         pg.allreduce(&[&t], ReduceOp::Sum)?;
         let secs = t0.elapsed().as_secs_f64();
-        expect_close("benchmark allreduce", &t.narrow(0, 0, 16), pg.world_size() as f64)?;
+        expect_close(
+            "benchmark allreduce",
+            &t.narrow(0, 0, 16),
+            pg.world_size() as f64,
+        )?;
         events.metric(i + 1, 0, "allreduce_seconds", secs);
     }
     Ok(())

@@ -57,6 +57,7 @@ pub struct TrainArgs {
     /// Recipe preset (e.g. tiny); each recipe documents its own.
     #[arg(long)]
     pub preset: Option<String>,
+    /// Passes over the training set (default: the preset's).
     #[arg(long)]
     pub epochs: Option<u64>,
     /// Stop after this many optimizer steps (overrides epochs when smaller).
@@ -65,12 +66,16 @@ pub struct TrainArgs {
     /// Samples per step over all workers (each worker gets an equal share).
     #[arg(long)]
     pub global_batch_size: Option<usize>,
+    /// Learning rate (default: the preset's).
     #[arg(long)]
     pub lr: Option<f64>,
+    /// sgd (momentum 0.9) or adamw (default: the preset's).
     #[arg(long, value_parser = parse_optimizer)]
     pub optimizer: Option<OptimizerKind>,
+    /// Dropout probability of the model, in [0, 1); 0 makes runs reproducible across worker counts.
     #[arg(long)]
     pub dropout: Option<f64>,
+    /// Seed for initialisation and data order; the same seed gives the same run.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Clip the global gradient norm to this value.
@@ -106,7 +111,9 @@ fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
 
 impl TrainArgs {
     pub fn to_spec(&self) -> Result<JobSpec> {
-        let mut spec = JobSpec::new(&self.recipe).workers(self.workers).device(self.device);
+        let mut spec = JobSpec::new(&self.recipe)
+            .workers(self.workers)
+            .device(self.device);
         let t = &mut spec.train;
         t.preset = self.preset.clone();
         t.epochs = self.epochs;
@@ -140,7 +147,9 @@ pub fn main() -> i32 {
             0
         }
         Command::Check { workers, device } => {
-            let spec = JobSpec::new(crate::recipes::CHECK).workers(workers).device(device);
+            let spec = JobSpec::new(crate::recipes::CHECK)
+                .workers(workers)
+                .device(device);
             match job::fit(spec) {
                 Ok(r) => {
                     for l in job_logs(&r) {
@@ -160,7 +169,10 @@ pub fn main() -> i32 {
             Err(e) => {
                 eprintln!("error: {e:#}");
                 if args.json {
-                    println!("{}", serde_json::json!({"status": "error", "error": format!("{e:#}")}));
+                    println!(
+                        "{}",
+                        serde_json::json!({"status": "error", "error": format!("{e:#}")})
+                    );
                 }
                 2
             }
@@ -172,7 +184,8 @@ fn train(args: &TrainArgs) -> Result<i32> {
     let spec = args.to_spec()?;
     // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The
     // handler goes in before any thread exists, so no other thread receives the signal.
-    let current: std::sync::Arc<std::sync::Mutex<(bool, Option<crate::job::Job>)>> = Default::default();
+    let current: std::sync::Arc<std::sync::Mutex<(bool, Option<crate::job::Job>)>> =
+        Default::default();
     let slot = current.clone();
     let _ = ctrlc_stop(move || {
         let job = {
@@ -195,9 +208,26 @@ fn train(args: &TrainArgs) -> Result<i32> {
     }
     let updates = job.subscribe();
     let human_to_stderr = args.json;
-    let bar = ProgressBar::with_draw_target(Some(0), if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
-    bar.set_style(ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg}").expect("valid template").progress_chars("█▉ "));
-    eprintln!("trainbook: {} x{} on {} · run directory {}", job.spec().recipe, job.spec().workers, job.device(), job.run_dir().display());
+    let bar = ProgressBar::with_draw_target(
+        Some(0),
+        if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("█▉ "),
+    );
+    eprintln!(
+        "trainbook: {} x{} on {} · run directory {}",
+        job.spec().recipe,
+        job.spec().workers,
+        job.device(),
+        job.run_dir().display()
+    );
     let mut last_loss: Option<f64> = None;
     for u in updates {
         match u {
@@ -221,7 +251,15 @@ fn train(args: &TrainArgs) -> Result<i32> {
             Update::Progress(p) => {
                 bar.set_length(p.total_steps);
                 bar.set_position(p.step);
-                bar.set_message(trainbook_widgets::progress_line(p.epoch, p.epochs, p.step, p.total_steps, last_loss, p.samples_per_second, p.elapsed));
+                bar.set_message(trainbook_widgets::progress_line(
+                    p.epoch,
+                    p.epochs,
+                    p.step,
+                    p.total_steps,
+                    last_loss,
+                    p.samples_per_second,
+                    p.elapsed,
+                ));
             }
             Update::Checkpoint { .. } => {}
             Update::Finished(_) => break,
@@ -245,11 +283,17 @@ fn train(args: &TrainArgs) -> Result<i32> {
     if args.json {
         println!("{}", summary.to_json());
     }
-    Ok(if summary.status == JobStatus::Succeeded { 0 } else { 1 })
+    Ok(if summary.status == JobStatus::Succeeded {
+        0
+    } else {
+        1
+    })
 }
 
 fn job_logs(r: &crate::job::TrainResult) -> Vec<String> {
-    std::fs::read_to_string(r.run_dir.join("logs").join("rank0.log")).map(|s| s.lines().map(String::from).collect()).unwrap_or_default()
+    std::fs::read_to_string(r.run_dir.join("logs").join("rank0.log"))
+        .map(|s| s.lines().map(String::from).collect())
+        .unwrap_or_default()
 }
 
 /// Installs a SIGINT/SIGTERM handler that runs `f` once (on a helper thread).
@@ -260,11 +304,13 @@ fn ctrlc_stop(f: impl FnOnce() + Send + 'static) -> Result<()> {
     set.add(Signal::SIGTERM);
     // Block the signals in this thread (and threads spawned later); a helper waits for them.
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
-    std::thread::Builder::new().name("trainbook-signals".into()).spawn(move || {
-        if set.wait().is_ok() {
-            eprintln!("trainbook: stopping workers…");
-            f();
-        }
-    })?;
+    std::thread::Builder::new()
+        .name("trainbook-signals".into())
+        .spawn(move || {
+            if set.wait().is_ok() {
+                eprintln!("trainbook: stopping workers…");
+                f();
+            }
+        })?;
     Ok(())
 }

@@ -37,9 +37,15 @@ impl GradSync {
         let mut off = 0i64;
         let mut bytes = 0usize;
         let mut key: Option<(Kind, tch::Device)> = None;
-        let flush = |slots: &mut Vec<(usize, i64, i64)>, off: &mut i64, key: Option<(Kind, tch::Device)>, buckets: &mut Vec<Bucket>| {
+        let flush = |slots: &mut Vec<(usize, i64, i64)>,
+                     off: &mut i64,
+                     key: Option<(Kind, tch::Device)>,
+                     buckets: &mut Vec<Bucket>| {
             if let (false, Some((kind, dev))) = (slots.is_empty(), key) {
-                buckets.push(Bucket { slots: std::mem::take(slots), flat: Tensor::zeros([*off], (kind, dev)) });
+                buckets.push(Bucket {
+                    slots: std::mem::take(slots),
+                    flat: Tensor::zeros([*off], (kind, dev)),
+                });
             }
             *off = 0;
         };
@@ -134,7 +140,10 @@ pub fn broadcast_parameters(pg: &ProcessGroup, tensors: &[Tensor]) -> Result<()>
             }
             pg.broadcast(&[&flat], 0)?;
             for &(i, off, n) in &bucket.slots {
-                tensors[i].shallow_clone().view([-1]).copy_(&flat.narrow(0, off, n));
+                tensors[i]
+                    .shallow_clone()
+                    .view([-1])
+                    .copy_(&flat.narrow(0, off, n));
             }
             let _ = &mut flat;
         }

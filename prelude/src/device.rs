@@ -77,7 +77,9 @@ impl std::fmt::Display for DeviceKind {
 
 /// Where the Gaudi software stack shows itself: accelerator device nodes and the PyTorch bridge.
 pub fn gaudi_stack_present() -> bool {
-    let has_device = ["/dev/accel/accel0", "/dev/hl0"].iter().any(|p| Path::new(p).exists());
+    let has_device = ["/dev/accel/accel0", "/dev/hl0"]
+        .iter()
+        .any(|p| Path::new(p).exists());
     let has_bridge = [
         "/usr/lib/habanalabs/libhabana_pytorch_plugin.so",
         "/usr/lib/habanalabs",
@@ -148,6 +150,8 @@ pub fn resolve(req: DeviceRequest, workers: usize) -> Result<DeviceKind> {
 
 /// Intra-op threads per CPU worker: the cores shared evenly, at least one.
 pub fn cpu_threads_per_worker(workers: usize) -> usize {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     (cores / workers.max(1)).max(1)
 }

@@ -19,7 +19,10 @@ pub use crate::dedup::Stream;
 
 /// Seconds since the Unix epoch.
 pub fn unix_time() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// What a worker reports when it finishes.
@@ -43,13 +46,48 @@ pub struct WorkerSummary {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    Started { rank: usize, pid: u32, device: String, threads: usize },
-    Log { rank: usize, stream: LogStream, text: String },
-    Metric { rank: usize, step: u64, epoch: u64, name: String, value: f64, time: f64 },
-    Progress { rank: usize, step: u64, total_steps: u64, epoch: u64, epochs: u64, samples: u64, samples_per_second: f64 },
-    Checkpoint { rank: usize, step: u64, epoch: u64, path: String },
-    Error { rank: usize, message: String },
-    Done { rank: usize, summary: WorkerSummary },
+    Started {
+        rank: usize,
+        pid: u32,
+        device: String,
+        threads: usize,
+    },
+    Log {
+        rank: usize,
+        stream: LogStream,
+        text: String,
+    },
+    Metric {
+        rank: usize,
+        step: u64,
+        epoch: u64,
+        name: String,
+        value: f64,
+        time: f64,
+    },
+    Progress {
+        rank: usize,
+        step: u64,
+        total_steps: u64,
+        epoch: u64,
+        epochs: u64,
+        samples: u64,
+        samples_per_second: f64,
+    },
+    Checkpoint {
+        rank: usize,
+        step: u64,
+        epoch: u64,
+        path: String,
+    },
+    Error {
+        rank: usize,
+        message: String,
+    },
+    Done {
+        rank: usize,
+        summary: WorkerSummary,
+    },
 }
 
 impl Event {
@@ -84,7 +122,33 @@ impl From<LogStream> for Stream {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the event-stream runtime")
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the event-stream runtime")
+}
+
+/// Runs `body` on a new named thread with its own single-threaded tokio runtime; `body` reports
+/// readiness (or failure) through `ready`, which also receives a runtime start failure.
+fn on_runtime_thread<R, F, Fut>(
+    name: &str,
+    ready: mpsc::Sender<Result<R>>,
+    body: F,
+) -> Result<thread::JoinHandle<()>>
+where
+    R: Send + 'static,
+    F: FnOnce(mpsc::Sender<Result<R>>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    thread::Builder::new()
+        .name(name.into())
+        .spawn(move || match runtime() {
+            Ok(rt) => rt.block_on(body(ready)),
+            Err(e) => {
+                let _ = ready.send(Err(e));
+            }
+        })
+        .with_context(|| format!("spawning the {name} thread"))
 }
 
 /// Driver side: receives events for one job.
@@ -98,53 +162,50 @@ pub struct Collector {
 impl Collector {
     /// Binds a PULL socket on `host` (port chosen by the OS) and forwards every event carrying
     /// `token` to `sink` (which returns false once nobody listens).
-    pub fn start(host: &str, token: String, mut sink: impl FnMut(Event) -> bool + Send + 'static) -> Result<Self> {
+    pub fn start(
+        host: &str,
+        token: String,
+        mut sink: impl FnMut(Event) -> bool + Send + 'static,
+    ) -> Result<Self> {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<String>>();
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let dropped = Arc::new(AtomicU64::new(0));
         let dropped2 = dropped.clone();
         let addr = format!("tcp://{host}:0");
-        let thread = thread::Builder::new()
-            .name("trainbook-events".into())
-            .spawn(move || {
-                let rt = match runtime() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let mut socket = zeromq::PullSocket::new();
-                    let endpoint = match socket.bind(&addr).await {
-                        Ok(ep) => ep.to_string(),
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(anyhow!("binding the event socket on {addr}: {e}")));
-                            return;
-                        }
-                    };
-                    let _ = ready_tx.send(Ok(endpoint));
-                    let token = Bytes::from(token.into_bytes());
-                    loop {
-                        tokio::select! {
-                            _ = &mut stop_rx => break,
-                            msg = socket.recv() => {
-                                let Ok(msg) = msg else { continue };
-                                match decode(&msg, &token) {
-                                    Some(ev) => { if !sink(ev) { break; } }
-                                    None => { dropped2.fetch_add(1, Ordering::Relaxed); }
-                                }
-                            }
+        let thread = on_runtime_thread("trainbook-events", ready_tx, move |ready_tx| async move {
+            let mut socket = zeromq::PullSocket::new();
+            let endpoint = match socket.bind(&addr).await {
+                Ok(ep) => ep.to_string(),
+                Err(e) => {
+                    let _ = ready_tx.send(Err(anyhow!("binding the event socket on {addr}: {e}")));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(endpoint));
+            let token = Bytes::from(token.into_bytes());
+            loop {
+                tokio::select! {
+                    _ = &mut stop_rx => break,
+                    msg = socket.recv() => {
+                        let Ok(msg) = msg else { continue };
+                        match decode(&msg, &token) {
+                            Some(ev) => { if !sink(ev) { break; } }
+                            None => { dropped2.fetch_add(1, Ordering::Relaxed); }
                         }
                     }
-                    let _ = socket.close().await;
-                });
-            })
-            .context("spawning the event collector thread")?;
+                }
+            }
+            let _ = socket.close().await;
+        })?;
         let endpoint = ready_rx
             .recv_timeout(Duration::from_secs(10))
             .map_err(|_| anyhow!("the event collector did not start within 10 s"))??;
-        Ok(Self { endpoint, dropped, shutdown: Some(stop_tx), thread: Some(thread) })
+        Ok(Self {
+            endpoint,
+            dropped,
+            shutdown: Some(stop_tx),
+            thread: Some(thread),
+        })
     }
 
     /// Where workers connect, e.g. `tcp://127.0.0.1:40123`.
@@ -175,7 +236,13 @@ fn decode(msg: &ZmqMessage, token: &Bytes) -> Option<Event> {
     }
     let got = msg.get(0)?;
     // Compare in constant time so the token cannot be guessed byte by byte.
-    if got.len() != token.len() || got.iter().zip(token.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+    if got.len() != token.len()
+        || got
+            .iter()
+            .zip(token.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            != 0
+    {
         return None;
     }
     serde_json::from_slice(msg.get(1)?).ok()
@@ -209,58 +276,54 @@ impl Emitter {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let endpoint = endpoint.to_string();
         let token = Bytes::from(token.to_string().into_bytes());
-        thread::Builder::new()
-            .name("trainbook-emitter".into())
-            .spawn(move || {
-                let rt = match runtime() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let mut socket = zeromq::PushSocket::new();
-                    let connected = tokio::time::timeout(Duration::from_secs(10), socket.connect(&endpoint)).await;
-                    match connected {
-                        Ok(Ok(())) => {
-                            let _ = ready_tx.send(Ok(()));
-                        }
-                        Ok(Err(e)) => {
-                            let _ = ready_tx.send(Err(anyhow!("connecting to the driver at {endpoint}: {e}")));
-                            return;
-                        }
-                        Err(_) => {
-                            let _ = ready_tx.send(Err(anyhow!("connecting to the driver at {endpoint}: timed out after 10 s")));
-                            return;
-                        }
-                    }
-                    while let Some(out) = rx.recv().await {
-                        match out {
-                            Outgoing::Event(ev) => {
-                                let Ok(json) = serde_json::to_vec(&ev) else { continue };
-                                let frames = vec![token.clone(), Bytes::from(json)];
-                                let msg = ZmqMessage::try_from(frames).expect("two frames");
-                                if socket.send(msg).await.is_err() {
-                                    // Driver gone: nothing left to report to.
-                                    break;
-                                }
-                            }
-                            Outgoing::Flush(done) => {
-                                // zeromq queues messages per peer and a separate task writes them
-                                // to the TCP stream; give that task the runtime until it has.
-                                for _ in 0..16 {
-                                    tokio::task::yield_now().await;
-                                }
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                                let _ = done.send(());
-                            }
+        on_runtime_thread("trainbook-emitter", ready_tx, move |ready_tx| async move {
+            let mut socket = zeromq::PushSocket::new();
+            let connected =
+                tokio::time::timeout(Duration::from_secs(10), socket.connect(&endpoint)).await;
+            match connected {
+                Ok(Ok(())) => {
+                    let _ = ready_tx.send(Ok(()));
+                }
+                Ok(Err(e)) => {
+                    let _ =
+                        ready_tx.send(Err(anyhow!("connecting to the driver at {endpoint}: {e}")));
+                    return;
+                }
+                Err(_) => {
+                    let _ = ready_tx.send(Err(anyhow!(
+                        "connecting to the driver at {endpoint}: timed out after 10 s"
+                    )));
+                    return;
+                }
+            }
+            while let Some(out) = rx.recv().await {
+                match out {
+                    Outgoing::Event(ev) => {
+                        let Ok(json) = serde_json::to_vec(&ev) else {
+                            continue;
+                        };
+                        let frames = vec![token.clone(), Bytes::from(json)];
+                        let msg = ZmqMessage::try_from(frames).expect("two frames");
+                        if socket.send(msg).await.is_err() {
+                            // Driver gone: nothing left to report to.
+                            break;
                         }
                     }
-                });
-            })
-            .context("spawning the event emitter thread")?;
-        ready_rx.recv_timeout(Duration::from_secs(15)).map_err(|_| anyhow!("event emitter did not start"))??;
+                    Outgoing::Flush(done) => {
+                        // zeromq queues messages per peer and a separate task writes them
+                        // to the TCP stream; give that task the runtime until it has.
+                        for _ in 0..16 {
+                            tokio::task::yield_now().await;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let _ = done.send(());
+                    }
+                }
+            }
+        })?;
+        ready_rx
+            .recv_timeout(Duration::from_secs(15))
+            .map_err(|_| anyhow!("event emitter did not start"))??;
         Ok(Self { tx, rank })
     }
 
@@ -273,11 +336,22 @@ impl Emitter {
     }
 
     pub fn log(&self, text: impl Into<String>) {
-        self.send(Event::Log { rank: self.rank, stream: LogStream::Stdout, text: text.into() });
+        self.send(Event::Log {
+            rank: self.rank,
+            stream: LogStream::Stdout,
+            text: text.into(),
+        });
     }
 
     pub fn metric(&self, step: u64, epoch: u64, name: &str, value: f64) {
-        self.send(Event::Metric { rank: self.rank, step, epoch, name: name.to_string(), value, time: unix_time() });
+        self.send(Event::Metric {
+            rank: self.rank,
+            step,
+            epoch,
+            name: name.to_string(),
+            value,
+            time: unix_time(),
+        });
     }
 
     /// Waits until every event sent so far has been handed to the kernel's socket buffer (call
@@ -297,7 +371,10 @@ pub fn send_raw(endpoint: &str, frames: Vec<Vec<u8>>) -> Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let mut socket = zeromq::PushSocket::new();
-        socket.connect(endpoint).await.map_err(|e| anyhow!("connect {endpoint}: {e}"))?;
+        socket
+            .connect(endpoint)
+            .await
+            .map_err(|e| anyhow!("connect {endpoint}: {e}"))?;
         let msg = ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>())
             .map_err(|e| anyhow!("building message: {e}"))?;
         socket.send(msg).await.map_err(|e| anyhow!("send: {e}"))?;

@@ -39,7 +39,10 @@ pub enum JobStatus {
 
 impl JobStatus {
     pub fn is_finished(self) -> bool {
-        matches!(self, JobStatus::Succeeded | JobStatus::Failed | JobStatus::Stopped)
+        matches!(
+            self,
+            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Stopped
+        )
     }
     pub fn name(self) -> &'static str {
         match self {
@@ -62,7 +65,13 @@ impl std::fmt::Display for JobStatus {
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum TrainError {
     #[error("worker rank {rank} failed ({how}); all workers were stopped.{message}\nlast lines of rank {rank}:\n{tail}\nfull log: {log}")]
-    WorkerFailed { rank: usize, how: String, message: String, tail: String, log: String },
+    WorkerFailed {
+        rank: usize,
+        how: String,
+        message: String,
+        tail: String,
+        log: String,
+    },
     #[error("the job was stopped before it finished (run directory: {run_dir})")]
     Interrupted { run_dir: String },
 }
@@ -211,7 +220,11 @@ static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 pub fn running_jobs() -> Vec<Job> {
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|w| w.strong_count() > 0);
-    reg.iter().filter_map(|w| w.upgrade()).map(|shared| Job { shared }).filter(|j| !j.status().is_finished()).collect()
+    reg.iter()
+        .filter_map(|w| w.upgrade())
+        .map(|shared| Job { shared })
+        .filter(|j| !j.status().is_finished())
+        .collect()
 }
 
 /// Stops every running job of this process (what a notebook interrupt does first).
@@ -239,10 +252,14 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
     let token = events::new_token();
     let (tx, rx) = mpsc::channel::<Incoming>();
     let ev_tx = tx.clone();
-    let collector = Collector::start("127.0.0.1", token.clone(), move |e| ev_tx.send(Incoming::Event(e)).is_ok())?;
+    let collector = Collector::start("127.0.0.1", token.clone(), move |e| {
+        ev_tx.send(Incoming::Event(e)).is_ok()
+    })?;
 
     let threads = match device {
-        DeviceKind::Cpu => spec.threads_per_worker.unwrap_or_else(|| device::cpu_threads_per_worker(spec.workers)),
+        DeviceKind::Cpu => spec
+            .threads_per_worker
+            .unwrap_or_else(|| device::cpu_threads_per_worker(spec.workers)),
         _ => spec.threads_per_worker.unwrap_or(4),
     };
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
@@ -259,14 +276,22 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
                 ("TRAINBOOK_EVENTS".into(), collector.endpoint().to_string()),
                 ("TRAINBOOK_TOKEN".into(), token.clone()),
                 ("TRAINBOOK_RUN_DIR".into(), run_dir.display().to_string()),
-                ("TRAINBOOK_CONFIG".into(), run_dir.join("config.json").display().to_string()),
+                (
+                    "TRAINBOOK_CONFIG".into(),
+                    run_dir.join("config.json").display().to_string(),
+                ),
                 ("TRAINBOOK_DEVICE".into(), device.name().into()),
                 ("TRAINBOOK_THREADS".into(), threads.to_string()),
                 ("OMP_NUM_THREADS".into(), threads.to_string()),
                 ("MKL_NUM_THREADS".into(), threads.to_string()),
             ];
             env.extend(spec.env.iter().cloned());
-            WorkerCommand { rank, program: program.clone(), env, cwd: cwd.clone() }
+            WorkerCommand {
+                rank,
+                program: program.clone(),
+                env,
+                cwd: cwd.clone(),
+            }
         })
         .collect();
 
@@ -296,7 +321,10 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
         stop_requested: AtomicBool::new(false),
         subscribers: Mutex::new(Vec::new()),
     });
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&shared));
+    REGISTRY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::downgrade(&shared));
 
     // Workers are spawned from the driver thread, which lives exactly as long as they do:
     // PR_SET_PDEATHSIG fires when the *thread* that forked them exits.
@@ -328,7 +356,9 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
             }
         })
         .context("spawning the job driver thread")?;
-    spawned_rx.recv().map_err(|_| anyhow!("the job driver thread died while starting workers"))??;
+    spawned_rx
+        .recv()
+        .map_err(|_| anyhow!("the job driver thread died while starting workers"))??;
     Ok(Job { shared })
 }
 
@@ -355,7 +385,11 @@ impl Driver<'_> {
 
     fn line(&mut self, rank: usize, stream: Stream, text: String) {
         if let Some(Some(f)) = self.log_files.get_mut(rank) {
-            let tag = if stream == Stream::Stderr { "[stderr] " } else { "" };
+            let tag = if stream == Stream::Stderr {
+                "[stderr] "
+            } else {
+                ""
+            };
             let _ = writeln!(f, "{tag}{text}");
         }
         let now = Instant::now();
@@ -371,9 +405,18 @@ impl Driver<'_> {
             if st.logs.len() == MEMORY_LOG_LINES {
                 st.logs.pop_front();
             }
-            let stream = if stream == Stream::Stderr { "stderr" } else { "stdout" };
+            let stream = if stream == Stream::Stderr {
+                "stderr"
+            } else {
+                "stdout"
+            };
             let time = self.elapsed();
-            st.logs.push_back(LogRecord { rank, stream, text, time });
+            st.logs.push_back(LogRecord {
+                rank,
+                stream,
+                text,
+                time,
+            });
         }
         for s in shown {
             self.shared.publish(Update::Log(s));
@@ -384,13 +427,43 @@ impl Driver<'_> {
         let elapsed = self.elapsed();
         match ev {
             Event::Log { rank, stream, text } => self.line(rank, stream.into(), text),
-            Event::Metric { rank, step, epoch, name, value, .. } => {
-                let row = MetricRow { rank: rank as u32, step, epoch, name, value, time: elapsed };
+            Event::Metric {
+                rank,
+                step,
+                epoch,
+                name,
+                value,
+                ..
+            } => {
+                let row = MetricRow {
+                    rank: rank as u32,
+                    step,
+                    epoch,
+                    name,
+                    value,
+                    time: elapsed,
+                };
                 self.shared.lock().metrics.push(row.clone());
                 self.shared.publish(Update::Metric(row));
             }
-            Event::Progress { step, total_steps, epoch, epochs, samples, samples_per_second, .. } => {
-                let p = Progress { step, total_steps, epoch, epochs, samples, samples_per_second, elapsed };
+            Event::Progress {
+                step,
+                total_steps,
+                epoch,
+                epochs,
+                samples,
+                samples_per_second,
+                ..
+            } => {
+                let p = Progress {
+                    step,
+                    total_steps,
+                    epoch,
+                    epochs,
+                    samples,
+                    samples_per_second,
+                    elapsed,
+                };
                 self.shared.lock().progress = Some(p.clone());
                 self.shared.publish(Update::Progress(p));
             }
@@ -410,7 +483,12 @@ impl Driver<'_> {
                     *slot = Some(summary);
                 }
             }
-            Event::Started { rank, pid, device, threads } => {
+            Event::Started {
+                rank,
+                pid,
+                device,
+                threads,
+            } => {
                 let _ = (rank, pid, device, threads);
             }
         }
@@ -419,14 +497,24 @@ impl Driver<'_> {
     fn incoming(&mut self, m: Incoming) {
         match m {
             Incoming::Event(e) => self.event(e),
-            Incoming::Raw(RawOutput::Line { rank, stderr, text }) => {
-                self.line(rank, if stderr { Stream::Stderr } else { Stream::Stdout }, text)
-            }
+            Incoming::Raw(RawOutput::Line { rank, stderr, text }) => self.line(
+                rank,
+                if stderr {
+                    Stream::Stderr
+                } else {
+                    Stream::Stdout
+                },
+                text,
+            ),
         }
     }
 
     fn flush_dedup(&mut self, finish: bool) {
-        let shown = if finish { self.dedup.finish() } else { self.dedup.flush_due(Instant::now()) };
+        let shown = if finish {
+            self.dedup.finish()
+        } else {
+            self.dedup.flush_due(Instant::now())
+        };
         for s in shown {
             self.shared.publish(Update::Log(s));
         }
@@ -434,24 +522,60 @@ impl Driver<'_> {
 
     fn failure(&self, exit: &Exit) -> TrainError {
         let st = self.shared.lock();
-        let tail: Vec<String> = st.tails.get(exit.rank).map(|t| t.iter().map(|l| format!("  {l}")).collect()).unwrap_or_default();
-        let message = st.errors.get(exit.rank).cloned().flatten().map(|m| format!("\nerror: {m}")).unwrap_or_default();
-        let how = if exit.success() { "exited before reporting completion".to_string() } else { exit.describe() };
+        let tail: Vec<String> = st
+            .tails
+            .get(exit.rank)
+            .map(|t| t.iter().map(|l| format!("  {l}")).collect())
+            .unwrap_or_default();
+        let message = st
+            .errors
+            .get(exit.rank)
+            .cloned()
+            .flatten()
+            .map(|m| format!("\nerror: {m}"))
+            .unwrap_or_default();
+        let how = if exit.success() {
+            "exited before reporting completion".to_string()
+        } else {
+            exit.describe()
+        };
         TrainError::WorkerFailed {
             rank: exit.rank,
             how,
             message,
-            tail: if tail.is_empty() { "  (no output)".into() } else { tail.join("\n") },
-            log: self.shared.run_dir.join("logs").join(format!("rank{}.log", exit.rank)).display().to_string(),
+            tail: if tail.is_empty() {
+                "  (no output)".into()
+            } else {
+                tail.join("\n")
+            },
+            log: self
+                .shared
+                .run_dir
+                .join("logs")
+                .join(format!("rank{}.log", exit.rank))
+                .display()
+                .to_string(),
         }
     }
 }
 
-fn drive(shared: &Shared, mut workers: Workers, rx: mpsc::Receiver<Incoming>, collector: Collector, store: RendezvousServer) {
+fn drive(
+    shared: &Shared,
+    mut workers: Workers,
+    rx: mpsc::Receiver<Incoming>,
+    collector: Collector,
+    store: RendezvousServer,
+) {
     let world = shared.spec.workers;
     let logs_dir = shared.run_dir.join("logs");
-    let log_files = (0..world).map(|r| File::create(logs_dir.join(format!("rank{r}.log"))).ok()).collect();
-    let mut d = Driver { shared, dedup: Deduplicator::new(shared.spec.dedup), log_files };
+    let log_files = (0..world)
+        .map(|r| File::create(logs_dir.join(format!("rank{r}.log"))).ok())
+        .collect();
+    let mut d = Driver {
+        shared,
+        dedup: Deduplicator::new(shared.spec.dedup),
+        log_files,
+    };
     let mut stopped_by_user = false;
 
     while !workers.all_exited() {
@@ -476,7 +600,8 @@ fn drive(shared: &Shared, mut workers: Workers, rx: mpsc::Receiver<Incoming>, co
         if stopped_by_user || exits.is_empty() {
             continue;
         }
-        let done_ranks = |st: &State, r: usize| st.summaries.get(r).map(|s| s.is_some()).unwrap_or(false);
+        let done_ranks =
+            |st: &State, r: usize| st.summaries.get(r).map(|s| s.is_some()).unwrap_or(false);
         // A clean exit counts only once its `done` event arrived; give the socket a moment.
         let mut bad: Vec<Exit> = Vec::new();
         for e in exits {
@@ -619,7 +744,11 @@ impl Job {
         if finished {
             let _ = tx.send(Update::Finished(self.status()));
         } else {
-            self.shared.subscribers.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+            self.shared
+                .subscribers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(tx);
         }
         rx
     }
@@ -632,11 +761,18 @@ impl Job {
         let deadline = Instant::now().checked_add(timeout);
         let mut st = self.shared.lock();
         while !st.status.is_finished() {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
+            let left = deadline
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(3600));
             if left.is_zero() {
                 return false;
             }
-            st = self.shared.finished.wait_timeout(st, left).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+            st = self
+                .shared
+                .finished
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
         true
     }
@@ -645,7 +781,11 @@ impl Job {
     pub fn stop(&self) -> Result<()> {
         self.request_stop();
         if !self.wait_finished(STOP_GRACE + Duration::from_secs(5)) {
-            bail!("job {} did not stop within {} s; its workers were sent SIGKILL", self.id(), STOP_GRACE.as_secs() + 5);
+            bail!(
+                "job {} did not stop within {} s; its workers were sent SIGKILL",
+                self.id(),
+                STOP_GRACE.as_secs() + 5
+            );
         }
         Ok(())
     }
@@ -657,8 +797,17 @@ impl Job {
         let result = self.result()?;
         match result.status {
             JobStatus::Succeeded => Ok(result),
-            JobStatus::Stopped => Err(TrainError::Interrupted { run_dir: result.run_dir.display().to_string() }.into()),
-            _ => Err(self.shared.lock().failure.clone().map(anyhow::Error::from).unwrap_or_else(|| anyhow!("the job failed"))),
+            JobStatus::Stopped => Err(TrainError::Interrupted {
+                run_dir: result.run_dir.display().to_string(),
+            }
+            .into()),
+            _ => Err(self
+                .shared
+                .lock()
+                .failure
+                .clone()
+                .map(anyhow::Error::from)
+                .unwrap_or_else(|| anyhow!("the job failed"))),
         }
     }
 
@@ -668,7 +817,10 @@ impl Job {
         let summaries: Vec<&WorkerSummary> = st.summaries.iter().flatten().collect();
         let s0 = st.summaries.first().cloned().flatten().unwrap_or_default();
         let samples: u64 = summaries.iter().map(|s| s.samples).sum();
-        let secs = summaries.iter().map(|s| s.train_seconds).fold(0.0, f64::max);
+        let secs = summaries
+            .iter()
+            .map(|s| s.train_seconds)
+            .fold(0.0, f64::max);
         let mut final_metrics = s0.metrics.clone();
         let best_epoch = st
             .metrics
@@ -678,9 +830,18 @@ impl Job {
             .map(|m| m.epoch);
         let last_checkpoint = st.checkpoints.last().map(|(_, p)| p.clone());
         let best_checkpoint = best_epoch
-            .and_then(|e| st.checkpoints.iter().find(|(ce, _)| *ce == e).map(|(_, p)| p.clone()))
+            .and_then(|e| {
+                st.checkpoints
+                    .iter()
+                    .find(|(ce, _)| *ce == e)
+                    .map(|(_, p)| p.clone())
+            })
             .or_else(|| last_checkpoint.clone());
-        let sps = if secs > 0.0 { samples as f64 / secs } else { 0.0 };
+        let sps = if secs > 0.0 {
+            samples as f64 / secs
+        } else {
+            0.0
+        };
         final_metrics.insert("samples_per_second".into(), sps);
         final_metrics.insert("train_loss".into(), s0.final_train_loss);
         Ok(TrainResult {
@@ -693,20 +854,39 @@ impl Job {
             last_checkpoint,
             best_checkpoint,
             run_dir: self.shared.run_dir.clone(),
-            error: st.failure.as_ref().map(|f| f.to_string()).or(if st.status == JobStatus::Stopped { Some("stopped".into()) } else { None }),
+            error: st.failure.as_ref().map(|f| f.to_string()).or(
+                if st.status == JobStatus::Stopped {
+                    Some("stopped".into())
+                } else {
+                    None
+                },
+            ),
             steps: s0.steps,
             samples_per_second: sps,
             final_train_loss: s0.final_train_loss,
             param_sum: s0.param_sum,
             param_l2: s0.param_l2,
-            elapsed: if st.status.is_finished() { st.elapsed } else { self.shared.started.elapsed().as_secs_f64() },
+            elapsed: if st.status.is_finished() {
+                st.elapsed
+            } else {
+                self.shared.started.elapsed().as_secs_f64()
+            },
         })
     }
 }
 
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Job({} {} x{} on {}, {}, {})", self.id(), self.spec().recipe, self.spec().workers, self.device(), self.status(), self.run_dir().display())
+        write!(
+            f,
+            "Job({} {} x{} on {}, {}, {})",
+            self.id(),
+            self.spec().recipe,
+            self.spec().workers,
+            self.device(),
+            self.status(),
+            self.run_dir().display()
+        )
     }
 }
 

@@ -62,7 +62,11 @@ pub struct WorkerCommand {
 
 /// A line of raw worker output (stdout/stderr), so panics and libtorch aborts reach the user.
 pub enum RawOutput {
-    Line { rank: usize, stderr: bool, text: String },
+    Line {
+        rank: usize,
+        stderr: bool,
+        text: String,
+    },
 }
 
 /// The running workers of one job.
@@ -82,7 +86,11 @@ pub struct Exit {
 
 impl Exit {
     fn from_status(rank: usize, s: ExitStatus) -> Self {
-        Self { rank, code: s.code(), signal: s.signal() }
+        Self {
+            rank,
+            code: s.code(),
+            signal: s.signal(),
+        }
     }
 
     pub fn success(&self) -> bool {
@@ -94,7 +102,9 @@ impl Exit {
         match (self.code, self.signal) {
             (Some(c), _) => format!("exit code {c}"),
             (None, Some(s)) => {
-                let name = Signal::try_from(s).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into());
+                let name = Signal::try_from(s)
+                    .map(|s| s.as_str().to_string())
+                    .unwrap_or_else(|_| "?".into());
                 format!("killed by signal {s} ({name})")
             }
             _ => "unknown exit status".into(),
@@ -109,7 +119,11 @@ impl Workers {
     where
         F: Fn(RawOutput) -> bool + Clone + Send + 'static,
     {
-        let mut me = Workers { children: Vec::new(), pgid: None, readers: Vec::new() };
+        let mut me = Workers {
+            children: Vec::new(),
+            pgid: None,
+            readers: Vec::new(),
+        };
         let parent = std::process::id() as i32;
         for wc in cmds {
             let mut cmd = Command::new(&wc.program);
@@ -124,7 +138,14 @@ impl Workers {
             // between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                    if libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    ) != 0
+                    {
                         return Err(std::io::Error::last_os_error());
                     }
                     // The parent may have died before prctl took effect.
@@ -257,12 +278,20 @@ impl Drop for Workers {
     }
 }
 
-fn read_lines<F>(src: impl Read + Send + 'static, rank: usize, stderr: bool, out: F) -> Result<thread::JoinHandle<()>>
+fn read_lines<F>(
+    src: impl Read + Send + 'static,
+    rank: usize,
+    stderr: bool,
+    out: F,
+) -> Result<thread::JoinHandle<()>>
 where
     F: Fn(RawOutput) -> bool + Send + 'static,
 {
     thread::Builder::new()
-        .name(format!("trainbook-rank{rank}-{}", if stderr { "err" } else { "out" }))
+        .name(format!(
+            "trainbook-rank{rank}-{}",
+            if stderr { "err" } else { "out" }
+        ))
         .spawn(move || {
             let mut reader = BufReader::new(src);
             let mut buf = Vec::new();
@@ -271,7 +300,9 @@ where
                 match reader.read_until(b'\n', &mut buf) {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
-                        let text = String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']).to_string();
+                        let text = String::from_utf8_lossy(&buf)
+                            .trim_end_matches(['\n', '\r'])
+                            .to_string();
                         if !out(RawOutput::Line { rank, stderr, text }) {
                             break;
                         }
@@ -287,7 +318,9 @@ pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // Field 3, after the parenthesised command name, is the state.
-            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
             !matches!(state, Some("Z") | Some("X") | None)
         }
         Err(_) => false,

@@ -24,7 +24,9 @@ pub mod train;
 pub mod worker;
 
 pub use device::{DeviceKind, DeviceRequest};
-pub use job::{fit, launch, running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
+pub use job::{
+    fit, launch, running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update,
+};
 pub use spec::{JobSpec, OptimizerKind, TrainConfig};
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`

@@ -35,14 +35,18 @@ pub fn write_parquet(rows: &[MetricRow], path: &Path) -> Result<()> {
     let mut df = to_dataframe(rows)?;
     let tmp = crate::checkpoint::temp_path(path);
     {
-        let file = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         anyhow::Context::context(ParquetWriter::new(file).finish(&mut df), "writing parquet")?;
     }
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }
 
 pub fn read_parquet(path: &Path) -> Result<DataFrame> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    anyhow::Context::with_context(ParquetReader::new(file).finish(), || format!("reading {}", path.display()))
+    anyhow::Context::with_context(ParquetReader::new(file).finish(), || {
+        format!("reading {}", path.display())
+    })
 }

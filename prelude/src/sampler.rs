@@ -25,8 +25,17 @@ pub struct DistributedSampler {
 
 impl DistributedSampler {
     pub fn new(len: usize, rank: usize, world_size: usize, seed: u64, shuffle: bool) -> Self {
-        assert!(world_size > 0 && rank < world_size, "rank {rank} outside world of {world_size}");
-        Self { len, rank, world_size, seed, shuffle }
+        assert!(
+            world_size > 0 && rank < world_size,
+            "rank {rank} outside world of {world_size}"
+        );
+        Self {
+            len,
+            rank,
+            world_size,
+            seed,
+            shuffle,
+        }
     }
 
     /// Samples per rank and epoch.
@@ -47,7 +56,12 @@ impl DistributedSampler {
     /// This rank's sample indices for `epoch`, in the order to train on them.
     pub fn indices(&self, epoch: usize) -> Vec<usize> {
         let keep = self.shard_len() * self.world_size;
-        self.permutation(epoch)[..keep].iter().skip(self.rank).step_by(self.world_size).copied().collect()
+        self.permutation(epoch)[..keep]
+            .iter()
+            .skip(self.rank)
+            .step_by(self.world_size)
+            .copied()
+            .collect()
     }
 }
 
@@ -69,8 +83,9 @@ mod tests {
     #[test]
     fn shards_are_disjoint_equal_and_cover_the_trimmed_epoch() {
         let (len, world) = (103, 4);
-        let shards: Vec<Vec<usize>> =
-            (0..world).map(|r| DistributedSampler::new(len, r, world, 7, true).indices(3)).collect();
+        let shards: Vec<Vec<usize>> = (0..world)
+            .map(|r| DistributedSampler::new(len, r, world, 7, true).indices(3))
+            .collect();
         let all: HashSet<usize> = shards.iter().flatten().copied().collect();
         assert!(shards.iter().all(|s| s.len() == 25));
         assert_eq!(all.len(), 100, "disjoint");
@@ -81,9 +96,15 @@ mod tests {
     #[test]
     fn order_depends_on_seed_plus_epoch() {
         let s = DistributedSampler::new(50, 0, 1, 10, true);
-        assert_eq!(s.indices(2), DistributedSampler::new(50, 0, 1, 11, true).indices(1));
+        assert_eq!(
+            s.indices(2),
+            DistributedSampler::new(50, 0, 1, 11, true).indices(1)
+        );
         assert_ne!(s.indices(0), s.indices(1));
-        assert_eq!(DistributedSampler::new(5, 0, 1, 1, false).indices(9), vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            DistributedSampler::new(5, 0, 1, 1, false).indices(9),
+            vec![0, 1, 2, 3, 4]
+        );
     }
 
     #[test]
@@ -92,13 +113,18 @@ mod tests {
         // with batch B: the basis of the data-parallel equivalence test.
         let (len, world, global_b) = (64, 2, 8);
         let one = DistributedSampler::new(len, 0, 1, 3, true).indices(0);
-        let shards: Vec<Vec<usize>> =
-            (0..world).map(|r| DistributedSampler::new(len, r, world, 3, true).indices(0)).collect();
+        let shards: Vec<Vec<usize>> = (0..world)
+            .map(|r| DistributedSampler::new(len, r, world, 3, true).indices(0))
+            .collect();
         for step in 0..len / global_b {
             let mut expect: Vec<usize> = one[step * global_b..(step + 1) * global_b].to_vec();
             let mut got: Vec<usize> = shards
                 .iter()
-                .flat_map(|s| s[step * global_b / world..(step + 1) * global_b / world].iter().copied())
+                .flat_map(|s| {
+                    s[step * global_b / world..(step + 1) * global_b / world]
+                        .iter()
+                        .copied()
+                })
                 .collect();
             expect.sort();
             got.sort();

@@ -18,6 +18,15 @@ pub enum OptimizerKind {
     Adamw,
 }
 
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Sgd => "sgd",
+            Self::Adamw => "adamw",
+        })
+    }
+}
+
 impl std::str::FromStr for OptimizerKind {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -134,6 +143,11 @@ impl JobSpec {
         self.runs_root = Some(p.into());
         self
     }
+    /// How long a collective (or the rendezvous) may wait for peers before it fails.
+    pub fn collective_timeout(mut self, t: Duration) -> Self {
+        self.collective_timeout_secs = t.as_secs().max(1);
+        self
+    }
     pub fn dedup(mut self, enabled: bool) -> Self {
         self.dedup.enabled = enabled;
         self
@@ -153,7 +167,10 @@ impl JobSpec {
             bail!("num_workers is 0: a job needs at least one worker (e.g. --workers 2)");
         }
         if self.workers > 1024 {
-            bail!("num_workers is {}: more than 1024 workers on one machine is surely a typo", self.workers);
+            bail!(
+                "num_workers is {}: more than 1024 workers on one machine is surely a typo",
+                self.workers
+            );
         }
         crate::recipes::check_name(&self.recipe)?;
         let t = &self.train;

@@ -30,8 +30,18 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 fn optimizer(vs: &nn::VarStore, h: &Hyper) -> Result<nn::Optimizer> {
     Ok(match h.optimizer {
-        OptimizerKind::Sgd => nn::Sgd { momentum: h.momentum, dampening: 0.0, wd: h.weight_decay, nesterov: false }.build(vs, h.lr)?,
-        OptimizerKind::Adamw => nn::AdamW { wd: h.weight_decay, ..Default::default() }.build(vs, h.lr)?,
+        OptimizerKind::Sgd => nn::Sgd {
+            momentum: h.momentum,
+            dampening: 0.0,
+            wd: h.weight_decay,
+            nesterov: false,
+        }
+        .build(vs, h.lr)?,
+        OptimizerKind::Adamw => nn::AdamW {
+            wd: h.weight_decay,
+            ..Default::default()
+        }
+        .build(vs, h.lr)?,
     })
 }
 
@@ -53,7 +63,10 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
     let ev = &ctx.events;
     let vs = recipe.vars();
     if h.global_batch_size < world {
-        bail!("global batch size {} is smaller than the world size {world}", h.global_batch_size);
+        bail!(
+            "global batch size {} is smaller than the world size {world}",
+            h.global_batch_size
+        );
     }
     let local_batch = h.global_batch_size / world;
     if rank == 0 && h.global_batch_size % world != 0 {
@@ -77,14 +90,21 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
     ddp::broadcast_parameters(&ctx.pg, &ordered)?;
     tch::manual_seed(h.seed as i64 + 1 + rank as i64);
 
-    let trainable: Vec<Tensor> = names.iter().filter(|n| vars[*n].requires_grad()).map(|n| vars[n].shallow_clone()).collect();
+    let trainable: Vec<Tensor> = names
+        .iter()
+        .filter(|n| vars[*n].requires_grad())
+        .map(|n| vars[n].shallow_clone())
+        .collect();
     let mut sync = GradSync::new(&trainable, ddp::BUCKET_BYTES);
     let mut opt = optimizer(vs, h)?;
 
     let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
     let shard = sampler.shard_len();
     if shard == 0 {
-        bail!("the training set has {} samples, fewer than the {world} workers", recipe.train_len());
+        bail!(
+            "the training set has {} samples, fewer than the {world} workers",
+            recipe.train_len()
+        );
     }
     let steps_per_epoch = shard.div_ceil(local_batch) as u64;
     let total_steps = match h.max_steps {
@@ -94,7 +114,7 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
     let epochs = total_steps.div_ceil(steps_per_epoch);
     if rank == 0 {
         ev.log(format!(
-            "training {} samples ({} per worker) for {epochs} epoch(s), {total_steps} steps, global batch {}, {:?} lr {}",
+            "training {} samples ({} per worker) for {epochs} epoch(s), {total_steps} steps, global batch {}, {} lr {}",
             shard * world,
             shard,
             local_batch * world,
@@ -149,7 +169,11 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
                     epoch,
                     epochs,
                     samples: samples * world as u64,
-                    samples_per_second: if secs > 0.0 { (samples * world as u64) as f64 / secs } else { 0.0 },
+                    samples_per_second: if secs > 0.0 {
+                        (samples * world as u64) as f64 / secs
+                    } else {
+                        0.0
+                    },
                 });
             }
         }
@@ -160,13 +184,21 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
             let (mut ls, mut c, mut n) = (0.0, 0.0, 0.0);
             for batch in sampler::batches(&eval_idx, local_batch.max(32)) {
                 let (logits, labels) = recipe.forward(Split::Eval, batch, false)?;
-                ls += logits.cross_entropy_for_logits(&labels).double_value(&[]) * batch.len() as f64;
-                c += logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64).double_value(&[]);
+                ls +=
+                    logits.cross_entropy_for_logits(&labels).double_value(&[]) * batch.len() as f64;
+                c += logits
+                    .argmax(-1, false)
+                    .eq_tensor(&labels)
+                    .sum(Kind::Int64)
+                    .double_value(&[]);
                 n += batch.len() as f64;
             }
             Ok((ls, c, n))
         })?;
-        let sums = ddp::allreduce_sums(&ctx.pg, &[loss_sum, loss_n, eval_loss_sum, eval_correct, eval_n])?;
+        let sums = ddp::allreduce_sums(
+            &ctx.pg,
+            &[loss_sum, loss_n, eval_loss_sum, eval_correct, eval_n],
+        )?;
         let train_loss = sums[0] / sums[1].max(1.0);
         final_train_loss = train_loss;
         final_metrics.insert("epoch_train_loss".to_string(), train_loss);
@@ -185,15 +217,27 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
                 final_metrics.get("eval_loss").copied().unwrap_or(f64::NAN),
                 final_metrics.get("eval_accuracy").copied().unwrap_or(f64::NAN),
             ));
-            let dir = ctx.run_dir.join("checkpoints").join(format!("epoch-{epoch}"));
-            std::fs::create_dir_all(ctx.run_dir.join("checkpoints")).context("creating checkpoints/")?;
+            let dir = ctx
+                .run_dir
+                .join("checkpoints")
+                .join(format!("epoch-{epoch}"));
+            std::fs::create_dir_all(ctx.run_dir.join("checkpoints"))
+                .context("creating checkpoints/")?;
             let state = serde_json::json!({ "epoch": epoch, "step": step, "hyper": h, "metrics": final_metrics });
             crate::checkpoint::write_dir_atomic(&dir, |tmp| {
                 recipe.save(tmp)?;
-                std::fs::write(tmp.join("trainer_state.json"), serde_json::to_vec_pretty(&state)?)?;
+                std::fs::write(
+                    tmp.join("trainer_state.json"),
+                    serde_json::to_vec_pretty(&state)?,
+                )?;
                 Ok(())
             })?;
-            ev.send(Event::Checkpoint { rank, step, epoch, path: dir.display().to_string() });
+            ev.send(Event::Checkpoint {
+                rank,
+                step,
+                epoch,
+                path: dir.display().to_string(),
+            });
         }
         if step >= total_steps {
             break 'epochs;

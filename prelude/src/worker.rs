@@ -18,20 +18,27 @@ fn env(name: &str) -> Result<String> {
 /// another launcher may not set).
 fn watch_parent() {
     let parent = nix::unistd::getppid();
-    let _ = std::thread::Builder::new().name("trainbook-parent-watch".into()).spawn(move || loop {
-        std::thread::sleep(Duration::from_millis(500));
-        if nix::unistd::getppid() != parent {
-            eprintln!("trainbook-worker: the launching process exited; stopping");
-            std::process::exit(3);
-        }
-    });
+    let _ = std::thread::Builder::new()
+        .name("trainbook-parent-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(500));
+            if nix::unistd::getppid() != parent {
+                eprintln!("trainbook-worker: the launching process exited; stopping");
+                std::process::exit(3);
+            }
+        });
 }
 
 /// Entry point of `trainbook-worker`; returns the process exit code.
 pub fn main() -> i32 {
     watch_parent();
-    let rank: usize = std::env::var("RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(0);
-    let events = match env("TRAINBOOK_EVENTS").and_then(|ep| Emitter::connect(&ep, &env("TRAINBOOK_TOKEN")?, rank)) {
+    let rank: usize = std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let events = match env("TRAINBOOK_EVENTS")
+        .and_then(|ep| Emitter::connect(&ep, &env("TRAINBOOK_TOKEN")?, rank))
+    {
         Ok(e) => e,
         Err(e) => {
             eprintln!("trainbook-worker: {e:#}");
@@ -55,28 +62,61 @@ pub fn main() -> i32 {
 
 fn run(rank: usize, events: &Emitter) -> Result<()> {
     let config = env("TRAINBOOK_CONFIG")?;
-    let spec: JobSpec = serde_json::from_slice(&std::fs::read(&config).with_context(|| format!("reading {config}"))?)
-        .with_context(|| format!("parsing {config}"))?;
-    let device: DeviceKind = serde_json::from_value(serde_json::Value::String(env("TRAINBOOK_DEVICE")?))
-        .context("TRAINBOOK_DEVICE must be cpu, cuda or hpu")?;
-    let threads: usize = env("TRAINBOOK_THREADS")?.parse().context("TRAINBOOK_THREADS must be a number")?;
+    let spec: JobSpec = serde_json::from_slice(
+        &std::fs::read(&config).with_context(|| format!("reading {config}"))?,
+    )
+    .with_context(|| format!("parsing {config}"))?;
+    let device: DeviceKind =
+        serde_json::from_value(serde_json::Value::String(env("TRAINBOOK_DEVICE")?))
+            .context("TRAINBOOK_DEVICE must be cpu, cuda or hpu")?;
+    let threads: usize = env("TRAINBOOK_THREADS")?
+        .parse()
+        .context("TRAINBOOK_THREADS must be a number")?;
     tch::set_num_threads(threads as i32);
     tch::set_num_interop_threads(1);
-    let local_rank: usize = std::env::var("LOCAL_RANK").ok().and_then(|r| r.parse().ok()).unwrap_or(rank);
+    let local_rank: usize = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(rank);
     let tdev = device.tch_device(local_rank)?;
-    events.send(Event::Started { rank, pid: std::process::id(), device: format!("{tdev:?}"), threads });
+    events.send(Event::Started {
+        rank,
+        pid: std::process::id(),
+        device: format!("{tdev:?}"),
+        threads,
+    });
 
-    let init = InitOptions::from_env(device.backend(), Duration::from_secs(spec.collective_timeout_secs))?;
+    let init = InitOptions::from_env(
+        device.backend(),
+        Duration::from_secs(spec.collective_timeout_secs),
+    )?;
     let pg = ProcessGroup::new(&init)?;
     if spec.recipe == crate::recipes::CHECK {
         crate::check::run(&pg, tdev, events)?;
-        events.send(Event::Done { rank, summary: Default::default() });
+        events.send(Event::Done {
+            rank,
+            summary: Default::default(),
+        });
         return Ok(());
     }
     if spec.recipe == crate::recipes::BENCH_ALLREDUCE {
-        let num = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-        crate::check::bench_allreduce(&pg, tdev, events, num("TRAINBOOK_BENCH_NUMEL", 110_000_000) as i64, num("TRAINBOOK_BENCH_ITERS", 10))?;
-        events.send(Event::Done { rank, summary: Default::default() });
+        let num = |k: &str, d: u64| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        crate::check::bench_allreduce(
+            &pg,
+            tdev,
+            events,
+            num("TRAINBOOK_BENCH_NUMEL", 110_000_000) as i64,
+            num("TRAINBOOK_BENCH_ITERS", 10),
+        )?;
+        events.send(Event::Done {
+            rank,
+            summary: Default::default(),
+        });
         return Ok(());
     }
     let (recipe, hyper) = crate::recipes::build(&spec.recipe, &spec.train, tdev)?;

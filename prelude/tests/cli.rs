@@ -13,7 +13,10 @@ fn runs_root() -> std::path::PathBuf {
 /// Runs the CLI with a hard deadline so a hang fails the test instead of stalling CI.
 fn trainbook(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainbook"));
-    cmd.args(args).env("TRAINBOOK_RUNS", runs_root()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .env("TRAINBOOK_RUNS", runs_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -34,19 +37,58 @@ fn trainbook(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Output 
 fn last_json(out: &Output) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("last stdout line is not JSON ({e}): {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr)))
+    serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!(
+            "last stdout line is not JSON ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 #[test]
 fn json_summary_is_the_same_whatever_the_worker_count() {
     let args = |w: &'static str| {
-        ["train", "synthetic", "--workers", w, "--device", "cpu", "--preset", "tiny", "--optimizer", "sgd", "--dropout", "0", "--seed", "3", "--global-batch-size", "8", "--max-steps", "30", "--json"]
+        [
+            "train",
+            "synthetic",
+            "--workers",
+            w,
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--optimizer",
+            "sgd",
+            "--dropout",
+            "0",
+            "--seed",
+            "3",
+            "--global-batch-size",
+            "8",
+            "--max-steps",
+            "30",
+            "--json",
+        ]
     };
     let one = trainbook(&args("1"), &[], Duration::from_secs(120));
     let two = trainbook(&args("2"), &[], Duration::from_secs(120));
-    assert!(one.status.success() && two.status.success(), "{}", String::from_utf8_lossy(&two.stderr));
+    assert!(
+        one.status.success() && two.status.success(),
+        "{}",
+        String::from_utf8_lossy(&two.stderr)
+    );
     let (a, b) = (last_json(&one), last_json(&two));
-    for key in ["status", "workers", "device", "steps", "final_train_loss", "samples_per_second", "run_dir", "param_sum", "param_l2"] {
+    for key in [
+        "status",
+        "workers",
+        "device",
+        "steps",
+        "final_train_loss",
+        "samples_per_second",
+        "run_dir",
+        "param_sum",
+        "param_l2",
+    ] {
         assert!(a.get(key).is_some(), "missing {key} in {a}");
     }
     assert_eq!(a["status"], "succeeded");
@@ -54,8 +96,14 @@ fn json_summary_is_the_same_whatever_the_worker_count() {
     assert_eq!(b["device"], "cpu");
     assert_eq!(a["steps"], 30);
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
-    assert!((f(&a, "param_sum") - f(&b, "param_sum")).abs() < 1e-3, "{a}\n{b}");
-    assert!((f(&a, "param_l2") - f(&b, "param_l2")).abs() < 1e-4, "{a}\n{b}");
+    assert!(
+        (f(&a, "param_sum") - f(&b, "param_sum")).abs() < 1e-3,
+        "{a}\n{b}"
+    );
+    assert!(
+        (f(&a, "param_l2") - f(&b, "param_l2")).abs() < 1e-4,
+        "{a}\n{b}"
+    );
 }
 
 fn expect_clear_error(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
@@ -63,7 +111,10 @@ fn expect_clear_error(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} should fail");
     let errors = stderr.lines().filter(|l| l.starts_with("error")).count();
-    assert_eq!(errors, 1, "exactly one error line expected for {args:?}:\n{stderr}");
+    assert_eq!(
+        errors, 1,
+        "exactly one error line expected for {args:?}:\n{stderr}"
+    );
     for n in needles {
         assert!(stderr.contains(n), "{args:?}: expected {n:?} in:\n{stderr}");
     }
@@ -71,29 +122,58 @@ fn expect_clear_error(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
 
 #[test]
 fn zero_workers() {
-    expect_clear_error(&["train", "synthetic", "--workers", "0"], &[], &["at least one worker"]);
+    expect_clear_error(
+        &["train", "synthetic", "--workers", "0"],
+        &[],
+        &["at least one worker"],
+    );
 }
 
 #[test]
 fn unknown_recipe() {
-    expect_clear_error(&["train", "nosuch", "--workers", "2"], &[], &["unknown recipe 'nosuch'", "synthetic"]);
+    expect_clear_error(
+        &["train", "nosuch", "--workers", "2"],
+        &[],
+        &["unknown recipe 'nosuch'", "synthetic"],
+    );
 }
 
 #[test]
 fn cuda_without_a_gpu() {
-    expect_clear_error(&["train", "synthetic", "--workers", "2", "--device", "cuda"], &[], &["no CUDA device", "--device cpu"]);
+    expect_clear_error(
+        &["train", "synthetic", "--workers", "2", "--device", "cuda"],
+        &[],
+        &["no CUDA device", "--device cpu"],
+    );
 }
 
 #[test]
 fn hpu_without_the_gaudi_stack() {
-    expect_clear_error(&["train", "synthetic", "--workers", "2", "--device", "hpu"], &[], &["Gaudi", "--device cpu"]);
+    expect_clear_error(
+        &["train", "synthetic", "--workers", "2", "--device", "hpu"],
+        &[],
+        &["Gaudi", "--device cpu"],
+    );
 }
 
 #[test]
 fn occupied_master_port() {
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port().to_string();
-    expect_clear_error(&["train", "synthetic", "--workers", "2", "--device", "cpu", "--master-port", &port], &[], &["in use", &port]);
+    expect_clear_error(
+        &[
+            "train",
+            "synthetic",
+            "--workers",
+            "2",
+            "--device",
+            "cpu",
+            "--master-port",
+            &port,
+        ],
+        &[],
+        &["in use", &port],
+    );
 }
 
 #[test]
@@ -107,17 +187,99 @@ fn worker_that_cannot_start() {
 
 #[test]
 fn bad_device_name_and_help() {
-    expect_clear_error(&["train", "synthetic", "--device", "tpu"], &[], &["unknown device 'tpu'"]);
+    expect_clear_error(
+        &["train", "synthetic", "--device", "tpu"],
+        &[],
+        &["unknown device 'tpu'"],
+    );
     let help = trainbook(&["train", "--help"], &[], Duration::from_secs(10));
     let text = String::from_utf8_lossy(&help.stdout);
-    for flag in ["--workers", "--device", "--preset", "--epochs", "--max-steps", "--global-batch-size", "--lr", "--optimizer", "--dropout", "--seed", "--json"] {
+    for flag in [
+        "--workers",
+        "--device",
+        "--preset",
+        "--epochs",
+        "--max-steps",
+        "--global-batch-size",
+        "--lr",
+        "--optimizer",
+        "--dropout",
+        "--seed",
+        "--json",
+    ] {
         assert!(text.contains(flag), "--help lacks {flag}");
     }
 }
 
 #[test]
 fn check_subcommand_passes() {
-    let out = trainbook(&["check", "--workers", "2", "--device", "cpu"], &[], Duration::from_secs(60));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = trainbook(
+        &["check", "--workers", "2", "--device", "cpu"],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("collectives ok"));
+}
+
+#[test]
+fn terminal_output_merges_repeats_across_workers() {
+    let out = trainbook(
+        &[
+            "train",
+            "synthetic",
+            "--workers",
+            "2",
+            "--device",
+            "cpu",
+            "--epochs",
+            "1",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let loss_lines = stdout
+        .lines()
+        .filter(|l| l.contains("train epoch:[0]"))
+        .count();
+    // 1024 samples / batch 8 = 128 steps on each of 2 ranks: 256 raw lines.
+    assert!(
+        loss_lines < 256,
+        "{loss_lines} loss lines: nothing was merged"
+    );
+    assert!(
+        stdout.contains("[repeated ") && stdout.contains("across 2 workers: ranks 0-1"),
+        "{stdout}"
+    );
+    // With de-duplication off, every line is shown.
+    let raw = trainbook(
+        &[
+            "train",
+            "synthetic",
+            "--workers",
+            "2",
+            "--device",
+            "cpu",
+            "--epochs",
+            "1",
+            "--no-dedup",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    let all = String::from_utf8_lossy(&raw.stdout)
+        .lines()
+        .filter(|l| l.contains("train epoch:[0]"))
+        .count();
+    assert_eq!(all, 256);
 }

@@ -15,7 +15,11 @@ fn runs_root() -> std::path::PathBuf {
 }
 
 fn tiny(workers: usize) -> JobSpec {
-    JobSpec::new("synthetic").workers(workers).preset("tiny").device(trainbook::DeviceRequest::Cpu).runs_root(runs_root())
+    JobSpec::new("synthetic")
+        .workers(workers)
+        .preset("tiny")
+        .device(trainbook::DeviceRequest::Cpu)
+        .runs_root(runs_root())
 }
 
 fn load(path: &Path) -> Vec<(String, tch::Tensor)> {
@@ -39,15 +43,30 @@ fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 #[test]
 fn data_parallel_matches_single_worker() {
     let run = |workers| {
-        let spec = tiny(workers).optimizer(OptimizerKind::Sgd).dropout(0.0).seed(7).global_batch_size(8).max_steps(20);
+        let spec = tiny(workers)
+            .optimizer(OptimizerKind::Sgd)
+            .dropout(0.0)
+            .seed(7)
+            .global_batch_size(8)
+            .max_steps(20);
         trainbook::fit(spec).expect("training succeeds")
     };
     let one = run(1);
     let two = run(2);
     assert_eq!(one.steps, 20);
     assert_eq!(two.steps, 20);
-    let a = load(&one.last_checkpoint.as_ref().unwrap().join("model.safetensors"));
-    let b = load(&two.last_checkpoint.as_ref().unwrap().join("model.safetensors"));
+    let a = load(
+        &one.last_checkpoint
+            .as_ref()
+            .unwrap()
+            .join("model.safetensors"),
+    );
+    let b = load(
+        &two.last_checkpoint
+            .as_ref()
+            .unwrap()
+            .join("model.safetensors"),
+    );
     assert_eq!(a.len(), b.len());
     let mut max_diff = 0.0f64;
     for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
@@ -55,7 +74,12 @@ fn data_parallel_matches_single_worker() {
         max_diff = max_diff.max((ta - tb).abs().max().double_value(&[]));
     }
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
-    assert!((one.param_sum - two.param_sum).abs() < 1e-3, "{} vs {}", one.param_sum, two.param_sum);
+    assert!(
+        (one.param_sum - two.param_sum).abs() < 1e-3,
+        "{} vs {}",
+        one.param_sum,
+        two.param_sum
+    );
     // The starting point was trained away from: the comparison is not vacuous.
     assert!(one.final_train_loss.is_finite());
 }
@@ -63,7 +87,10 @@ fn data_parallel_matches_single_worker() {
 /// (b) allreduce / broadcast / barrier with three processes.
 #[test]
 fn collectives_are_correct_with_three_workers() {
-    let spec = JobSpec::new("check").workers(3).device(trainbook::DeviceRequest::Cpu).runs_root(runs_root());
+    let spec = JobSpec::new("check")
+        .workers(3)
+        .device(trainbook::DeviceRequest::Cpu)
+        .runs_root(runs_root());
     let r = trainbook::fit(spec).expect("collective checks pass");
     assert_eq!(r.status, JobStatus::Succeeded);
     let log = std::fs::read_to_string(r.run_dir.join("logs/rank2.log")).unwrap();
@@ -76,7 +103,11 @@ fn job_reports_metrics_logs_and_checkpoints() {
     let job = trainbook::launch(tiny(2).epochs(2)).unwrap();
     let r = job.wait().unwrap();
     let df = job.metrics().unwrap();
-    let cols: Vec<String> = df.get_column_names().iter().map(|c| c.to_string()).collect();
+    let cols: Vec<String> = df
+        .get_column_names()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
     assert_eq!(cols, ["rank", "step", "epoch", "name", "value", "time"]);
     let losses: Vec<f64> = job
         .logs()
@@ -84,21 +115,39 @@ fn job_reports_metrics_logs_and_checkpoints() {
         .filter(|l| l.rank == 0 && l.text.starts_with("train epoch:"))
         .map(|l| l.text.rsplit(':').next().unwrap().parse().unwrap())
         .collect();
-    assert_eq!(losses.len() as u64, r.steps, "one loss line per step on rank 0");
+    assert_eq!(
+        losses.len() as u64,
+        r.steps,
+        "one loss line per step on rank 0"
+    );
     let n = losses.len() / 4;
     let first: f64 = losses[..n].iter().sum::<f64>() / n as f64;
     let last: f64 = losses[losses.len() - n..].iter().sum::<f64>() / n as f64;
-    assert!(last < first * 0.9, "loss should fall: first quarter {first:.4}, last quarter {last:.4}");
+    assert!(
+        last < first * 0.9,
+        "loss should fall: first quarter {first:.4}, last quarter {last:.4}"
+    );
     assert!(r.metrics["eval_accuracy"] > 0.6, "{:?}", r.metrics);
-    for f in ["config.json", "metrics.parquet", "logs/rank0.log", "logs/rank1.log"] {
+    for f in [
+        "config.json",
+        "metrics.parquet",
+        "logs/rank0.log",
+        "logs/rank1.log",
+    ] {
         assert!(r.run_dir.join(f).exists(), "{f} missing");
     }
     let parquet = trainbook::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
     assert_eq!(parquet.height(), df.height());
-    assert_eq!(r.last_checkpoint.as_ref().unwrap().file_name().unwrap(), "epoch-1");
+    assert_eq!(
+        r.last_checkpoint.as_ref().unwrap().file_name().unwrap(),
+        "epoch-1"
+    );
     assert!(r.best_checkpoint.is_some());
     // No temporary files left behind by atomic writes.
-    let leftovers: Vec<_> = walk(&r.run_dir).into_iter().filter(|p| p.to_string_lossy().contains(".tmp-")).collect();
+    let leftovers: Vec<_> = walk(&r.run_dir)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".tmp-"))
+        .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
@@ -118,10 +167,20 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn killed_worker_fails_the_job_fast_and_leaves_nothing() {
     let job = trainbook::launch(tiny(2).epochs(200)).unwrap();
-    assert!(wait_until(Duration::from_secs(60), || job.progress().map(|p| p.step > 5).unwrap_or(false)), "training never started");
+    assert!(
+        wait_until(Duration::from_secs(60), || job
+            .progress()
+            .map(|p| p.step > 5)
+            .unwrap_or(false)),
+        "training never started"
+    );
     let pids = job.pids();
     let t0 = Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1] as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[1] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     let err = job.wait().expect_err("the job must fail");
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(5), "took {took:?}");
@@ -138,8 +197,14 @@ fn killed_worker_fails_the_job_fast_and_leaves_nothing() {
 fn event_socket_ignores_messages_without_the_token() {
     let job = trainbook::launch(tiny(1).epochs(3)).unwrap();
     let endpoint = job.events_endpoint().to_string();
-    let forged = serde_json::json!({"type": "log", "rank": 0, "stream": "stdout", "text": "INJECTED"}).to_string();
-    trainbook::events::send_raw(&endpoint, vec![b"not-the-token".to_vec(), forged.clone().into_bytes()]).unwrap();
+    let forged =
+        serde_json::json!({"type": "log", "rank": 0, "stream": "stdout", "text": "INJECTED"})
+            .to_string();
+    trainbook::events::send_raw(
+        &endpoint,
+        vec![b"not-the-token".to_vec(), forged.clone().into_bytes()],
+    )
+    .unwrap();
     trainbook::events::send_raw(&endpoint, vec![forged.into_bytes()]).unwrap();
     job.wait().unwrap();
     assert!(job.logs().iter().all(|l| !l.text.contains("INJECTED")));
@@ -150,14 +215,18 @@ fn event_socket_ignores_messages_without_the_token() {
 #[test]
 fn stop_terminates_workers() {
     let job = trainbook::launch(tiny(2).epochs(200)).unwrap();
-    assert!(wait_until(Duration::from_secs(60), || job.progress().is_some()));
+    assert!(wait_until(Duration::from_secs(60), || job
+        .progress()
+        .is_some()));
     let pids = job.pids();
     let t0 = Instant::now();
     job.stop().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(job.status(), JobStatus::Stopped);
     let err = job.wait().unwrap_err();
-    assert!(err.downcast_ref::<trainbook::TrainError>().is_some_and(|e| matches!(e, trainbook::TrainError::Interrupted { .. })));
+    assert!(err
+        .downcast_ref::<trainbook::TrainError>()
+        .is_some_and(|e| matches!(e, trainbook::TrainError::Interrupted { .. })));
     for p in pids {
         assert!(!process_alive(p));
     }
@@ -166,9 +235,14 @@ fn stop_terminates_workers() {
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)).and_then(|s| s.parse::<u32>().ok());
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1))
+                .and_then(|s| s.parse::<u32>().ok());
             if ppid == Some(pid) {
                 out.push(p);
             }
@@ -181,7 +255,16 @@ fn children_of(pid: u32) -> Vec<u32> {
 #[test]
 fn workers_die_with_their_parent() {
     let mut cli = Command::new(env!("CARGO_BIN_EXE_trainbook"))
-        .args(["train", "synthetic", "--workers", "2", "--device", "cpu", "--epochs", "200"])
+        .args([
+            "train",
+            "synthetic",
+            "--workers",
+            "2",
+            "--device",
+            "cpu",
+            "--epochs",
+            "200",
+        ])
         .env("TRAINBOOK_RUNS", runs_root())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -197,6 +280,46 @@ fn workers_die_with_their_parent() {
     cli.kill().unwrap();
     cli.wait().unwrap();
     let t0 = Instant::now();
-    assert!(wait_until(Duration::from_secs(5), || workers.iter().all(|&w| !process_alive(w))), "workers {workers:?} outlived their parent");
+    assert!(
+        wait_until(Duration::from_secs(5), || workers
+            .iter()
+            .all(|&w| !process_alive(w))),
+        "workers {workers:?} outlived their parent"
+    );
     eprintln!("workers gone {:?} after the parent's death", t0.elapsed());
+}
+
+/// A worker that fails by itself (training diverges) ends the job with its own message.
+#[test]
+fn worker_error_reaches_the_caller() {
+    let spec = tiny(2).optimizer(OptimizerKind::Sgd).lr(1e6).epochs(5);
+    let err = trainbook::fit(spec).expect_err("a learning rate of 1e6 must diverge");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("loss became") && msg.contains("lower the learning rate"),
+        "{msg}"
+    );
+    assert!(msg.contains("worker rank"), "{msg}");
+}
+
+/// A peer that stops answering without dying (SIGSTOP) turns into a timeout error, not a hang.
+#[test]
+fn stalled_peer_times_out_instead_of_hanging() {
+    let spec = tiny(2).epochs(200).collective_timeout(Duration::from_secs(3));
+    let job = trainbook::launch(spec).unwrap();
+    assert!(wait_until(Duration::from_secs(60), || job.progress().map(|p| p.step > 5).unwrap_or(false)));
+    let pids = job.pids();
+    let t0 = Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1] as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let err = job.wait().expect_err("a stalled peer must fail the job");
+    let took = t0.elapsed();
+    // The 3 s collective timeout, then at most the 2 s stop grace (a stopped process ignores
+    // SIGTERM, so it is killed).
+    assert!(took < Duration::from_secs(12), "took {took:?}");
+    eprintln!("{err:#}");
+    let msg = format!("{err:#}").to_lowercase();
+    assert!(msg.contains("rank 0") && (msg.contains("timed out") || msg.contains("timeout")), "{msg}");
+    for p in pids {
+        assert!(!process_alive(p), "worker {p} still alive");
+    }
 }

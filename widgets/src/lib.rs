@@ -30,7 +30,13 @@ pub fn format_rate(per_sec: f64, unit: &str) -> String {
     } else {
         (per_sec, "")
     };
-    let digits = if v >= 100.0 { 0 } else if v >= 10.0 { 1 } else { 2 };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
     format!("{v:.digits$}{suffix} {unit}/s")
 }
 
@@ -44,10 +50,25 @@ pub fn eta(done: u64, total: u64, elapsed: f64) -> Option<f64> {
 
 /// One-line status used by the terminal progress bar and as the notebook's plain-text twin:
 /// `epoch 2/10 · step 340/1250 · loss 0.4213 · 812 samples/s · ETA 1m 05s`.
-pub fn progress_line(epoch: u64, epochs: u64, step: u64, total: u64, loss: Option<f64>, samples_per_sec: f64, elapsed: f64) -> String {
-    let mut parts = vec![format!("epoch {}/{}", (epoch + 1).min(epochs.max(1)), epochs.max(1)), format!("step {step}/{total}")];
+pub fn progress_line(
+    epoch: u64,
+    epochs: u64,
+    step: u64,
+    total: u64,
+    loss: Option<f64>,
+    samples_per_sec: f64,
+    elapsed: f64,
+) -> String {
+    let mut parts = vec![
+        format!("epoch {}/{}", (epoch + 1).min(epochs.max(1)), epochs.max(1)),
+        format!("step {step}/{total}"),
+    ];
     if let Some(l) = loss {
-        parts.push(if l.is_finite() { format!("loss {l:.4}") } else { format!("loss {l} (!)") });
+        parts.push(if l.is_finite() {
+            format!("loss {l:.4}")
+        } else {
+            format!("loss {l} (!)")
+        });
     }
     parts.push(format_rate(samples_per_sec, "samples"));
     if let Some(e) = eta(step, total, elapsed) {

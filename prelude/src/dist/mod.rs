@@ -17,12 +17,18 @@ use tch::Tensor;
 
 const ERR_LEN: usize = 4096;
 
-fn call<T>(what: &str, f: impl FnOnce(*mut c_char, usize) -> T, failed: impl Fn(&T) -> bool) -> Result<T> {
+fn call<T>(
+    what: &str,
+    f: impl FnOnce(*mut c_char, usize) -> T,
+    failed: impl Fn(&T) -> bool,
+) -> Result<T> {
     let mut buf = vec![0 as c_char; ERR_LEN];
     let out = f(buf.as_mut_ptr(), ERR_LEN);
     if failed(&out) {
         // SAFETY: the shim always NUL-terminates within ERR_LEN.
-        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         bail!("{what} failed: {}", msg.trim());
     }
     Ok(out)
@@ -71,6 +77,19 @@ impl ReduceOp {
     }
 }
 
+/// Adds what a timeout means to c10d's terse "Operation timed out!".
+fn explain_timeout(e: anyhow::Error, timeout: Duration) -> anyhow::Error {
+    if format!("{e}").to_lowercase().contains("timed out") {
+        e.context(format!(
+            "no answer from a peer within the collective timeout ({} s): another rank is stuck, \
+             stopped or overloaded; see the other ranks' logs, or raise the timeout",
+            timeout.as_secs()
+        ))
+    } else {
+        e
+    }
+}
+
 /// A rendezvous store hosted by the launcher. Binding port 0 lets the OS pick a free port
 /// atomically, so two jobs started at once can never race for the same port.
 pub struct RendezvousServer {
@@ -89,7 +108,14 @@ impl RendezvousServer {
         let ptr = call(
             "starting the rendezvous store",
             |e, n| unsafe {
-                ffi::tb_store_server(chost.as_ptr(), port, timeout.as_millis() as i64, &mut out_port, e, n)
+                ffi::tb_store_server(
+                    chost.as_ptr(),
+                    port,
+                    timeout.as_millis() as i64,
+                    &mut out_port,
+                    e,
+                    n,
+                )
             },
             |p| p.is_null(),
         )
@@ -103,7 +129,10 @@ impl RendezvousServer {
                 e
             }
         })?;
-        Ok(Self { ptr, port: out_port })
+        Ok(Self {
+            ptr,
+            port: out_port,
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -143,14 +172,18 @@ impl InitOptions {
         }
         fn num<T: std::str::FromStr>(name: &str) -> Result<T> {
             let v = var(name)?;
-            v.trim().parse().map_err(|_| anyhow!("{name}={v:?} is not a valid number"))
+            v.trim()
+                .parse()
+                .map_err(|_| anyhow!("{name}={v:?} is not a valid number"))
         }
         let rank: usize = num("RANK")?;
         let world_size: usize = num("WORLD_SIZE")?;
         if world_size == 0 || rank >= world_size {
             bail!("RANK={rank} must be below WORLD_SIZE={world_size}");
         }
-        let agent_store = std::env::var("TRAINBOOK_AGENT_STORE").map(|v| v == "1").unwrap_or(false);
+        let agent_store = std::env::var("TRAINBOOK_AGENT_STORE")
+            .map(|v| v == "1")
+            .unwrap_or(false);
         Ok(Self {
             backend,
             master_addr: var("MASTER_ADDR")?,
@@ -159,7 +192,9 @@ impl InitOptions {
             world_size,
             host_store: rank == 0 && !agent_store,
             timeout,
-            gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),
+            gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME")
+                .ok()
+                .filter(|s| !s.is_empty()),
         })
     }
 }
@@ -171,6 +206,7 @@ impl InitOptions {
 /// mutability every in-place tch operation has.
 pub struct ProcessGroup {
     ptr: *mut ffi::TbPg,
+    timeout: Duration,
     rank: usize,
     world_size: usize,
     backend: Backend,
@@ -183,8 +219,10 @@ unsafe impl Send for ProcessGroup {}
 impl ProcessGroup {
     pub fn new(opts: &InitOptions) -> Result<Self> {
         let backend = CString::new(opts.backend.name()).unwrap();
-        let addr = CString::new(opts.master_addr.as_str()).context("MASTER_ADDR contains a NUL byte")?;
-        let ifname = CString::new(opts.gloo_ifname.clone().unwrap_or_default()).context("GLOO_SOCKET_IFNAME contains a NUL byte")?;
+        let addr =
+            CString::new(opts.master_addr.as_str()).context("MASTER_ADDR contains a NUL byte")?;
+        let ifname = CString::new(opts.gloo_ifname.clone().unwrap_or_default())
+            .context("GLOO_SOCKET_IFNAME contains a NUL byte")?;
         let ptr = call(
             &format!(
                 "joining the {} process group as rank {} of {} at {}:{}",
@@ -210,8 +248,15 @@ impl ProcessGroup {
             },
             |p| p.is_null(),
         )?;
-        let (rank, world_size) = unsafe { (ffi::tb_pg_rank(ptr) as usize, ffi::tb_pg_size(ptr) as usize) };
-        Ok(Self { ptr, rank, world_size, backend: opts.backend })
+        let (rank, world_size) =
+            unsafe { (ffi::tb_pg_rank(ptr) as usize, ffi::tb_pg_size(ptr) as usize) };
+        Ok(Self {
+            ptr,
+            timeout: opts.timeout,
+            rank,
+            world_size,
+            backend: opts.backend,
+        })
     }
 
     pub fn rank(&self) -> usize {
@@ -234,9 +279,12 @@ impl ProcessGroup {
         let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
         call(
             "allreduce",
-            |e, n| unsafe { ffi::tb_pg_allreduce(self.ptr, ptrs.as_ptr(), ptrs.len(), op.code(), e, n) },
+            |e, n| unsafe {
+                ffi::tb_pg_allreduce(self.ptr, ptrs.as_ptr(), ptrs.len(), op.code(), e, n)
+            },
             |rc| *rc != 0,
-        )?;
+        )
+        .map_err(|e| explain_timeout(e, self.timeout))?;
         if op == ReduceOp::Mean && self.world_size > 1 {
             for t in tensors {
                 let _ = t.shallow_clone().g_div_scalar_(self.world_size as f64);
@@ -249,28 +297,42 @@ impl ProcessGroup {
     pub fn allreduce_start(&self, tensor: &Tensor) -> Result<Work> {
         let ptr = call(
             "allreduce",
-            |e, n| unsafe { ffi::tb_pg_allreduce_start(self.ptr, tensor.as_ptr() as *mut c_void, 0, e, n) },
+            |e, n| unsafe {
+                ffi::tb_pg_allreduce_start(self.ptr, tensor.as_ptr() as *mut c_void, 0, e, n)
+            },
             |p| p.is_null(),
-        )?;
-        Ok(Work { ptr })
+        )
+        .map_err(|e| explain_timeout(e, self.timeout))?;
+        Ok(Work { ptr, timeout: self.timeout })
     }
 
     /// Broadcasts `tensors` in place from `root` to every rank.
     pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<()> {
         if root >= self.world_size {
-            bail!("broadcast root {root} is not a rank of this group (world size {})", self.world_size);
+            bail!(
+                "broadcast root {root} is not a rank of this group (world size {})",
+                self.world_size
+            );
         }
         let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
         call(
             "broadcast",
-            |e, n| unsafe { ffi::tb_pg_broadcast(self.ptr, ptrs.as_ptr(), ptrs.len(), root as i32, e, n) },
+            |e, n| unsafe {
+                ffi::tb_pg_broadcast(self.ptr, ptrs.as_ptr(), ptrs.len(), root as i32, e, n)
+            },
             |rc| *rc != 0,
-        )?;
+        )
+        .map_err(|e| explain_timeout(e, self.timeout))?;
         Ok(())
     }
 
     pub fn barrier(&self) -> Result<()> {
-        call("barrier", |e, n| unsafe { ffi::tb_pg_barrier(self.ptr, e, n) }, |rc| *rc != 0)?;
+        call(
+            "barrier",
+            |e, n| unsafe { ffi::tb_pg_barrier(self.ptr, e, n) },
+            |rc| *rc != 0,
+        )
+        .map_err(|e| explain_timeout(e, self.timeout))?;
         Ok(())
     }
 }
@@ -284,12 +346,17 @@ impl Drop for ProcessGroup {
 /// An in-flight collective.
 pub struct Work {
     ptr: *mut ffi::TbWork,
+    timeout: Duration,
 }
 
 impl Work {
     pub fn wait(self) -> Result<()> {
-        let rc = call("allreduce", |e, n| unsafe { ffi::tb_work_wait(self.ptr, e, n) }, |rc| *rc != 0);
-        rc.map(|_| ())
+        let rc = call(
+            "allreduce",
+            |e, n| unsafe { ffi::tb_work_wait(self.ptr, e, n) },
+            |rc| *rc != 0,
+        );
+        rc.map(|_| ()).map_err(|e| explain_timeout(e, self.timeout))
     }
 }
 

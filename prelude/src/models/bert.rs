@@ -72,7 +72,10 @@ impl BertConfig {
 
 fn linear(vs: nn::Path, i: i64, o: i64, cfg: &BertConfig) -> nn::Linear {
     let c = nn::LinearConfig {
-        ws_init: nn::Init::Randn { mean: 0.0, stdev: cfg.initializer_range },
+        ws_init: nn::Init::Randn {
+            mean: 0.0,
+            stdev: cfg.initializer_range,
+        },
         bs_init: Some(nn::Init::Const(0.0)),
         bias: true,
     };
@@ -80,11 +83,29 @@ fn linear(vs: nn::Path, i: i64, o: i64, cfg: &BertConfig) -> nn::Linear {
 }
 
 fn layer_norm(vs: nn::Path, n: i64, cfg: &BertConfig) -> nn::LayerNorm {
-    nn::layer_norm(vs, vec![n], nn::LayerNormConfig { eps: cfg.layer_norm_eps, ..Default::default() })
+    nn::layer_norm(
+        vs,
+        vec![n],
+        nn::LayerNormConfig {
+            eps: cfg.layer_norm_eps,
+            ..Default::default()
+        },
+    )
 }
 
 fn embedding(vs: nn::Path, n: i64, d: i64, cfg: &BertConfig) -> nn::Embedding {
-    nn::embedding(vs, n, d, nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: cfg.initializer_range }, ..Default::default() })
+    nn::embedding(
+        vs,
+        n,
+        d,
+        nn::EmbeddingConfig {
+            ws_init: nn::Init::Randn {
+                mean: 0.0,
+                stdev: cfg.initializer_range,
+            },
+            ..Default::default()
+        },
+    )
 }
 
 fn activation(name: &str, x: &Tensor) -> Tensor {
@@ -107,8 +128,18 @@ impl Embeddings {
     fn new(vs: nn::Path, c: &BertConfig) -> Self {
         Self {
             word: embedding(&vs / "word_embeddings", c.vocab_size, c.hidden_size, c),
-            position: embedding(&vs / "position_embeddings", c.max_position_embeddings, c.hidden_size, c),
-            token_type: embedding(&vs / "token_type_embeddings", c.type_vocab_size, c.hidden_size, c),
+            position: embedding(
+                &vs / "position_embeddings",
+                c.max_position_embeddings,
+                c.hidden_size,
+                c,
+            ),
+            token_type: embedding(
+                &vs / "token_type_embeddings",
+                c.type_vocab_size,
+                c.hidden_size,
+                c,
+            ),
             norm: layer_norm(&vs / "LayerNorm", c.hidden_size, c),
             dropout: c.hidden_dropout_prob,
         }
@@ -172,9 +203,12 @@ impl Layer {
         let p = if train { self.attn_dropout } else { 0.0 };
         let ctx = Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, false, None, false);
         let ctx = ctx.transpose(1, 2).contiguous().view([b, s, h]);
-        let attn = self.attn_norm.forward(&(self.attn_out.forward(&ctx).dropout(self.dropout, train) + x));
+        let attn = self
+            .attn_norm
+            .forward(&(self.attn_out.forward(&ctx).dropout(self.dropout, train) + x));
         let inter = activation(&self.act, &self.intermediate.forward(&attn));
-        self.out_norm.forward(&(self.output.forward(&inter).dropout(self.dropout, train) + attn))
+        self.out_norm
+            .forward(&(self.output.forward(&inter).dropout(self.dropout, train) + attn))
     }
 }
 
@@ -195,7 +229,9 @@ impl BertClassifier {
         let enc = &bert / "encoder" / "layer";
         Self {
             embeddings: Embeddings::new(&bert / "embeddings", c),
-            layers: (0..c.num_hidden_layers).map(|i| Layer::new(&enc / i, c)).collect(),
+            layers: (0..c.num_hidden_layers)
+                .map(|i| Layer::new(&enc / i, c))
+                .collect(),
             pooler: linear(&bert / "pooler" / "dense", c.hidden_size, c.hidden_size, c),
             classifier: linear(root / "classifier", c.hidden_size, num_labels, c),
             dropout: c.hidden_dropout_prob,
@@ -204,18 +240,26 @@ impl BertClassifier {
     }
 
     /// Logits (batch, num_labels). `attention_mask`: 1 for real tokens, 0 for padding.
-    pub fn forward(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>, token_types: Option<&Tensor>, train: bool) -> Tensor {
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_types: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
         let mut x = self.embeddings.forward(input_ids, token_types, train);
         let mask = attention_mask.map(|m| {
             // (batch, 1, 1, seq): 0 where attended, -inf-ish where padded.
             let keep = m.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
-            Tensor::zeros(keep.size(), (x.kind(), x.device())).masked_fill(&keep.logical_not(), f64::from(f32::MIN))
+            Tensor::zeros(keep.size(), (x.kind(), x.device()))
+                .masked_fill(&keep.logical_not(), f64::from(f32::MIN))
         });
         for l in &self.layers {
             x = l.forward(&x, mask.as_ref(), train);
         }
         let cls = x.select(1, 0);
         let pooled = self.pooler.forward(&cls).tanh();
-        self.classifier.forward(&pooled.dropout(self.dropout, train))
+        self.classifier
+            .forward(&pooled.dropout(self.dropout, train))
     }
 }

@@ -11,7 +11,10 @@ use tch::{nn, Tensor};
 use crate::spec::{OptimizerKind, TrainConfig};
 
 /// Names accepted by `trainbook train <recipe>` and [`crate::spec::JobSpec::new`].
-pub const RECIPES: &[(&str, &str)] = &[("synthetic", "tiny BERT classifying generated token sequences (engine self-test)")];
+pub const RECIPES: &[(&str, &str)] = &[(
+    "synthetic",
+    "tiny BERT classifying generated token sequences (engine self-test)",
+)];
 
 /// The job name of `trainbook check`: workers verify the collectives instead of training.
 pub const CHECK: &str = "check";
@@ -23,7 +26,10 @@ pub fn check_name(name: &str) -> Result<()> {
         return Ok(());
     }
     let known: Vec<&str> = RECIPES.iter().map(|(n, _)| *n).collect();
-    bail!("unknown recipe '{name}': available recipes are {}", known.join(", "))
+    bail!(
+        "unknown recipe '{name}': available recipes are {}",
+        known.join(", ")
+    )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +107,11 @@ pub trait Recipe {
 
 /// Builds a recipe on `device`. Model initialisation is seeded, so every rank builds the same
 /// model (rank 0's parameters are broadcast anyway).
-pub fn build(name: &str, config: &TrainConfig, device: tch::Device) -> Result<(Box<dyn Recipe>, Hyper)> {
+pub fn build(
+    name: &str,
+    config: &TrainConfig,
+    device: tch::Device,
+) -> Result<(Box<dyn Recipe>, Hyper)> {
     match name {
         "synthetic" => {
             let (r, h) = synthetic::Synthetic::build(config, device)?;

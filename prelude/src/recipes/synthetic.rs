@@ -42,7 +42,11 @@ fn generate(n: usize, seed: u64, device: Device) -> Data {
             // sentiment-bearing words of a review.
             let own = rng.gen_bool(0.75);
             let positive = (label == 1) == own;
-            row[j] = if positive { rng.gen_range(2..66) } else { rng.gen_range(66..VOCAB) };
+            row[j] = if positive {
+                rng.gen_range(2..66)
+            } else {
+                rng.gen_range(66..VOCAB)
+            };
             mrow[j] = 1;
         }
         labels.push(label);
@@ -89,9 +93,21 @@ fn preset(name: &str) -> Result<Preset> {
     };
     Ok(match name {
         // Seconds on a laptop CPU: tests and CI.
-        "tiny" => Preset { hyper: hyper(2, 8, 1e-3), train_len: 1024, eval_len: 256, hidden: 64, layers: 2 },
+        "tiny" => Preset {
+            hyper: hyper(2, 8, 1e-3),
+            train_len: 1024,
+            eval_len: 256,
+            hidden: 64,
+            layers: 2,
+        },
         // A heavier model for throughput measurements.
-        "bench" => Preset { hyper: hyper(1, 32, 1e-3), train_len: 4096, eval_len: 512, hidden: 256, layers: 4 },
+        "bench" => Preset {
+            hyper: hyper(1, 32, 1e-3),
+            train_len: 4096,
+            eval_len: 512,
+            hidden: 256,
+            layers: 4,
+        },
         other => bail!("unknown preset '{other}' for recipe synthetic: use tiny or bench"),
     })
 }
@@ -110,7 +126,15 @@ impl Synthetic {
         let model = BertClassifier::new(&vs.root(), &bert, 2);
         let train = generate(p.train_len, DATA_SEED, device);
         let eval = generate(p.eval_len, DATA_SEED + 1, device);
-        Ok((Self { vs, model, train, eval }, hyper))
+        Ok((
+            Self {
+                vs,
+                model,
+                train,
+                eval,
+            },
+            hyper,
+        ))
     }
 }
 
@@ -125,7 +149,11 @@ impl Recipe for Synthetic {
         self.eval.labels.size()[0] as usize
     }
     fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)> {
-        let d = if split == Split::Train { &self.train } else { &self.eval };
+        let d = if split == Split::Train {
+            &self.train
+        } else {
+            &self.eval
+        };
         let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
         let idx = Tensor::from_slice(&idx).to(d.ids.device());
         let ids = d.ids.index_select(0, &idx);
