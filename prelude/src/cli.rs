@@ -32,7 +32,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Train a recipe with N data-parallel workers.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// List the available recipes.
     Recipes,
     /// Verify allreduce, broadcast and barrier across N worker processes (no training).

@@ -69,7 +69,7 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
         );
     }
     let local_batch = h.global_batch_size / world;
-    if rank == 0 && h.global_batch_size % world != 0 {
+    if rank == 0 && !h.global_batch_size.is_multiple_of(world) {
         ev.log(format!(
             "note: global batch {} is not divisible by {world} workers; using {} per worker ({} in all)",
             h.global_batch_size,

@@ -305,12 +305,21 @@ fn worker_error_reaches_the_caller() {
 /// A peer that stops answering without dying (SIGSTOP) turns into a timeout error, not a hang.
 #[test]
 fn stalled_peer_times_out_instead_of_hanging() {
-    let spec = tiny(2).epochs(200).collective_timeout(Duration::from_secs(3));
+    let spec = tiny(2)
+        .epochs(200)
+        .collective_timeout(Duration::from_secs(3));
     let job = trainbook::launch(spec).unwrap();
-    assert!(wait_until(Duration::from_secs(60), || job.progress().map(|p| p.step > 5).unwrap_or(false)));
+    assert!(wait_until(Duration::from_secs(60), || job
+        .progress()
+        .map(|p| p.step > 5)
+        .unwrap_or(false)));
     let pids = job.pids();
     let t0 = Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1] as i32), nix::sys::signal::Signal::SIGSTOP).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[1] as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
     let err = job.wait().expect_err("a stalled peer must fail the job");
     let took = t0.elapsed();
     // The 3 s collective timeout, then at most the 2 s stop grace (a stopped process ignores
@@ -318,7 +327,10 @@ fn stalled_peer_times_out_instead_of_hanging() {
     assert!(took < Duration::from_secs(12), "took {took:?}");
     eprintln!("{err:#}");
     let msg = format!("{err:#}").to_lowercase();
-    assert!(msg.contains("rank 0") && (msg.contains("timed out") || msg.contains("timeout")), "{msg}");
+    assert!(
+        msg.contains("rank 0") && (msg.contains("timed out") || msg.contains("timeout")),
+        "{msg}"
+    );
     for p in pids {
         assert!(!process_alive(p), "worker {p} still alive");
     }

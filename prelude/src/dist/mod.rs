@@ -303,7 +303,10 @@ impl ProcessGroup {
             |p| p.is_null(),
         )
         .map_err(|e| explain_timeout(e, self.timeout))?;
-        Ok(Work { ptr, timeout: self.timeout })
+        Ok(Work {
+            ptr,
+            timeout: self.timeout,
+        })
     }
 
     /// Broadcasts `tensors` in place from `root` to every rank.
