@@ -2,6 +2,10 @@
 //! Transformers' `BertForSequenceClassification` (`bert.embeddings.word_embeddings.weight`,
 //! `bert.encoder.layer.0.attention.self.query.weight`, ..., `classifier.weight`).
 
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -26,6 +30,12 @@ pub struct BertConfig {
     pub layer_norm_eps: f64,
     #[serde(default = "default_init_range")]
     pub initializer_range: f64,
+    /// Dropout before the classifier; `None` means `hidden_dropout_prob` (as in Transformers).
+    #[serde(default)]
+    pub classifier_dropout: Option<f64>,
+    /// Label names by id, when the checkpoint has a classification head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id2label: Option<std::collections::BTreeMap<String, String>>,
 }
 
 fn default_act() -> String {
@@ -60,7 +70,23 @@ impl BertConfig {
             type_vocab_size: 2,
             layer_norm_eps: 1e-12,
             initializer_range: 0.02,
+            classifier_dropout: None,
+            id2label: None,
         }
+    }
+
+    /// Reads a Hugging Face `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| {
+            format!("{} is not a BERT config.json (needs vocab_size, hidden_size, num_hidden_layers, ...)", path.display())
+        })
+    }
+
+    /// Number of labels named in `id2label`, if any.
+    pub fn num_labels(&self) -> Option<i64> {
+        self.id2label.as_ref().map(|m| m.len() as i64)
     }
 
     pub fn with_dropout(mut self, p: f64) -> Self {
@@ -234,7 +260,7 @@ impl BertClassifier {
                 .collect(),
             pooler: linear(&bert / "pooler" / "dense", c.hidden_size, c.hidden_size, c),
             classifier: linear(root / "classifier", c.hidden_size, num_labels, c),
-            dropout: c.hidden_dropout_prob,
+            dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
             num_labels,
         }
     }
@@ -262,4 +288,81 @@ impl BertClassifier {
         self.classifier
             .forward(&pooled.dropout(self.dropout, train))
     }
+}
+
+/// What loading a checkpoint into a model found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadReport {
+    /// Model parameters the checkpoint did not have (they keep their fresh initialisation).
+    pub missing: Vec<String>,
+    /// Checkpoint tensors the model has no place for (e.g. a pre-training head).
+    pub unexpected: Vec<String>,
+}
+
+impl LoadReport {
+    /// Transformers' wording, so users recognise it.
+    pub fn describe(&self, model: &str, checkpoint: &str) -> Option<String> {
+        if self.missing.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "Some weights of {model} were not initialized from the model checkpoint at {checkpoint} and are newly initialized: {:?}\nYou should probably TRAIN this model on a down-stream task to be able to use it for predictions and inference.",
+            self.missing
+        ))
+    }
+}
+
+/// Buffers some checkpoints carry that are not parameters (recomputed at run time).
+const IGNORED: &[&str] = &["embeddings.position_ids"];
+
+/// Copies the tensors of a `model.safetensors` into `vs`, matching Hugging Face names with or
+/// without the `bert.` prefix (BertModel checkpoints such as all-MiniLM-L6-v2 have none).
+pub fn load_safetensors(vs: &nn::VarStore, path: &Path) -> Result<LoadReport> {
+    let tensors =
+        Tensor::read_safetensors(path).with_context(|| format!("reading {}", path.display()))?;
+    load_tensors(vs, tensors, &path.display().to_string())
+}
+
+pub fn load_tensors(
+    vs: &nn::VarStore,
+    tensors: Vec<(String, Tensor)>,
+    origin: &str,
+) -> Result<LoadReport> {
+    let mut by_name: HashMap<String, Tensor> = tensors.into_iter().collect();
+    let mut report = LoadReport::default();
+    let vars = vs.variables();
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort();
+    tch::no_grad(|| -> Result<()> {
+        for name in names {
+            let found = by_name
+                .remove(name.as_str())
+                .or_else(|| name.strip_prefix("bert.").and_then(|n| by_name.remove(n)));
+            let Some(src) = found else {
+                report.missing.push(name.clone());
+                continue;
+            };
+            let mut dst = vars[name].shallow_clone();
+            if src.size() != dst.size() {
+                bail!(
+                    "{origin}: tensor {name} has shape {:?} but the model expects {:?}: the checkpoint was made for a different config.json",
+                    src.size(),
+                    dst.size()
+                );
+            }
+            dst.copy_(&src.to_kind(dst.kind()).to_device(dst.device()));
+        }
+        Ok(())
+    })?;
+    let mut unexpected: Vec<String> = by_name
+        .into_keys()
+        .filter(|k| {
+            !IGNORED
+                .iter()
+                .any(|i| k == i || k.strip_prefix("bert.") == Some(i))
+        })
+        .collect();
+    unexpected.sort();
+    report.unexpected = unexpected;
+    Ok(report)
 }
