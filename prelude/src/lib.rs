@@ -20,6 +20,7 @@ pub mod models;
 pub mod recipes;
 pub mod sampler;
 pub mod spec;
+pub mod text;
 pub mod train;
 pub mod worker;
 

@@ -127,14 +127,32 @@ fn minilm_checkpoint_loads_with_no_missing_encoder_weights() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data"));
     let dir = data.join("models/all-MiniLM-L6-v2");
-    assert!(dir.join("model.safetensors").exists(), "{} is missing: run `make setup` (scripts/fetch-data.sh)", dir.display());
+    assert!(
+        dir.join("model.safetensors").exists(),
+        "{} is missing: run `make setup` (scripts/fetch-data.sh)",
+        dir.display()
+    );
     let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
     assert_eq!((config.num_hidden_layers, config.hidden_size), (6, 384));
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let _model = BertClassifier::new(&vs.root(), &config, 2);
     let report = load_safetensors(&vs, &dir.join("model.safetensors")).unwrap();
-    assert_eq!(report.missing, vec!["classifier.bias".to_string(), "classifier.weight".to_string()], "{report:?}");
+    assert_eq!(
+        report.missing,
+        vec![
+            "classifier.bias".to_string(),
+            "classifier.weight".to_string()
+        ],
+        "{report:?}"
+    );
     assert!(report.unexpected.is_empty(), "{:?}", report.unexpected);
-    let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
-    assert!((22_000_000..23_000_000).contains(&params), "{params} parameters");
+    let params: i64 = vs
+        .trainable_variables()
+        .iter()
+        .map(|t| t.numel() as i64)
+        .sum();
+    assert!(
+        (22_000_000..23_000_000).contains(&params),
+        "{params} parameters"
+    );
 }

@@ -1,0 +1,4 @@
+//! Text: tokenizers and text-classification datasets.
+
+pub mod dataset;
+pub mod tokenizer;

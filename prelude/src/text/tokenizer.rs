@@ -1,0 +1,230 @@
+//! Tokenisation with the `tokenizers` crate: `tokenizer.json` when the model has one, else a
+//! BERT WordPiece tokenizer built from `vocab.txt`. Whatever truncation or padding the file
+//! presets is replaced by the caller's: truncation to `max_length`, padding chosen per batch.
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tch::Tensor;
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::bert::BertNormalizer;
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::processors::bert::BertProcessing;
+use tokenizers::{Tokenizer, TruncationParams};
+
+/// How a batch is padded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Padding {
+    /// Every sequence to `max_length` (Transformers' `padding="max_length"`, the reference's).
+    #[default]
+    MaxLength,
+    /// To the longest sequence of each batch (less work for short texts).
+    Dynamic,
+}
+
+/// One encoded text, truncated but not padded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encoded {
+    pub ids: Vec<i64>,
+    pub type_ids: Vec<i64>,
+}
+
+/// A padded batch: `(batch, seq)` int64 tensors.
+pub struct Batch {
+    pub input_ids: Tensor,
+    pub attention_mask: Tensor,
+    pub token_type_ids: Tensor,
+}
+
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    pad_id: i64,
+    max_length: usize,
+}
+
+impl TextTokenizer {
+    /// Loads the tokenizer of a model directory (`tokenizer.json`, else `vocab.txt`).
+    pub fn from_dir(dir: &Path, max_length: usize, lowercase: bool) -> Result<Self> {
+        if max_length < 2 {
+            bail!("max_length {max_length} is too short: it must hold [CLS] and [SEP]");
+        }
+        let json = dir.join("tokenizer.json");
+        let vocab = dir.join("vocab.txt");
+        let mut inner = if json.exists() {
+            Tokenizer::from_file(&json).map_err(|e| anyhow!("reading {}: {e}", json.display()))?
+        } else if vocab.exists() {
+            wordpiece(&vocab, lowercase)?
+        } else {
+            bail!(
+                "{} has neither tokenizer.json nor vocab.txt: point the model option at a Hugging Face model directory",
+                dir.display()
+            );
+        };
+        inner.with_padding(None);
+        inner
+            .with_truncation(Some(TruncationParams {
+                max_length,
+                ..Default::default()
+            }))
+            .map_err(|e| anyhow!("setting truncation: {e}"))?;
+        let pad_id = inner.token_to_id("[PAD]").unwrap_or(0) as i64;
+        Ok(Self {
+            inner,
+            pad_id,
+            max_length,
+        })
+    }
+
+    pub fn max_length(&self) -> usize {
+        self.max_length
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Encoded>> {
+        let encs = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(encs
+            .into_iter()
+            .map(|e| Encoded {
+                ids: e.get_ids().iter().map(|&i| i as i64).collect(),
+                type_ids: e.get_type_ids().iter().map(|&i| i as i64).collect(),
+            })
+            .collect())
+    }
+
+    /// Pads `items` into tensors.
+    pub fn pad(&self, items: &[&Encoded], padding: Padding) -> Batch {
+        let len = match padding {
+            Padding::MaxLength => self.max_length,
+            Padding::Dynamic => items.iter().map(|e| e.ids.len()).max().unwrap_or(1).max(1),
+        };
+        let n = items.len();
+        let mut ids = vec![self.pad_id; n * len];
+        let mut mask = vec![0i64; n * len];
+        let mut types = vec![0i64; n * len];
+        for (row, e) in items.iter().enumerate() {
+            let k = e.ids.len().min(len);
+            ids[row * len..row * len + k].copy_from_slice(&e.ids[..k]);
+            types[row * len..row * len + k].copy_from_slice(&e.type_ids[..k]);
+            mask[row * len..row * len + k].fill(1);
+        }
+        let shape = [n as i64, len as i64];
+        Batch {
+            input_ids: Tensor::from_slice(&ids).view(shape),
+            attention_mask: Tensor::from_slice(&mask).view(shape),
+            token_type_ids: Tensor::from_slice(&types).view(shape),
+        }
+    }
+}
+
+/// BERT's WordPiece pipeline from a bare `vocab.txt`.
+fn wordpiece(vocab: &Path, lowercase: bool) -> Result<Tokenizer> {
+    let path = vocab.to_str().context("vocab.txt path is not UTF-8")?;
+    let model = WordPiece::from_file(path)
+        .unk_token("[UNK]".into())
+        .build()
+        .map_err(|e| anyhow!("reading {path}: {e}"))?;
+    let cls = model.token_to_id_checked("[CLS]")?;
+    let sep = model.token_to_id_checked("[SEP]")?;
+    let mut tok = Tokenizer::new(model);
+    tok.with_normalizer(Some(BertNormalizer::new(true, true, None, lowercase)))
+        .map_err(|e| anyhow!("normalizer: {e}"))?;
+    tok.with_pre_tokenizer(Some(BertPreTokenizer));
+    tok.with_post_processor(Some(BertProcessing::new(
+        ("[SEP]".into(), sep),
+        ("[CLS]".into(), cls),
+    )));
+    Ok(tok)
+}
+
+trait TokenId {
+    fn token_to_id_checked(&self, token: &str) -> Result<u32>;
+}
+
+impl TokenId for WordPiece {
+    fn token_to_id_checked(&self, token: &str) -> Result<u32> {
+        use tokenizers::Model;
+        self.token_to_id(token)
+            .ok_or_else(|| anyhow!("vocab.txt has no {token} token: is it a BERT vocabulary?"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minilm() -> std::path::PathBuf {
+        let data = std::env::var_os("TRAINBOOK_DATA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.data"));
+        let dir = data.join("models/all-MiniLM-L6-v2");
+        assert!(
+            dir.join("vocab.txt").exists(),
+            "{} missing: run `make setup`",
+            dir.display()
+        );
+        dir
+    }
+
+    #[test]
+    fn tokenizer_json_and_vocab_txt_agree_and_truncate() {
+        let dir = minilm();
+        let from_json = TextTokenizer::from_dir(&dir, 8, true).unwrap();
+        let vocab_only = tempdir_with_vocab(&dir);
+        let from_vocab = TextTokenizer::from_dir(&vocab_only, 8, true).unwrap();
+        let texts = [
+            "The food was great",
+            "An exhaustive investigation into the roots and after-effects of revolutions",
+        ];
+        let a = from_json.encode_batch(&texts).unwrap();
+        let b = from_vocab.encode_batch(&texts).unwrap();
+        assert_eq!(a, b);
+        // [CLS] the food was great [SEP] in BERT's uncased vocabulary.
+        assert_eq!(a[0].ids, vec![101, 1996, 2833, 2001, 2307, 102]);
+        assert_eq!(a[1].ids.len(), 8, "truncated to max_length");
+        assert_eq!(*a[1].ids.last().unwrap(), 102, "[SEP] kept at the end");
+    }
+
+    #[test]
+    fn padding_to_max_length_or_per_batch() {
+        let tok = TextTokenizer::from_dir(&minilm(), 16, true).unwrap();
+        let enc = tok.encode_batch(&["good", "not good at all"]).unwrap();
+        let refs: Vec<&Encoded> = enc.iter().collect();
+        let full = tok.pad(&refs, Padding::MaxLength);
+        assert_eq!(full.input_ids.size(), [2, 16]);
+        let dynamic = tok.pad(&refs, Padding::Dynamic);
+        assert_eq!(dynamic.input_ids.size(), [2, 6]);
+        assert_eq!(
+            dynamic
+                .attention_mask
+                .sum(tch::Kind::Int64)
+                .int64_value(&[]),
+            3 + 6
+        );
+    }
+
+    #[test]
+    fn missing_files_are_a_clear_error() {
+        let err = TextTokenizer::from_dir(Path::new("/nonexistent"), 16, true)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("neither tokenizer.json nor vocab.txt"),
+            "{err}"
+        );
+    }
+
+    fn tempdir_with_vocab(dir: &Path) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("trainbook-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(dir.join("vocab.txt"), d.join("vocab.txt")).unwrap();
+        d
+    }
+}
