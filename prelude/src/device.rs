@@ -121,11 +121,17 @@ pub fn resolve(req: DeviceRequest, workers: usize) -> Result<DeviceKind> {
         }
         DeviceRequest::Cuda => {
             let n = cuda_device_count();
+            if n == 0 && cfg!(feature = "cuda") {
+                bail!(
+                    "device 'cuda' requested, but no CUDA device is visible (this build supports \
+                     CUDA): check `nvidia-smi` and CUDA_VISIBLE_DEVICES, or use --device cpu"
+                );
+            }
             if n == 0 {
                 bail!(
                     "device 'cuda' requested, but no CUDA device is available to this trainbook \
-                     build. On a GPU machine run `make setup` there (it links libtorch_cuda when \
-                     nvidia-smi sees a GPU); otherwise use --device cpu"
+                     build, which was set up without CUDA. On a GPU machine run `make setup` there \
+                     (it links libtorch_cuda when nvidia-smi sees a GPU); otherwise use --device cpu"
                 );
             }
             if n < workers {
