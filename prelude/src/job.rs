@@ -743,7 +743,11 @@ impl Job {
         // Holding the subscriber list while reading the status closes the race with the
         // driver, which sets the final status before it publishes `Finished` to this list:
         // either we see the final status here, or we are on the list when it is published.
-        let mut subs = self.shared.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut subs = self
+            .shared
+            .subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let status = self.status();
         if status.is_finished() {
             let _ = tx.send(Update::Finished(status));

@@ -119,7 +119,8 @@ fn run(rank: usize, events: &Emitter) -> Result<()> {
         });
         return Ok(());
     }
-    let (recipe, hyper) = crate::recipes::build(&spec.recipe, &spec.train, tdev)?;
+    let log = |line: String| events.log(line);
+    let (recipe, hyper) = crate::recipes::build(&spec.recipe, &spec.train, tdev, &log)?;
     let ctx = WorkerContext {
         rank,
         world_size: pg.world_size(),

@@ -1,6 +1,7 @@
 //! Recipes: what a worker trains (model, data, defaults). The engine knows them only through
 //! the [`Recipe`] trait and this registry.
 
+pub mod bert;
 pub mod synthetic;
 
 use std::path::Path;
@@ -11,10 +12,10 @@ use tch::{nn, Tensor};
 use crate::spec::{OptimizerKind, TrainConfig};
 
 /// Names accepted by `trainbook train <recipe>` and [`crate::spec::JobSpec::new`].
-pub const RECIPES: &[(&str, &str)] = &[(
-    "synthetic",
-    "tiny BERT classifying generated token sequences (engine self-test)",
-)];
+pub const RECIPES: &[(&str, &str)] = &[
+    ("bert", "BERT sequence classification (offline default: all-MiniLM-L6-v2 on Rotten Tomatoes snippets)"),
+    ("synthetic", "tiny BERT classifying generated token sequences (engine self-test)"),
+];
 
 /// The job name of `trainbook check`: workers verify the collectives instead of training.
 pub const CHECK: &str = "check";
@@ -111,15 +112,20 @@ pub fn build(
     name: &str,
     config: &TrainConfig,
     device: tch::Device,
+    log: &dyn Fn(String),
 ) -> Result<(Box<dyn Recipe>, Hyper)> {
     match name {
+        "bert" => {
+            let (r, h) = bert::BertRecipe::build(config, device, log)?;
+            Ok((Box::new(r), h))
+        }
         "synthetic" => {
             let (r, h) = synthetic::Synthetic::build(config, device)?;
             Ok((Box::new(r), h))
         }
         other => {
             check_name(other)?;
-            unreachable!()
+            bail!("'{other}' is not a training recipe")
         }
     }
 }
