@@ -5,6 +5,7 @@
 //! checkpoints) back to this process, which de-duplicates logs and hands everything to the
 //! caller through a [`Job`] handle.
 
+pub mod assets;
 pub mod check;
 pub mod checkpoint;
 pub mod cli;

@@ -123,10 +123,7 @@ fn shape_mismatch_is_a_clear_error() {
 /// into our BertForSequenceClassification with every encoder weight found.
 #[test]
 fn minilm_checkpoint_loads_with_no_missing_encoder_weights() {
-    let data = std::env::var_os("TRAINBOOK_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.data"));
-    let dir = data.join("models/all-MiniLM-L6-v2");
+    let dir = trainbook::assets::minilm_dir();
     assert!(
         dir.join("model.safetensors").exists(),
         "{} is missing: run `make setup` (scripts/fetch-data.sh)",

@@ -19,19 +19,6 @@ use crate::spec::{OptimizerKind, TrainConfig};
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 
-/// Where `make setup` puts the offline model and data: `$TRAINBOOK_DATA`, else `.data/` of
-/// this checkout.
-pub fn data_dir() -> PathBuf {
-    let dir = std::env::var_os("TRAINBOOK_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
-                .join(".data")
-        });
-    std::fs::canonicalize(&dir).unwrap_or(dir)
-}
-
 struct Preset {
     hyper: Hyper,
     pretrained: bool,
@@ -98,9 +85,8 @@ impl BertRecipe {
     ) -> Result<(Self, Hyper)> {
         let p = preset(config.preset.as_deref().unwrap_or("default"))?;
         let hyper = p.hyper.with_overrides(config);
-        let data = data_dir();
-        let model_dir = data.join("models/all-MiniLM-L6-v2");
-        let table = data.join("datasets/rotten_tomatoes/reviews.csv");
+        let model_dir = crate::assets::minilm_dir();
+        let table = crate::assets::rotten_tomatoes_csv();
         for needed in [&model_dir.join("config.json"), &table] {
             if !needed.exists() {
                 bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline model and data)", needed.display());

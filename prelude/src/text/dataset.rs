@@ -234,10 +234,7 @@ mod tests {
 
     #[test]
     fn the_offline_rotten_tomatoes_set_loads() {
-        let data = std::env::var_os("TRAINBOOK_DATA")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.data"));
-        let p = data.join("datasets/rotten_tomatoes/reviews.csv");
+        let p = crate::assets::rotten_tomatoes_csv();
         let ex = examples(&read_table(&p).unwrap(), "text", "label", None).unwrap();
         assert_eq!(ex.len(), 12_808);
         assert_eq!(ex.label_names, ["fresh", "rotten"]);

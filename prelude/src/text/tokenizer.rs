@@ -160,10 +160,7 @@ mod tests {
     use super::*;
 
     fn minilm() -> std::path::PathBuf {
-        let data = std::env::var_os("TRAINBOOK_DATA")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.data"));
-        let dir = data.join("models/all-MiniLM-L6-v2");
+        let dir = crate::assets::minilm_dir();
         assert!(
             dir.join("vocab.txt").exists(),
             "{} missing: run `make setup`",
