@@ -33,7 +33,7 @@ done
 works() {
     [[ -x $venv/bin/python && -f $stamp ]] || return 1
     "$venv/bin/python" -W ignore -c "
-import sys, torch, torch.distributed as d
+import sys, torch, torch.distributed as d, transformers
 sys.exit(0 if torch.__version__.split('+')[0] == '$torch_version' and d.is_gloo_available() else 1)
 " >/dev/null 2>&1
 }
@@ -65,6 +65,8 @@ cuda_import=(nvidia-cublas==13.1.1.3 nvidia-cuda-nvrtc==13.0.88 nvidia-cufft==12
 # torch's pure-Python requirements, plus numpy (optional, silences a warning at import).
 py_deps=(filelock "typing-extensions>=4.10.0" "setuptools>=77.0.3" "sympy>=1.13.3"
     "networkx>=2.5.1" jinja2 "fsspec>=0.8.5" numpy)
+# Hugging Face stack for bench/torch_bert.py (the PyTorch-eager BERT baseline).
+hf_deps=("transformers==5.23.0" "safetensors==0.8.0" tokenizers)
 
 case $mode in
     full)
@@ -75,6 +77,7 @@ case $mode in
         pip_install "${py_deps[@]}"
         ;;
 esac
+pip_install "${hf_deps[@]}"
 
 echo "torch==$torch_version mode=$mode" >"$stamp"
 if ! works; then

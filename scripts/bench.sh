@@ -4,12 +4,16 @@
 # a: allreduce of 110M float32, 2 workers on loopback: trainbook vs torch.distributed (gloo)
 # b: samples/s, 2 workers x 1 thread vs 1 worker x 2 threads
 # c: time from launch to the first loss event, tiny preset, 2 workers
+# d: BERT accuracy: MiniLM on Rotten Tomatoes, 2 CPU workers, AdamW, max_length 64, 1 epoch over
+#    4,000 snippets, eval on the 2,562 held-out ones; both padding modes
+# e: BERT training throughput, trainbook vs PyTorch eager + Transformers (bench/torch_bert.py),
+#    same model/config/batch/threads, alternating BENCH_BERT_ROUNDS (3) times
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -27,6 +31,28 @@ if has a; then
 fi
 has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
 has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
+
+tb=target/release/trainbook
+if has d || has e; then cargo build -q --release -p trainbook $features --bins; fi
+if has d; then
+  for padding in dynamic max-length; do
+    $tb train bert --workers 2 --device cpu --preset default --optimizer adamw --lr 1e-4 \
+      --schedule linear --warmup-ratio 0.1 --global-batch-size 16 --max-length 64 --epochs 1 \
+      --train-rows 4000 --eval-rows 100000 --padding $padding --json 2>/dev/null | tail -n1 |
+      sed "s/^{/{\"bench\": \"bert_accuracy\", \"padding\": \"$padding\", /" | tee -a "$out"
+  done
+fi
+if has e; then
+  bench/torch-venv.sh
+  steps=${BENCH_BERT_STEPS:-30}
+  for round in $(seq "${BENCH_BERT_ROUNDS:-3}"); do
+    $tb train bert --workers 2 --device cpu --preset default --optimizer adamw --lr 5e-5 \
+      --global-batch-size 32 --max-length 64 --padding max-length --max-steps "$steps" --eval-rows 0 \
+      --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_throughput", "impl": "trainbook", /' | tee -a "$out"
+    .bench-venv/bin/python bench/torch_bert.py --workers 2 --global-batch-size 32 --max-length 64 \
+      --steps "$steps" 2>/dev/null | tee -a "$out"
+  done
+fi
 
 python3 - "$out" <<'PY'
 import json, statistics, sys
@@ -48,5 +74,16 @@ for r in rows:
         print(f"(b) samples/s: 2x1 {r['two_workers_one_thread']:.1f}, 1x2 {r['one_worker_two_threads']:.1f}, ratio {r['ratio']:.3f} (target >= 0.85)")
     if r.get("bench") == "startup":
         print(f"(c) launch -> first loss: median {r['median_s']:.2f} s over {len(r['runs_s'])} runs (target <= 2 s)")
+    if r.get("bench") == "bert_accuracy":
+        m = r["metrics"]
+        print(f"(d) padding {r['padding']}: eval accuracy {m.get('eval_accuracy', float('nan')):.4f} after 1 epoch "
+              f"({r['steps']} steps), {r['elapsed_seconds']:.0f} s wall, {m['samples_per_second']:.1f} samples/s training (target >= 0.78)")
+bt = [r for r in rows if r.get("bench") == "bert_throughput"]
+if bt:
+    ours = [r["samples_per_second"] for r in bt if r.get("impl") == "trainbook"]
+    torch = [r["samples_per_second"] for r in bt if r.get("impl") == "pytorch"]
+    paired = statistics.median(a / b for a, b in zip(ours, torch))
+    print(f"(e) BERT training samples/s, {len(ours)} alternating rounds: trainbook {statistics.median(ours):.1f}, "
+          f"PyTorch eager {statistics.median(torch):.1f} (medians); median paired ratio {paired:.3f}x (target >= 1.0)")
 PY
 rm -f "$out"

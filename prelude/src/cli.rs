@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::device::DeviceRequest;
 use crate::job::{self, JobStatus, Update};
-use crate::spec::{JobSpec, OptimizerKind};
+use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule, TextOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -22,7 +22,7 @@ use crate::spec::{JobSpec, OptimizerKind};
         through PyTorch's c10d collectives (gloo on CPU, NCCL on CUDA), shows progress and \
         de-duplicated worker logs, and writes a run directory with the config, per-rank logs, \
         metrics (parquet) and checkpoints.",
-    after_help = "Examples:\n  trainbook train synthetic --workers 2\n  trainbook train synthetic --workers 2 --preset tiny --epochs 1 --json\n  trainbook recipes"
+    after_help = "Examples:\n  trainbook train bert --workers 2\n  trainbook train bert --workers 2 --optimizer adamw --lr 5e-5 --max-length 64 --epochs 1\n  trainbook train bert --preset tiny --json\n  trainbook train bert --model ./my-bert --data reviews.parquet --text-column review --label-column stars\n  trainbook train bert --resume-from trainbook_runs/<run>/checkpoints/epoch-0 --epochs 3\n  trainbook recipes"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -81,6 +81,59 @@ pub struct TrainArgs {
     /// Clip the global gradient norm to this value.
     #[arg(long)]
     pub grad_clip: Option<f64>,
+    /// SGD momentum (default: the preset's, 0.9).
+    #[arg(long)]
+    pub momentum: Option<f64>,
+    /// Decoupled weight decay (AdamW) or L2 penalty (SGD); not applied to biases and norms.
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Micro-batches per optimizer step: the same global batch in smaller forward passes.
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
+    /// Learning-rate schedule: constant or linear (decay to 0 at the last step).
+    #[arg(long, value_parser = parse_from_str::<Schedule>)]
+    pub schedule: Option<Schedule>,
+    /// Fraction of the steps spent warming the learning rate up from 0 (e.g. 0.1).
+    #[arg(long)]
+    pub warmup_ratio: Option<f64>,
+    /// fp32, or bf16 autocast (CUDA; also runs on CPU, where it is rarely faster).
+    #[arg(long, value_parser = parse_from_str::<Precision>)]
+    pub precision: Option<Precision>,
+    /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer state,
+    /// step count and data order. Needs the same workers and batch.
+    #[arg(long, value_name = "CHECKPOINT")]
+    pub resume_from: Option<PathBuf>,
+    /// Model to start from: a Hugging Face-style directory or a Hub id (default: the preset's).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Data: a table (.parquet/.csv/.tsv/.jsonl), a directory with train*/test* tables, or a
+    /// Hub dataset id (default: the preset's).
+    #[arg(long)]
+    pub data: Option<String>,
+    /// [text] Tokens per text after truncation.
+    #[arg(long)]
+    pub max_length: Option<usize>,
+    /// [text] max-length (pad every text, the reference's) or dynamic (pad to each batch's longest).
+    #[arg(long, value_parser = parse_from_str::<Padding>)]
+    pub padding: Option<Padding>,
+    /// [text] Name of the text column.
+    #[arg(long)]
+    pub text_column: Option<String>,
+    /// [text] Name of the label column (strings or integers).
+    #[arg(long)]
+    pub label_column: Option<String>,
+    /// [text] Train on the first N rows only.
+    #[arg(long, value_name = "N")]
+    pub train_rows: Option<usize>,
+    /// [text] Evaluate on the first N held-out rows (0: no evaluation).
+    #[arg(long, value_name = "N")]
+    pub eval_rows: Option<usize>,
+    /// [text] Fraction held out for evaluation when the data has no test table.
+    #[arg(long)]
+    pub eval_fraction: Option<f64>,
+    /// [text] A separate evaluation table.
+    #[arg(long)]
+    pub eval_data: Option<String>,
     /// Intra-op threads per worker (default: cores / workers on CPU).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -109,6 +162,10 @@ fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
+fn parse_from_str<T: std::str::FromStr<Err = anyhow::Error>>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
 impl TrainArgs {
     pub fn to_spec(&self) -> Result<JobSpec> {
         let mut spec = JobSpec::new(&self.recipe)
@@ -124,6 +181,25 @@ impl TrainArgs {
         t.dropout = self.dropout;
         t.seed = self.seed;
         t.grad_clip = self.grad_clip;
+        t.momentum = self.momentum;
+        t.weight_decay = self.weight_decay;
+        t.grad_accum = self.grad_accum;
+        t.schedule = self.schedule;
+        t.warmup_ratio = self.warmup_ratio;
+        t.precision = self.precision;
+        t.resume_from = self.resume_from.clone();
+        t.model = self.model.clone();
+        t.data = self.data.clone();
+        t.text = TextOptions {
+            max_length: self.max_length,
+            padding: self.padding,
+            text_column: self.text_column.clone(),
+            label_column: self.label_column.clone(),
+            train_rows: self.train_rows,
+            eval_rows: self.eval_rows,
+            eval_fraction: self.eval_fraction,
+            eval_data: self.eval_data.clone(),
+        };
         spec.threads_per_worker = self.threads;
         spec.master_port = self.master_port;
         spec.runs_root = self.runs_root.clone();
@@ -143,6 +219,11 @@ pub fn main() -> i32 {
         Command::Recipes => {
             for (name, about) in crate::recipes::RECIPES {
                 println!("{name:<12} {about}");
+                if *name == "bert" {
+                    for (p, about) in crate::recipes::bert::PRESETS {
+                        println!("  --preset {p:<10} {about}");
+                    }
+                }
             }
             0
         }

@@ -8,6 +8,7 @@
 pub mod assets;
 pub mod check;
 pub mod checkpoint;
+pub mod classify;
 pub mod cli;
 pub mod ddp;
 pub mod dedup;
@@ -18,23 +19,30 @@ pub mod job;
 pub mod launch;
 pub mod metrics;
 pub mod models;
+pub mod optim;
+pub mod precision;
 pub mod recipes;
 pub mod sampler;
 pub mod spec;
 pub mod text;
 pub mod train;
+pub mod trainers;
 pub mod worker;
 
 pub use device::{DeviceKind, DeviceRequest};
 pub use job::{
     fit, launch, running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update,
 };
-pub use spec::{JobSpec, OptimizerKind, TrainConfig};
+pub use classify::{Prediction, TextClassifier};
+pub use spec::{Configure, JobSpec, OptimizerKind, TrainConfig};
+pub use trainers::{train_bert, BertTrainer};
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
 pub mod prelude {
     pub use crate::device::DeviceRequest;
     pub use crate::job::{fit, launch, stop_all, Job, JobStatus, TrainResult, Update};
-    pub use crate::spec::{JobSpec, OptimizerKind};
+    pub use crate::classify::{Prediction, TextClassifier};
+    pub use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
+    pub use crate::trainers::{train_bert, BertTrainer};
     pub use anyhow::Result;
 }

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::dedup::DedupConfig;
 use crate::device::DeviceRequest;
+pub use crate::optim::Schedule;
+pub use crate::precision::Precision;
+pub use crate::text::tokenizer::Padding;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -52,6 +55,41 @@ pub struct TrainConfig {
     pub dropout: Option<f64>,
     pub seed: Option<u64>,
     pub grad_clip: Option<f64>,
+    /// Micro-batches whose gradients are summed before each optimizer step (the global batch
+    /// is split over workers and then over these).
+    pub grad_accum: Option<usize>,
+    pub schedule: Option<Schedule>,
+    /// Fraction of the optimizer steps spent warming the learning rate up from 0.
+    pub warmup_ratio: Option<f64>,
+    pub precision: Option<Precision>,
+    /// A checkpoint directory (`.../checkpoints/epoch-E`) to continue from: weights, optimizer
+    /// state, step count and data order.
+    pub resume_from: Option<PathBuf>,
+    /// Model to start from: a directory (or file) path; recipes document what they accept.
+    pub model: Option<String>,
+    /// Training data: a file or directory path; recipes document what they accept.
+    pub data: Option<String>,
+    /// Options of text recipes (ignored by others).
+    #[serde(default)]
+    pub text: TextOptions,
+}
+
+/// How a text-classification recipe reads and tokenises its table.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TextOptions {
+    /// Tokens per example after truncation.
+    pub max_length: Option<usize>,
+    pub padding: Option<Padding>,
+    pub text_column: Option<String>,
+    pub label_column: Option<String>,
+    /// Use only the first N training rows (after the split), like `select(range(N))`.
+    pub train_rows: Option<usize>,
+    /// Use only the first N evaluation rows; 0 skips evaluation.
+    pub eval_rows: Option<usize>,
+    /// Fraction held out for evaluation when the data has no separate test split.
+    pub eval_fraction: Option<f64>,
+    /// A separate evaluation table (otherwise the data is split by `eval_fraction`).
+    pub eval_data: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -74,6 +112,143 @@ pub struct JobSpec {
     pub dedup: DedupConfig,
 }
 
+/// The builder methods every job has: `JobSpec`, `BertTrainer` and other trainers share them
+/// through this trait (in the prelude), so each option is spelled and documented once.
+pub trait Configure: Sized {
+    fn job_spec(&mut self) -> &mut JobSpec;
+
+    /// Number of worker processes (one per device).
+    fn workers(mut self, n: usize) -> Self {
+        self.job_spec().workers = n;
+        self
+    }
+    /// `DeviceRequest::Auto` (default) picks HPU, then CUDA, then CPU.
+    fn device(mut self, d: DeviceRequest) -> Self {
+        self.job_spec().device = d;
+        self
+    }
+    /// A recipe preset (e.g. "tiny"); each recipe documents its own.
+    fn preset(mut self, p: impl Into<String>) -> Self {
+        self.job_spec().train.preset = Some(p.into());
+        self
+    }
+    fn epochs(mut self, e: u64) -> Self {
+        self.job_spec().train.epochs = Some(e);
+        self
+    }
+    /// Stop after this many optimizer steps (when fewer than the epochs would take).
+    fn max_steps(mut self, s: u64) -> Self {
+        self.job_spec().train.max_steps = Some(s);
+        self
+    }
+    /// Samples per optimizer step over all workers and micro-batches.
+    fn global_batch_size(mut self, b: usize) -> Self {
+        self.job_spec().train.global_batch_size = Some(b);
+        self
+    }
+    fn lr(mut self, lr: f64) -> Self {
+        self.job_spec().train.lr = Some(lr);
+        self
+    }
+    fn optimizer(mut self, o: OptimizerKind) -> Self {
+        self.job_spec().train.optimizer = Some(o);
+        self
+    }
+    fn momentum(mut self, m: f64) -> Self {
+        self.job_spec().train.momentum = Some(m);
+        self
+    }
+    fn weight_decay(mut self, w: f64) -> Self {
+        self.job_spec().train.weight_decay = Some(w);
+        self
+    }
+    fn dropout(mut self, p: f64) -> Self {
+        self.job_spec().train.dropout = Some(p);
+        self
+    }
+    fn seed(mut self, s: u64) -> Self {
+        self.job_spec().train.seed = Some(s);
+        self
+    }
+    /// Clip the global gradient norm to this value.
+    fn grad_clip(mut self, c: f64) -> Self {
+        self.job_spec().train.grad_clip = Some(c);
+        self
+    }
+    /// Micro-batches per optimizer step (same global batch, less memory per step).
+    fn grad_accum(mut self, n: usize) -> Self {
+        self.job_spec().train.grad_accum = Some(n);
+        self
+    }
+    fn schedule(mut self, s: Schedule) -> Self {
+        self.job_spec().train.schedule = Some(s);
+        self
+    }
+    /// Fraction of steps spent warming the learning rate up (e.g. 0.1).
+    fn warmup_ratio(mut self, r: f64) -> Self {
+        self.job_spec().train.warmup_ratio = Some(r);
+        self
+    }
+    fn precision(mut self, p: Precision) -> Self {
+        self.job_spec().train.precision = Some(p);
+        self
+    }
+    /// Continue a run from one of its checkpoints (`.../checkpoints/epoch-E`).
+    fn resume_from(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.job_spec().train.resume_from = Some(dir.into());
+        self
+    }
+    /// The model to start from (a directory path or a Hugging Face id).
+    fn model(mut self, m: impl Into<String>) -> Self {
+        self.job_spec().train.model = Some(m.into());
+        self
+    }
+    /// The training data (a file, a directory with train/test tables, or a dataset id).
+    fn data(mut self, d: impl Into<String>) -> Self {
+        self.job_spec().train.data = Some(d.into());
+        self
+    }
+    fn master_port(mut self, p: u16) -> Self {
+        self.job_spec().master_port = Some(p);
+        self
+    }
+    /// Intra-op threads per worker (default: cores / workers on CPU).
+    fn threads_per_worker(mut self, t: usize) -> Self {
+        self.job_spec().threads_per_worker = Some(t);
+        self
+    }
+    /// Parent of the run directory (default `$TRAINBOOK_RUNS` or `./trainbook_runs`).
+    fn runs_root(mut self, p: impl Into<PathBuf>) -> Self {
+        self.job_spec().runs_root = Some(p.into());
+        self
+    }
+    /// How long a collective (or the rendezvous) may wait for peers before it fails.
+    fn collective_timeout(mut self, t: Duration) -> Self {
+        self.job_spec().collective_timeout_secs = t.as_secs().max(1);
+        self
+    }
+    /// Merge identical log lines across workers (default on).
+    fn dedup(mut self, enabled: bool) -> Self {
+        self.job_spec().dedup.enabled = enabled;
+        self
+    }
+    fn dedup_window(mut self, w: Duration) -> Self {
+        self.job_spec().dedup.window = w;
+        self
+    }
+    /// Extra environment variable for the workers.
+    fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.job_spec().env.push((k.into(), v.into()));
+        self
+    }
+}
+
+impl Configure for JobSpec {
+    fn job_spec(&mut self) -> &mut JobSpec {
+        self
+    }
+}
+
 impl JobSpec {
     pub fn new(recipe: impl Into<String>) -> Self {
         Self {
@@ -89,76 +264,6 @@ impl JobSpec {
             env: Vec::new(),
             dedup: DedupConfig::default(),
         }
-    }
-
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n;
-        self
-    }
-    pub fn device(mut self, d: DeviceRequest) -> Self {
-        self.device = d;
-        self
-    }
-    pub fn preset(mut self, p: impl Into<String>) -> Self {
-        self.train.preset = Some(p.into());
-        self
-    }
-    pub fn epochs(mut self, e: u64) -> Self {
-        self.train.epochs = Some(e);
-        self
-    }
-    pub fn max_steps(mut self, s: u64) -> Self {
-        self.train.max_steps = Some(s);
-        self
-    }
-    pub fn global_batch_size(mut self, b: usize) -> Self {
-        self.train.global_batch_size = Some(b);
-        self
-    }
-    pub fn lr(mut self, lr: f64) -> Self {
-        self.train.lr = Some(lr);
-        self
-    }
-    pub fn optimizer(mut self, o: OptimizerKind) -> Self {
-        self.train.optimizer = Some(o);
-        self
-    }
-    pub fn dropout(mut self, p: f64) -> Self {
-        self.train.dropout = Some(p);
-        self
-    }
-    pub fn seed(mut self, s: u64) -> Self {
-        self.train.seed = Some(s);
-        self
-    }
-    pub fn master_port(mut self, p: u16) -> Self {
-        self.master_port = Some(p);
-        self
-    }
-    pub fn threads_per_worker(mut self, t: usize) -> Self {
-        self.threads_per_worker = Some(t);
-        self
-    }
-    pub fn runs_root(mut self, p: impl Into<PathBuf>) -> Self {
-        self.runs_root = Some(p.into());
-        self
-    }
-    /// How long a collective (or the rendezvous) may wait for peers before it fails.
-    pub fn collective_timeout(mut self, t: Duration) -> Self {
-        self.collective_timeout_secs = t.as_secs().max(1);
-        self
-    }
-    pub fn dedup(mut self, enabled: bool) -> Self {
-        self.dedup.enabled = enabled;
-        self
-    }
-    pub fn dedup_window(mut self, w: Duration) -> Self {
-        self.dedup.window = w;
-        self
-    }
-    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
-        self.env.push((k.into(), v.into()));
-        self
     }
 
     /// Checks what can be checked before any process starts.
@@ -187,6 +292,35 @@ impl JobSpec {
         if let Some(p) = t.dropout {
             if !(0.0..1.0).contains(&p) {
                 bail!("dropout {p} must be in [0, 1)");
+            }
+        }
+        if t.grad_accum == Some(0) {
+            bail!("grad_accum is 0: use 1 (no accumulation) or more micro-batches per step");
+        }
+        if let (Some(b), Some(a)) = (t.global_batch_size, t.grad_accum) {
+            if b < self.workers * a {
+                bail!("global batch size {b} cannot be split into {a} micro-batches on each of {} workers: use a global batch of at least {}", self.workers, self.workers * a);
+            }
+        }
+        if let Some(w) = t.warmup_ratio {
+            if !(0.0..1.0).contains(&w) {
+                bail!("warmup_ratio {w} must be in [0, 1): it is the fraction of steps spent warming up");
+            }
+        }
+        if let Some(f) = t.text.eval_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.2 holds out 20%)");
+            }
+        }
+        if t.text.max_length == Some(0) || t.text.max_length.is_some_and(|m| m > 8192) {
+            bail!("max_length {} must be between 1 and 8192 tokens", t.text.max_length.unwrap_or(0));
+        }
+        if t.text.train_rows == Some(0) {
+            bail!("train_rows is 0: nothing to train on");
+        }
+        if let Some(r) = &t.resume_from {
+            if !r.join("trainer_state.json").exists() {
+                bail!("cannot resume from {}: it is not a trainbook checkpoint (no trainer_state.json); pass a directory like trainbook_runs/<run>/checkpoints/epoch-0", r.display());
             }
         }
         if t.epochs == Some(0) {

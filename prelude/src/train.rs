@@ -1,10 +1,11 @@
 //! The data-parallel training loop every recipe shares: sharded batches, bucketed gradient
 //! all-reduce, per-step loss, per-epoch evaluation (all-reduced), checkpoints, events.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tch::nn::{self, OptimizerConfig};
+use tch::nn;
 use tch::{Kind, Tensor};
 
 use crate::ddp::{self, GradSync};
@@ -12,7 +13,8 @@ use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
 use crate::recipes::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
-use crate::spec::OptimizerKind;
+use crate::optim::{lr_at, Optimizer, OptimizerConfig};
+use crate::precision::autocast;
 
 /// Where a worker stands in its job.
 pub struct WorkerContext {
@@ -28,21 +30,76 @@ pub struct WorkerContext {
 /// Progress events are rate-limited: a notebook does not need 1000 updates a second.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
-fn optimizer(vs: &nn::VarStore, h: &Hyper) -> Result<nn::Optimizer> {
-    Ok(match h.optimizer {
-        OptimizerKind::Sgd => nn::Sgd {
+fn optimizer(vs: &nn::VarStore, names: &[String], h: &Hyper) -> Optimizer {
+    let vars = vs.variables();
+    let params = names
+        .iter()
+        .filter(|n| vars[*n].requires_grad())
+        .map(|n| (n.clone(), vars[n].shallow_clone()))
+        .collect();
+    Optimizer::new(
+        OptimizerConfig {
+            kind: h.optimizer,
             momentum: h.momentum,
-            dampening: 0.0,
-            wd: h.weight_decay,
-            nesterov: false,
-        }
-        .build(vs, h.lr)?,
-        OptimizerKind::Adamw => nn::AdamW {
-            wd: h.weight_decay,
-            ..Default::default()
-        }
-        .build(vs, h.lr)?,
-    })
+            weight_decay: h.weight_decay,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+        },
+        params,
+    )
+}
+
+/// What a checkpoint's `trainer_state.json` says about where training stood.
+#[derive(serde::Deserialize)]
+struct ResumeState {
+    step: u64,
+    world_size: Option<usize>,
+    global_batch_size: Option<usize>,
+    grad_accum: Option<usize>,
+}
+
+/// Loads weights and optimizer state from `dir`; returns the optimizer step to continue from.
+fn resume(
+    dir: &Path,
+    vs: &mut nn::VarStore,
+    opt: &mut Optimizer,
+    world: usize,
+    h: &Hyper,
+    log: &dyn Fn(String),
+) -> Result<u64> {
+    let state_file = dir.join("trainer_state.json");
+    let state: ResumeState = serde_json::from_slice(
+        &std::fs::read(&state_file).with_context(|| format!("reading {}", state_file.display()))?,
+    )
+    .with_context(|| format!("{} is not a trainbook trainer state", state_file.display()))?;
+    // The data order depends on the worker count, the batch and the accumulation: continuing
+    // with other values would silently repeat or skip samples.
+    let then = (state.world_size, state.global_batch_size, state.grad_accum);
+    let now = (Some(world), Some(h.global_batch_size), Some(h.grad_accum));
+    if then != now {
+        bail!(
+            "cannot resume from {}: it was trained with {} workers, global batch {}, grad_accum {}; this job has {world} workers, global batch {}, grad_accum {}. Resume with the same values (or start a new run with the checkpoint as --model)",
+            dir.display(),
+            state.world_size.map_or("?".into(), |v| v.to_string()),
+            state.global_batch_size.map_or("?".into(), |v| v.to_string()),
+            state.grad_accum.map_or("?".into(), |v| v.to_string()),
+            h.global_batch_size,
+            h.grad_accum
+        );
+    }
+    vs.load(dir.join("model.safetensors"))
+        .with_context(|| format!("loading the weights of {}", dir.display()))?;
+    let opt_file = dir.join("optimizer.safetensors");
+    if opt_file.exists() {
+        opt.load(&opt_file)?;
+    } else {
+        log(format!(
+            "warning: {} has no optimizer state (only the latest checkpoint keeps it); the {} state restarts from zero",
+            dir.display(),
+            h.optimizer
+        ));
+    }
+    Ok(state.step)
 }
 
 /// Sum and L2 norm of all trainable parameters, in f64.
@@ -58,37 +115,47 @@ pub fn param_stats(vs: &nn::VarStore) -> (f64, f64) {
     })
 }
 
-pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<WorkerSummary> {
+pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<WorkerSummary> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let ev = &ctx.events;
-    let vs = recipe.vars();
-    if h.global_batch_size < world {
+    let accum = h.grad_accum.max(1);
+    if h.global_batch_size < world * accum {
         bail!(
-            "global batch size {} is smaller than the world size {world}",
+            "global batch size {} is smaller than {world} workers x {accum} micro-batches",
             h.global_batch_size
         );
     }
-    let local_batch = h.global_batch_size / world;
-    if rank == 0 && !h.global_batch_size.is_multiple_of(world) {
+    // Samples per forward pass on one worker.
+    let local_batch = h.global_batch_size / (world * accum);
+    if rank == 0 && !h.global_batch_size.is_multiple_of(world * accum) {
         ev.log(format!(
-            "note: global batch {} is not divisible by {world} workers; using {} per worker ({} in all)",
+            "note: global batch {} is not divisible by {world} workers x {accum} micro-batches; using {} per micro-batch ({} in all)",
             h.global_batch_size,
             local_batch,
-            local_batch * world
+            local_batch * world * accum
         ));
     }
 
     // Same starting point everywhere (in a fixed name order), then different dropout streams
     // per rank.
     let names: Vec<String> = {
-        let mut v: Vec<String> = vs.variables().into_keys().collect();
+        let mut v: Vec<String> = recipe.vars().variables().into_keys().collect();
         v.sort();
         v
     };
+    let mut opt = optimizer(recipe.vars(), &names, h);
+    let mut step: u64 = 0;
+    if let Some(dir) = &h.resume_from {
+        step = resume(dir, recipe.vars_mut(), &mut opt, world, h, &|m| ev.log(m))?;
+        if rank == 0 {
+            ev.log(format!("resumed from {} at step {step}", dir.display()));
+        }
+    }
+    let vs = recipe.vars();
     let vars = vs.variables();
     let ordered: Vec<Tensor> = names.iter().map(|n| vars[n].shallow_clone()).collect();
     ddp::broadcast_parameters(&ctx.pg, &ordered)?;
-    tch::manual_seed(h.seed as i64 + 1 + rank as i64);
+    tch::manual_seed(h.seed as i64 + 1 + rank as i64 + step as i64);
 
     let trainable: Vec<Tensor> = names
         .iter()
@@ -96,7 +163,6 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
         .map(|n| vars[n].shallow_clone())
         .collect();
     let mut sync = GradSync::new(&trainable, ddp::BUCKET_BYTES);
-    let mut opt = optimizer(vs, h)?;
 
     let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
     let shard = sampler.shard_len();
@@ -106,59 +172,87 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
             recipe.train_len()
         );
     }
-    let steps_per_epoch = shard.div_ceil(local_batch) as u64;
+    let steps_per_epoch = shard.div_ceil(local_batch).div_ceil(accum) as u64;
     let total_steps = match h.max_steps {
         Some(m) => m.min(steps_per_epoch * h.epochs),
         None => steps_per_epoch * h.epochs,
     };
     let epochs = total_steps.div_ceil(steps_per_epoch);
+    let warmup = (h.warmup_ratio * total_steps as f64).ceil() as u64;
+    if step >= total_steps {
+        bail!("the checkpoint is already at step {step}, and this job has {total_steps} steps in all: ask for more epochs (or max_steps) to continue training");
+    }
     if rank == 0 {
         ev.log(format!(
-            "training {} samples ({} per worker) for {epochs} epoch(s), {total_steps} steps, global batch {}, {} lr {}",
+            "training {} samples ({} per worker) for {epochs} epoch(s), {total_steps} steps, global batch {}{}, {} lr {} ({} schedule{}){}",
             shard * world,
             shard,
-            local_batch * world,
+            local_batch * world * accum,
+            if accum > 1 { format!(" ({accum} micro-batches of {local_batch} per worker)") } else { String::new() },
             h.optimizer,
-            h.lr
+            h.lr,
+            h.schedule,
+            if warmup > 0 { format!(", {warmup} warm-up steps") } else { String::new() },
+            if h.precision == crate::precision::Precision::Bf16 { ", bf16 autocast" } else { "" },
         ));
     }
 
     let eval_idx = sampler::eval_shard(recipe.eval_len(), rank, world);
-    let mut step: u64 = 0;
+    let first_epoch = step / steps_per_epoch;
+    // Optimizer steps of the first epoch that the checkpoint already took.
+    let mut skip = step % steps_per_epoch;
     let mut samples: u64 = 0;
     let mut train_time = Duration::ZERO;
     let mut last_progress = Instant::now() - PROGRESS_EVERY;
     let mut final_train_loss = f64::NAN;
     let mut final_metrics = std::collections::BTreeMap::new();
+    let mut last_checkpoint: Option<std::path::PathBuf> = None;
 
-    'epochs: for epoch in 0..epochs {
+    'epochs: for epoch in first_epoch..epochs {
         let order = sampler.indices(epoch as usize);
+        let micro: Vec<&[usize]> = sampler::batches(&order, local_batch).collect();
         let (mut loss_sum, mut loss_n) = (0.0f64, 0.0f64);
         let t0 = Instant::now();
-        for batch in sampler::batches(&order, local_batch) {
+        for group in micro.chunks(accum) {
             if step >= total_steps {
                 break;
             }
-            let (logits, labels) = recipe.forward(Split::Train, batch, true)?;
-            let loss = logits.cross_entropy_for_logits(&labels);
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
             opt.zero_grad();
-            loss.backward();
+            let (mut group_loss, mut group_n) = (0.0f64, 0usize);
+            for batch in group {
+                let loss = autocast(h.precision, ctx.device, || {
+                    let (logits, labels) = recipe.forward(Split::Train, batch, true)?;
+                    Ok(logits.cross_entropy_for_logits(&labels))
+                })?;
+                // Gradients add up over micro-batches; average them like one big batch.
+                (&loss / group.len() as f64).backward();
+                group_loss += loss.double_value(&[]) * batch.len() as f64;
+                group_n += batch.len();
+            }
             // Each rank's share of the global batch (equal shards: 1/world).
             sync.sync(&ctx.pg, 1.0 / world as f64)?;
             if let Some(c) = h.grad_clip {
                 opt.clip_grad_norm(c);
             }
-            opt.step();
-            let l = loss.double_value(&[]);
+            let lr = lr_at(h.schedule, h.lr, step, warmup, total_steps);
+            opt.step(lr);
+            let l = group_loss / group_n.max(1) as f64;
             if !l.is_finite() {
                 bail!("loss became {l} at step {step} (epoch {epoch}): lower the learning rate or enable gradient clipping");
             }
             step += 1;
-            samples += batch.len() as u64;
-            loss_sum += l * batch.len() as f64;
-            loss_n += batch.len() as f64;
+            samples += group_n as u64;
+            loss_sum += group_loss;
+            loss_n += group_n as f64;
             ev.log(format!("train epoch:[{epoch}]\tloss:{l:.6}"));
             ev.metric(step, epoch, "loss", l);
+            if rank == 0 && (h.schedule != crate::optim::Schedule::Constant || warmup > 0) {
+                ev.metric(step, epoch, "lr", lr);
+            }
             if rank == 0 && (last_progress.elapsed() >= PROGRESS_EVERY || step == total_steps) {
                 last_progress = Instant::now();
                 let secs = (train_time + t0.elapsed()).as_secs_f64();
@@ -183,7 +277,8 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
         let (eval_loss_sum, eval_correct, eval_n) = tch::no_grad(|| -> Result<(f64, f64, f64)> {
             let (mut ls, mut c, mut n) = (0.0, 0.0, 0.0);
             for batch in sampler::batches(&eval_idx, local_batch.max(32)) {
-                let (logits, labels) = recipe.forward(Split::Eval, batch, false)?;
+                let (logits, labels) =
+                    autocast(h.precision, ctx.device, || recipe.forward(Split::Eval, batch, false))?;
                 ls +=
                     logits.cross_entropy_for_logits(&labels).double_value(&[]) * batch.len() as f64;
                 c += logits
@@ -223,15 +318,29 @@ pub fn run(ctx: &WorkerContext, recipe: &dyn Recipe, h: &Hyper) -> Result<Worker
                 .join(format!("epoch-{epoch}"));
             std::fs::create_dir_all(ctx.run_dir.join("checkpoints"))
                 .context("creating checkpoints/")?;
-            let state = serde_json::json!({ "epoch": epoch, "step": step, "hyper": h, "metrics": final_metrics });
+            let state = serde_json::json!({
+                "epoch": epoch,
+                "step": step,
+                "world_size": world,
+                "global_batch_size": h.global_batch_size,
+                "grad_accum": accum,
+                "hyper": h,
+                "metrics": final_metrics,
+            });
             crate::checkpoint::write_dir_atomic(&dir, |tmp| {
                 recipe.save(tmp)?;
+                opt.save(&tmp.join("optimizer.safetensors"))?;
                 std::fs::write(
                     tmp.join("trainer_state.json"),
                     serde_json::to_vec_pretty(&state)?,
                 )?;
                 Ok(())
             })?;
+            // Optimizer state is as large as the model (AdamW: twice); only the latest
+            // checkpoint keeps it, which is the one a resume normally starts from.
+            if let Some(prev) = last_checkpoint.replace(dir.clone()) {
+                std::fs::remove_file(prev.join("optimizer.safetensors")).ok();
+            }
             ev.send(Event::Checkpoint {
                 rank,
                 step,

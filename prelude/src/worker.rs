@@ -120,7 +120,7 @@ fn run(rank: usize, events: &Emitter) -> Result<()> {
         return Ok(());
     }
     let log = |line: String| events.log(line);
-    let (recipe, hyper) = crate::recipes::build(&spec.recipe, &spec.train, tdev, &log)?;
+    let (mut recipe, hyper) = crate::recipes::build(&spec.recipe, &spec.train, tdev, &log)?;
     let ctx = WorkerContext {
         rank,
         world_size: pg.world_size(),
@@ -130,7 +130,7 @@ fn run(rank: usize, events: &Emitter) -> Result<()> {
         events: events.clone(),
         run_dir: env("TRAINBOOK_RUN_DIR")?.into(),
     };
-    let summary = train::run(&ctx, recipe.as_ref(), &hyper)?;
+    let summary = train::run(&ctx, recipe.as_mut(), &hyper)?;
     // Nobody leaves before everyone is done, so no peer sees a closed connection.
     ctx.pg.barrier()?;
     events.send(Event::Done { rank, summary });

@@ -3,7 +3,37 @@
 
 use tch::nn;
 use trainbook::models::bert::{load_safetensors, BertClassifier, BertConfig};
-use trainbook::{DeviceRequest, JobSpec, JobStatus};
+use trainbook::prelude::*;
+use trainbook::TrainResult;
+
+fn runs() -> std::path::PathBuf {
+    std::env::temp_dir().join("trainbook-bert-tests")
+}
+
+/// The tiny preset on 128 rows (8 steps of 16 per epoch), without dropout so runs that should
+/// compute the same thing can be compared number for number.
+fn tiny() -> BertTrainer {
+    BertTrainer::new()
+        .workers(2)
+        .preset("tiny")
+        .device(DeviceRequest::Cpu)
+        .runs_root(runs())
+        .dropout(0.0)
+        .train_rows(128)
+        .eval_rows(64)
+}
+
+fn assert_same_params(a: &TrainResult, b: &TrainResult, tol: f64, what: &str) {
+    let rel = |x: f64, y: f64| (x - y).abs() / y.abs().max(1e-12);
+    assert!(
+        rel(a.param_l2, b.param_l2) < tol && rel(a.param_sum, b.param_sum) < tol * 100.0,
+        "{what}: l2 {} vs {}, sum {} vs {}",
+        a.param_l2,
+        b.param_l2,
+        a.param_sum,
+        b.param_sum
+    );
+}
 
 #[test]
 fn tiny_bert_trains_with_two_workers_and_saves_a_loadable_checkpoint() {
@@ -31,6 +61,7 @@ fn tiny_bert_trains_with_two_workers_and_saves_a_loadable_checkpoint() {
         "tokenizer.json",
         "vocab.txt",
         "trainer_state.json",
+        "optimizer.safetensors",
     ] {
         assert!(ckpt.join(f).exists(), "{f} missing from {}", ckpt.display());
     }
@@ -49,6 +80,95 @@ fn tiny_bert_trains_with_two_workers_and_saves_a_loadable_checkpoint() {
         report.missing.is_empty() && report.unexpected.is_empty(),
         "{report:?}"
     );
+
+    // The checkpoint answers questions in this process.
+    let clf = TextClassifier::load(&ckpt).unwrap();
+    assert_eq!(clf.labels(), ["fresh", "rotten"]);
+    let preds = clf
+        .predict(&["a triumph, moving and funny", "a dull, lifeless mess"])
+        .unwrap();
+    assert_eq!(preds.len(), 2);
+    for p in &preds {
+        let total: f64 = p.probabilities.iter().map(|(_, v)| v).sum();
+        assert!((total - 1.0).abs() < 1e-9 && p.score >= 0.5, "{p:?}");
+        assert_eq!(p.label, clf.labels()[p.label_id]);
+    }
+    let err = TextClassifier::load(&r.run_dir).err().unwrap().to_string();
+    assert!(err.contains("not a model checkpoint"), "{err}");
+}
+
+#[test]
+fn resuming_mid_epoch_continues_the_same_run() {
+    let straight = tiny().epochs(2).fit().unwrap();
+    assert_eq!(straight.steps, 16);
+    // Stop after 5 of the 8 steps of epoch 0, then continue to the end of epoch 1.
+    let first = tiny().epochs(2).max_steps(5).fit().unwrap();
+    let ckpt = first.last_checkpoint.clone().unwrap();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("trainer_state.json")).unwrap()).unwrap();
+    assert_eq!(state["step"], 5);
+    let resumed = tiny().epochs(2).resume_from(&ckpt).fit().unwrap();
+    assert_eq!(resumed.steps, 16, "the step count continues");
+    // Same weights, same AdamW moments, same data order: the same model.
+    assert_same_params(&resumed, &straight, 1e-5, "resumed vs straight");
+
+    // Another worker count would change the data order: refused, with the fix.
+    let err = format!("{:#}", tiny().workers(1).epochs(2).resume_from(&ckpt).fit().unwrap_err());
+    assert!(err.contains("trained with 2 workers") && err.contains("Resume with the same values"), "{err}");
+}
+
+#[test]
+fn gradient_accumulation_and_dynamic_padding_compute_the_same_updates() {
+    let base = tiny().max_steps(4).fit().unwrap();
+    let accum = tiny().max_steps(4).grad_accum(2).fit().unwrap();
+    assert_same_params(&accum, &base, 1e-5, "grad_accum 2 vs 1");
+    let dynamic = tiny().max_steps(4).padding(Padding::Dynamic).fit().unwrap();
+    assert_same_params(&dynamic, &base, 1e-5, "dynamic vs max-length padding");
+    assert!(
+        (dynamic.metrics["eval_accuracy"] - base.metrics["eval_accuracy"]).abs() < 1e-9,
+        "padding changed predictions"
+    );
+}
+
+#[test]
+fn schedule_warmup_and_bf16_autocast_run() {
+    let r = tiny()
+        .max_steps(4)
+        .optimizer(OptimizerKind::Adamw)
+        .schedule(Schedule::Linear)
+        .warmup_ratio(0.5)
+        .precision(Precision::Bf16)
+        .launch()
+        .unwrap();
+    let result = r.wait().unwrap();
+    assert!(result.final_train_loss.is_finite());
+    let df = r.metrics().unwrap();
+    let names = df.column("name").unwrap().str().unwrap().clone();
+    let values = df.column("value").unwrap().f64().unwrap().clone();
+    let lr: Vec<f64> = names
+        .iter()
+        .zip(values.iter())
+        .filter(|(n, _)| *n == Some("lr"))
+        .map(|(_, v)| v.unwrap())
+        .collect();
+    // 2 warm-up steps up to 1e-3, then linear decay to 0 at step 4.
+    let expect = [5e-4, 1e-3, 1e-3, 5e-4];
+    assert_eq!(lr.len(), 4, "{lr:?}");
+    for (a, b) in lr.iter().zip(expect) {
+        assert!((a - b).abs() < 1e-12, "{lr:?}");
+    }
+    let logs: Vec<String> = r.logs().into_iter().map(|l| l.text).collect();
+    assert!(logs.iter().any(|l| l.contains("bf16 autocast")), "{logs:?}");
+}
+
+#[test]
+fn bad_data_options_name_the_problem() {
+    let err = format!("{:#}", tiny().max_steps(1).text_column("review").fit().unwrap_err());
+    assert!(err.contains("no text column 'review'") && err.contains("text, label, movie"), "{err}");
+    let err = format!("{:#}", tiny().max_steps(1).data("/nonexistent/reviews.csv").fit().unwrap_err());
+    assert!(err.contains("dataset '/nonexistent/reviews.csv' not found") || err.contains("HF_HUB_OFFLINE"), "{err}");
+    let err = format!("{:#}", tiny().resume_from("/tmp").fit().unwrap_err());
+    assert!(err.contains("not a trainbook checkpoint"), "{err}");
 }
 
 #[test]
@@ -60,7 +180,7 @@ fn unknown_bert_preset_is_a_clear_error() {
         .runs_root(std::env::temp_dir().join("trainbook-bert-tests"));
     let err = format!("{:#}", trainbook::fit(spec).unwrap_err());
     assert!(
-        err.contains("unknown preset 'huge' for recipe bert: use tiny or default"),
+        err.contains("unknown preset 'huge' for recipe bert: use tiny, default, reference"),
         "{err}"
     );
 }

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use trainbook::launch::process_alive;
-use trainbook::{JobSpec, JobStatus, OptimizerKind};
+use trainbook::{Configure, JobSpec, JobStatus, OptimizerKind};
 
 fn runs_root() -> std::path::PathBuf {
     let d = std::env::temp_dir().join("trainbook-engine-tests");

@@ -323,12 +323,53 @@ pub fn load_safetensors(vs: &nn::VarStore, path: &Path) -> Result<LoadReport> {
     load_tensors(vs, tensors, &path.display().to_string())
 }
 
+/// Loads a model directory's weights: `model.safetensors`, else PyTorch's `pytorch_model.bin`
+/// (read through libtorch's pickle loader), else a file given directly.
+pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<LoadReport> {
+    let file = if path.is_dir() {
+        ["model.safetensors", "pytorch_model.bin"]
+            .iter()
+            .map(|f| path.join(f))
+            .find(|f| f.exists())
+            .with_context(|| {
+                format!(
+                    "{} has neither model.safetensors nor pytorch_model.bin",
+                    path.display()
+                )
+            })?
+    } else {
+        path.to_path_buf()
+    };
+    if file.extension().is_some_and(|e| e == "safetensors") {
+        return load_safetensors(vs, &file);
+    }
+    let tensors = Tensor::loadz_multi(&file).with_context(|| {
+        format!(
+            "reading {} as a PyTorch state dict failed; convert it to model.safetensors (e.g. with Transformers' save_pretrained(safe_serialization=True))",
+            file.display()
+        )
+    })?;
+    load_tensors(vs, tensors, &file.display().to_string())
+}
+
 pub fn load_tensors(
     vs: &nn::VarStore,
     tensors: Vec<(String, Tensor)>,
     origin: &str,
 ) -> Result<LoadReport> {
-    let mut by_name: HashMap<String, Tensor> = tensors.into_iter().collect();
+    // Old BERT checkpoints (TensorFlow-era conversions) call the LayerNorm parameters
+    // gamma/beta; Transformers renames them on load, and so do we.
+    let mut by_name: HashMap<String, Tensor> = tensors
+        .into_iter()
+        .map(|(k, t)| {
+            let k = match (k.strip_suffix(".gamma"), k.strip_suffix(".beta")) {
+                (Some(base), _) if base.ends_with("LayerNorm") => format!("{base}.weight"),
+                (_, Some(base)) if base.ends_with("LayerNorm") => format!("{base}.bias"),
+                _ => k,
+            };
+            (k, t)
+        })
+        .collect();
     let mut report = LoadReport::default();
     let vars = vs.variables();
     let mut names: Vec<&String> = vars.keys().collect();

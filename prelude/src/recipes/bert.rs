@@ -7,6 +7,11 @@
 //!   data set-up fetches), with the reference notebook's training settings: SGD lr 1e-3
 //!   momentum 0.9, global batch 8, 10 epochs, the first 1000 train / 1000 test rows, padding to
 //!   max length (128 here).
+//! - `reference`: the reference notebook's exact job (bert-base-cased, yelp_review_full, 5
+//!   labels, padding to 512), which needs those assets locally or a network.
+//!
+//! Without a preset, `reference` is chosen when its assets are already on this machine, else
+//! `default`. Options (model, data, columns, rows, max length, padding) override the preset.
 
 use std::path::{Path, PathBuf};
 
@@ -14,50 +19,90 @@ use anyhow::{bail, Context, Result};
 use tch::{nn, Device, Kind, Tensor};
 
 use super::{Hyper, Recipe, Split};
-use crate::models::bert::{load_safetensors, BertClassifier, BertConfig};
-use crate::spec::{OptimizerKind, TrainConfig};
+use crate::models::bert::{load_weights, BertClassifier, BertConfig};
+use crate::spec::{OptimizerKind, TextOptions, TrainConfig};
+use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 
+/// What a preset decides; every field can be overridden by the job's options.
 struct Preset {
     hyper: Hyper,
-    pretrained: bool,
+    /// Model directory or Hugging Face id.
+    model: String,
+    /// Keep the model's architecture but start from random weights (tiny).
+    random_init: bool,
+    /// Data file, directory or Hugging Face dataset id.
+    data: String,
     max_length: usize,
-    train_rows: usize,
-    test_rows: usize,
+    padding: Padding,
+    train_rows: Option<usize>,
+    eval_rows: Option<usize>,
 }
 
+/// The reference notebook's assets (loaded from a local copy, the Hugging Face cache, or the
+/// Hub when online).
+pub const REFERENCE_MODEL: &str = "bert-base-cased";
+pub const REFERENCE_DATA: &str = "yelp_review_full";
+
+/// Presets of `trainbook train bert --preset NAME`.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("tiny", "random 2-layer hidden-64 BERT, 512/256 Rotten Tomatoes snippets at 32 tokens: seconds, for tests"),
+    ("default", "pretrained all-MiniLM-L6-v2 on Rotten Tomatoes with the reference's settings (SGD 1e-3 m0.9, batch 8, 10 epochs, first 1000/1000 rows)"),
+    ("reference", "the reference notebook's exact job: bert-base-cased on yelp_review_full (5 labels), max length 512"),
+];
+
 fn preset(name: &str) -> Result<Preset> {
-    let hyper = |epochs, batch, lr, optimizer| Hyper {
-        preset: name.to_string(),
-        epochs,
-        max_steps: None,
-        global_batch_size: batch,
-        lr,
-        optimizer,
-        momentum: 0.9,
-        weight_decay: 0.0,
-        dropout: 0.1,
-        seed: 42,
-        grad_clip: None,
-    };
+    let minilm = crate::assets::minilm_dir().display().to_string();
+    let rt = crate::assets::rotten_tomatoes_csv().display().to_string();
     Ok(match name {
         "tiny" => Preset {
-            hyper: hyper(1, 16, 1e-3, OptimizerKind::Adamw),
-            pretrained: false,
+            hyper: Hyper::new(name, 1, 16, 1e-3, OptimizerKind::Adamw),
+            model: minilm,
+            random_init: true,
+            data: rt,
             max_length: 32,
-            train_rows: 512,
-            test_rows: 256,
+            padding: Padding::MaxLength,
+            train_rows: Some(512),
+            eval_rows: Some(256),
         },
         "default" => Preset {
-            hyper: hyper(10, 8, 1e-3, OptimizerKind::Sgd),
-            pretrained: true,
+            hyper: Hyper::new(name, 10, 8, 1e-3, OptimizerKind::Sgd),
+            model: minilm,
+            random_init: false,
+            data: rt,
             max_length: 128,
-            train_rows: 1000,
-            test_rows: 1000,
+            padding: Padding::MaxLength,
+            train_rows: Some(1000),
+            eval_rows: Some(1000),
         },
-        other => bail!("unknown preset '{other}' for recipe bert: use tiny or default"),
+        "reference" => Preset {
+            hyper: Hyper::new(name, 10, 8, 1e-3, OptimizerKind::Sgd),
+            model: REFERENCE_MODEL.into(),
+            random_init: false,
+            data: REFERENCE_DATA.into(),
+            max_length: 512,
+            padding: Padding::MaxLength,
+            train_rows: Some(1000),
+            eval_rows: Some(1000),
+        },
+        other => {
+            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            bail!("unknown preset '{other}' for recipe bert: use {}", names.join(", "))
+        }
     })
+}
+
+/// With no preset named: the reference job when its model and data are already on this
+/// machine, else the offline default (no download is attempted for the choice).
+pub fn auto_preset() -> &'static str {
+    if crate::assets::find_local_model(REFERENCE_MODEL).is_some()
+        && crate::assets::find_local_dataset(REFERENCE_DATA).is_some()
+    {
+        "reference"
+    } else {
+        "default"
+    }
 }
 
 pub struct BertRecipe {
@@ -67,14 +112,61 @@ pub struct BertRecipe {
     tokenizer: TextTokenizer,
     model_dir: PathBuf,
     label_names: Vec<String>,
+    padding: Padding,
     train: (Vec<Encoded>, Tensor),
     eval: (Vec<Encoded>, Tensor),
     device: Device,
 }
 
-fn encode(tok: &TextTokenizer, ex: &TextExamples) -> Result<(Vec<Encoded>, Tensor)> {
+fn encode(tok: &TextTokenizer, ex: &TextExamples, log: &dyn Fn(String)) -> Result<(Vec<Encoded>, Tensor)> {
     let texts: Vec<&str> = ex.texts.iter().map(String::as_str).collect();
-    Ok((tok.encode_batch(&texts)?, Tensor::from_slice(&ex.labels)))
+    let t0 = std::time::Instant::now();
+    let (enc, hit) = cache::encode_cached(tok, &texts, &cache::cache_dir())?;
+    if hit == cache::Hit::Computed && t0.elapsed().as_secs_f64() > 1.0 {
+        log(format!("tokenized {} texts in {:.1} s (cached for next time)", texts.len(), t0.elapsed().as_secs_f64()));
+    }
+    Ok((enc, Tensor::from_slice(&ex.labels)))
+}
+
+/// Train and evaluation examples as the options ask: a separate test table when there is one,
+/// else a fixed split (data seed 0, whatever the training seed, so runs stay comparable).
+fn load_examples(
+    data: &str,
+    opts: &TextOptions,
+    preset: &Preset,
+    log: &dyn Fn(String),
+) -> Result<(TextExamples, TextExamples)> {
+    let files = crate::assets::resolve_dataset(data)?;
+    let text_col = opts.text_column.as_deref().unwrap_or("text");
+    let label_col = opts.label_column.as_deref().unwrap_or("label");
+    let train_all = dataset::examples(&dataset::read_table(&files.train)?, text_col, label_col, None)?;
+    let eval_file = opts.eval_data.as_ref().map(PathBuf::from).or(files.test.clone());
+    let (train, test) = match &eval_file {
+        Some(f) if opts.eval_fraction.is_none() => {
+            let names = train_all.label_names.clone();
+            let test = dataset::examples(&dataset::read_table(f)?, text_col, label_col, Some(&names))?;
+            (train_all, test)
+        }
+        _ => train_all.split(opts.eval_fraction.unwrap_or(0.2), 0)?,
+    };
+    let train_rows = opts.train_rows.or(preset.train_rows).unwrap_or(usize::MAX);
+    let eval_rows = opts.eval_rows.or(preset.eval_rows).unwrap_or(usize::MAX);
+    let (train, test) = (train.first(train_rows), test.first(eval_rows));
+    if train.is_empty() {
+        bail!("{} has no usable training rows (text column '{text_col}', label column '{label_col}')", files.train.display());
+    }
+    log(format!(
+        "data: {} train / {} eval rows from {}{} (labels: {})",
+        train.len(),
+        test.len(),
+        files.train.display(),
+        match &eval_file {
+            Some(f) if opts.eval_fraction.is_none() => format!(" and {}", f.display()),
+            _ => format!(", {:.0}% held out", 100.0 * opts.eval_fraction.unwrap_or(0.2)),
+        },
+        train.label_names.join(", ")
+    ));
+    Ok((train, test))
 }
 
 impl BertRecipe {
@@ -83,33 +175,28 @@ impl BertRecipe {
         device: Device,
         log: &dyn Fn(String),
     ) -> Result<(Self, Hyper)> {
-        let p = preset(config.preset.as_deref().unwrap_or("default"))?;
-        let hyper = p.hyper.with_overrides(config);
-        let model_dir = crate::assets::minilm_dir();
-        let table = crate::assets::rotten_tomatoes_csv();
-        for needed in [&model_dir.join("config.json"), &table] {
-            if !needed.exists() {
-                bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline model and data)", needed.display());
-            }
+        let name = config.preset.clone().unwrap_or_else(|| auto_preset().to_string());
+        let p = preset(&name)?;
+        let hyper = p.hyper.clone().with_overrides(config);
+        let opts = &config.text;
+        if !crate::assets::minilm_dir().join("config.json").exists()
+            && config.model.is_none()
+            && name != "reference"
+        {
+            bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline model and data)", crate::assets::minilm_dir().display());
         }
-        let all = dataset::examples(&dataset::read_table(&table)?, "text", "label", None)?;
-        // The split is fixed (data seed 0), whatever the training seed: runs stay comparable.
-        let (train, test) = all.split(0.2, 0)?;
-        let (train, test) = (train.first(p.train_rows), test.first(p.test_rows));
+        let (model_dir, source) = crate::assets::resolve_model(config.model.as_deref().unwrap_or(&p.model))?;
+        if source == crate::assets::Source::Downloaded {
+            log(format!("downloaded {} into {}", p.model, model_dir.display()));
+        }
+        let (train, test) = load_examples(config.data.as_deref().unwrap_or(&p.data), opts, &p, log)?;
         let label_names = train.label_names.clone();
-        log(format!(
-            "data: {} train / {} test rows of {} (labels: {})",
-            train.len(),
-            test.len(),
-            table.display(),
-            label_names.join(", ")
-        ));
 
-        let tokenizer = TextTokenizer::from_dir(&model_dir, p.max_length, true)?;
         let mut bert = BertConfig::from_file(&model_dir.join("config.json"))?;
-        if !p.pretrained {
-            let vocab = bert.vocab_size;
-            bert = BertConfig::tiny(vocab, p.max_length as i64);
+        let max_length = opts.max_length.unwrap_or(p.max_length).min(bert.max_position_embeddings as usize);
+        let tokenizer = TextTokenizer::from_model_dir(&model_dir, max_length)?;
+        if p.random_init && config.model.is_none() {
+            bert = BertConfig::tiny(bert.vocab_size, max_length as i64);
         }
         bert = bert.with_dropout(hyper.dropout);
         bert.id2label = Some(
@@ -122,8 +209,8 @@ impl BertRecipe {
         tch::manual_seed(hyper.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
-        if p.pretrained {
-            let report = load_safetensors(&vs, &model_dir.join("model.safetensors"))?;
+        if !(p.random_init && config.model.is_none()) {
+            let report = load_weights(&vs, &model_dir)?;
             if let Some(msg) = report.describe(
                 "BertForSequenceClassification",
                 &model_dir.display().to_string(),
@@ -133,8 +220,8 @@ impl BertRecipe {
                 }
             }
         }
-        let train = encode(&tokenizer, &train)?;
-        let eval = encode(&tokenizer, &test)?;
+        let train = encode(&tokenizer, &train, log)?;
+        let eval = encode(&tokenizer, &test, log)?;
         Ok((
             Self {
                 vs,
@@ -143,6 +230,7 @@ impl BertRecipe {
                 tokenizer,
                 model_dir,
                 label_names,
+                padding: opts.padding.unwrap_or(p.padding),
                 train,
                 eval,
                 device,
@@ -155,6 +243,9 @@ impl BertRecipe {
 impl Recipe for BertRecipe {
     fn vars(&self) -> &nn::VarStore {
         &self.vs
+    }
+    fn vars_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
     }
     fn train_len(&self) -> usize {
         self.train.0.len()
@@ -169,7 +260,7 @@ impl Recipe for BertRecipe {
             &self.eval
         };
         let items: Vec<&Encoded> = indices.iter().map(|&i| &enc[i]).collect();
-        let b = self.tokenizer.pad(&items, Padding::MaxLength);
+        let b = self.tokenizer.pad(&items, self.padding);
         let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
         let labels = labels
             .index_select(0, &Tensor::from_slice(&idx))

@@ -9,6 +9,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use tch::{nn, Tensor};
 
+use crate::optim::Schedule;
+use crate::precision::Precision;
 use crate::spec::{OptimizerKind, TrainConfig};
 
 /// Names accepted by `trainbook train <recipe>` and [`crate::spec::JobSpec::new`].
@@ -53,9 +55,36 @@ pub struct Hyper {
     pub dropout: f64,
     pub seed: u64,
     pub grad_clip: Option<f64>,
+    pub grad_accum: usize,
+    pub schedule: Schedule,
+    pub warmup_ratio: f64,
+    pub precision: Precision,
+    pub resume_from: Option<std::path::PathBuf>,
 }
 
 impl Hyper {
+    /// Preset defaults shared by every recipe: no accumulation, constant learning rate, fp32.
+    pub fn new(preset: &str, epochs: u64, global_batch_size: usize, lr: f64, optimizer: OptimizerKind) -> Self {
+        Self {
+            preset: preset.to_string(),
+            epochs,
+            max_steps: None,
+            global_batch_size,
+            lr,
+            optimizer,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dropout: 0.1,
+            seed: 42,
+            grad_clip: None,
+            grad_accum: 1,
+            schedule: Schedule::Constant,
+            warmup_ratio: 0.0,
+            precision: Precision::Fp32,
+            resume_from: None,
+        }
+    }
+
     /// Applies the user's overrides on top of preset defaults.
     pub fn with_overrides(mut self, c: &TrainConfig) -> Self {
         if let Some(v) = c.epochs {
@@ -88,6 +117,21 @@ impl Hyper {
         if c.grad_clip.is_some() {
             self.grad_clip = c.grad_clip;
         }
+        if let Some(v) = c.grad_accum {
+            self.grad_accum = v;
+        }
+        if let Some(v) = c.schedule {
+            self.schedule = v;
+        }
+        if let Some(v) = c.warmup_ratio {
+            self.warmup_ratio = v;
+        }
+        if let Some(v) = c.precision {
+            self.precision = v;
+        }
+        if c.resume_from.is_some() {
+            self.resume_from = c.resume_from.clone();
+        }
         self
     }
 }
@@ -95,6 +139,7 @@ impl Hyper {
 /// What the training loop needs from a recipe.
 pub trait Recipe {
     fn vars(&self) -> &nn::VarStore;
+    fn vars_mut(&mut self) -> &mut nn::VarStore;
     fn train_len(&self) -> usize;
     fn eval_len(&self) -> usize;
     /// Logits and labels for the given samples of a split.

@@ -79,17 +79,8 @@ fn preset(name: &str) -> Result<Preset> {
     // any learning rate that makes progress in a few hundred steps (measured: lr 0.02 stalls at
     // chance, 0.1 diverges). `--optimizer sgd` stays available, e.g. for equivalence checks.
     let hyper = |epochs, batch, lr| Hyper {
-        preset: name.to_string(),
-        epochs,
-        max_steps: None,
-        global_batch_size: batch,
-        lr,
-        optimizer: OptimizerKind::Adamw,
-        momentum: 0.9,
         weight_decay: 0.01,
-        dropout: 0.1,
-        seed: 42,
-        grad_clip: None,
+        ..Hyper::new(name, epochs, batch, lr, OptimizerKind::Adamw)
     };
     Ok(match name {
         // Seconds on a laptop CPU: tests and CI.
@@ -141,6 +132,9 @@ impl Synthetic {
 impl Recipe for Synthetic {
     fn vars(&self) -> &nn::VarStore {
         &self.vs
+    }
+    fn vars_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
     }
     fn train_len(&self) -> usize {
         self.train.labels.size()[0] as usize

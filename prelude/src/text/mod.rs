@@ -1,4 +1,5 @@
 //! Text: tokenizers and text-classification datasets.
 
+pub mod cache;
 pub mod dataset;
 pub mod tokenizer;

@@ -23,6 +23,26 @@ pub enum Padding {
     Dynamic,
 }
 
+impl std::str::FromStr for Padding {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "max_length" | "max" => Ok(Self::MaxLength),
+            "dynamic" | "longest" => Ok(Self::Dynamic),
+            o => bail!("unknown padding '{o}': use max-length or dynamic"),
+        }
+    }
+}
+
+impl std::fmt::Display for Padding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::MaxLength => "max-length",
+            Self::Dynamic => "dynamic",
+        })
+    }
+}
+
 /// One encoded text, truncated but not padded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Encoded {
@@ -41,6 +61,7 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     pad_id: i64,
     max_length: usize,
+    fingerprint: u64,
 }
 
 impl TextTokenizer {
@@ -69,11 +90,39 @@ impl TextTokenizer {
             }))
             .map_err(|e| anyhow!("setting truncation: {e}"))?;
         let pad_id = inner.token_to_id("[PAD]").unwrap_or(0) as i64;
+        // The whole pipeline (vocabulary, normaliser, truncation) identifies the tokenizer.
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            #[allow(deprecated)]
+            let mut h = std::hash::SipHasher::new();
+            inner
+                .to_string(false)
+                .map_err(|e| anyhow!("serialising the tokenizer: {e}"))?
+                .hash(&mut h);
+            h.finish()
+        };
         Ok(Self {
             inner,
             pad_id,
             max_length,
+            fingerprint,
         })
+    }
+
+    /// Identifies the tokenizer's behaviour (for caches).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// Like [`TextTokenizer::from_dir`], lowercasing as the model's `tokenizer_config.json`
+    /// says (`do_lower_case`, default true) when only `vocab.txt` is there.
+    pub fn from_model_dir(dir: &Path, max_length: usize) -> Result<Self> {
+        let lowercase = std::fs::read(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v.get("do_lower_case").and_then(|x| x.as_bool()))
+            .unwrap_or(true);
+        Self::from_dir(dir, max_length, lowercase)
     }
 
     pub fn max_length(&self) -> usize {

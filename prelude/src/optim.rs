@@ -1,0 +1,352 @@
+//! Optimizers and learning-rate schedules with state that can be saved and restored.
+//!
+//! tch's optimizers keep their state (momentum buffers, Adam moments) inside libtorch where it
+//! cannot be read back, so a resumed run would restart its momentum from zero. These follow
+//! `torch.optim.SGD` and `torch.optim.AdamW` step for step (same update formulas, same
+//! defaults for betas and eps) and expose their state as named tensors for checkpoints.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::spec::OptimizerKind;
+
+/// How the learning rate changes over the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// The same learning rate throughout (after any warm-up).
+    #[default]
+    Constant,
+    /// Linear warm-up, then linear decay to 0 at the last step (Transformers' default).
+    Linear,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Constant => "constant",
+            Self::Linear => "linear",
+        })
+    }
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "constant" => Ok(Self::Constant),
+            "linear" => Ok(Self::Linear),
+            o => bail!("unknown schedule '{o}': use constant or linear"),
+        }
+    }
+}
+
+/// Learning rate at optimizer step `step` (0-based) of `total`.
+pub fn lr_at(schedule: Schedule, base: f64, step: u64, warmup: u64, total: u64) -> f64 {
+    if step < warmup {
+        return base * (step + 1) as f64 / warmup as f64;
+    }
+    match schedule {
+        Schedule::Constant => base,
+        Schedule::Linear => {
+            let left = total.saturating_sub(step) as f64;
+            let span = total.saturating_sub(warmup).max(1) as f64;
+            base * (left / span).clamp(0.0, 1.0)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct OptimizerConfig {
+    pub kind: OptimizerKind,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+}
+
+pub struct Optimizer {
+    cfg: OptimizerConfig,
+    /// (name, parameter) in a fixed order.
+    params: Vec<(String, Tensor)>,
+    /// Whether weight decay applies: matrices and embeddings yes; biases and norm scales
+    /// (1-D tensors) no, as Transformers' Trainer and most recipes do.
+    decays: Vec<bool>,
+    /// SGD: one momentum buffer; AdamW: first and second moments.
+    state: Vec<Vec<Tensor>>,
+    steps: u64,
+}
+
+impl Optimizer {
+    /// `params`: the trainable variables by name.
+    pub fn new(cfg: OptimizerConfig, mut params: Vec<(String, Tensor)>) -> Self {
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let decays = params.iter().map(|(_, p)| p.dim() >= 2).collect();
+        let slots = match cfg.kind {
+            OptimizerKind::Sgd => usize::from(cfg.momentum != 0.0),
+            OptimizerKind::Adamw => 2,
+        };
+        let state = params
+            .iter()
+            .map(|(_, p)| (0..slots).map(|_| p.zeros_like()).collect())
+            .collect();
+        Self {
+            cfg,
+            params,
+            decays,
+            state,
+            steps: 0,
+        }
+    }
+
+    /// Optimizer steps taken so far (restored by [`Optimizer::load`]).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    pub fn zero_grad(&mut self) {
+        for (_, p) in &self.params {
+            let mut g = p.grad();
+            if g.defined() {
+                let _ = g.detach_().zero_();
+            }
+        }
+    }
+
+    /// Scales gradients so their global L2 norm is at most `max_norm`; returns the norm
+    /// before clipping (as `torch.nn.utils.clip_grad_norm_`).
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        tch::no_grad(|| {
+            let grads: Vec<Tensor> = self
+                .params
+                .iter()
+                .map(|(_, p)| p.grad())
+                .filter(|g| g.defined())
+                .collect();
+            let sq: f64 = grads
+                .iter()
+                .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Double).double_value(&[]))
+                .sum();
+            let norm = sq.sqrt();
+            let scale = max_norm / (norm + 1e-6);
+            if scale < 1.0 {
+                for mut g in grads {
+                    let _ = g.g_mul_scalar_(scale);
+                }
+            }
+            norm
+        })
+    }
+
+    /// One update with learning rate `lr`. Parameters without a gradient are skipped.
+    pub fn step(&mut self, lr: f64) {
+        self.steps += 1;
+        let t = self.steps as f64;
+        let c = self.cfg;
+        tch::no_grad(|| {
+            for (i, (_, p)) in self.params.iter().enumerate() {
+                let g = p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let mut p = p.shallow_clone();
+                let wd = if self.decays[i] { c.weight_decay } else { 0.0 };
+                match c.kind {
+                    OptimizerKind::Sgd => {
+                        let g = if wd != 0.0 { &g + &p * wd } else { g };
+                        let update = match self.state[i].first_mut() {
+                            Some(buf) => {
+                                // torch: the first step copies the gradient into the buffer.
+                                if self.steps == 1 {
+                                    buf.copy_(&g);
+                                } else {
+                                    let _ = buf.g_mul_scalar_(c.momentum);
+                                    let _ = buf.g_add_(&g);
+                                }
+                                buf.shallow_clone()
+                            }
+                            None => g,
+                        };
+                        let _ = p.g_sub_(&(update * lr));
+                    }
+                    OptimizerKind::Adamw => {
+                        if wd != 0.0 {
+                            let _ = p.g_mul_scalar_(1.0 - lr * wd);
+                        }
+                        let (b1, b2) = c.betas;
+                        let (m, v) = self.state[i].split_at_mut(1);
+                        let (m, v) = (&mut m[0], &mut v[0]);
+                        let _ = m.g_mul_scalar_(b1);
+                        let _ = m.g_add_(&(&g * (1.0 - b1)));
+                        let _ = v.g_mul_scalar_(b2);
+                        let _ = v.addcmul_(&(&g * (1.0 - b2)), &g);
+                        let bc1 = 1.0 - b1.powf(t);
+                        let bc2 = 1.0 - b2.powf(t);
+                        let denom = v.sqrt() / bc2.sqrt() + c.eps;
+                        let _ = p.g_sub_(&(&*m / denom * (lr / bc1)));
+                    }
+                }
+            }
+        });
+    }
+
+    /// The state as named tensors (`<param>.momentum`, `<param>.exp_avg`, ...), for
+    /// `optimizer.safetensors` in a checkpoint.
+    fn named_state(&self) -> Vec<(String, Tensor)> {
+        let suffixes: &[&str] = match self.cfg.kind {
+            OptimizerKind::Sgd => &["momentum"],
+            OptimizerKind::Adamw => &["exp_avg", "exp_avg_sq"],
+        };
+        let mut out = vec![("steps".to_string(), Tensor::from(self.steps as i64))];
+        for ((name, _), slots) in self.params.iter().zip(&self.state) {
+            for (s, t) in suffixes.iter().zip(slots) {
+                out.push((format!("{name}.{s}"), t.shallow_clone()));
+            }
+        }
+        out
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let named = self.named_state();
+        let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        Tensor::write_safetensors(&refs, path)
+            .with_context(|| format!("writing optimizer state {}", path.display()))
+    }
+
+    /// Restores state written by [`Optimizer::save`] for the same parameters and optimizer.
+    pub fn load(&mut self, path: &Path) -> Result<()> {
+        let loaded: HashMap<String, Tensor> = Tensor::read_safetensors(path)
+            .with_context(|| format!("reading optimizer state {}", path.display()))?
+            .into_iter()
+            .collect();
+        let mut named = self.named_state();
+        let Some(steps) = loaded.get("steps") else {
+            bail!("{} holds no optimizer step count: not an optimizer state file", path.display());
+        };
+        let steps = steps.int64_value(&[]) as u64;
+        for (name, t) in named.iter_mut().skip(1) {
+            let Some(src) = loaded.get(name.as_str()) else {
+                bail!(
+                    "{} has no '{name}': it was written by a different optimizer ({} now) or model; resume with the same optimizer and model",
+                    path.display(),
+                    self.cfg.kind
+                );
+            };
+            if src.size() != t.size() {
+                bail!("optimizer state '{name}' has shape {:?} in {}, the model needs {:?}", src.size(), path.display(), t.size());
+            }
+            tch::no_grad(|| t.copy_(src));
+        }
+        self.steps = steps;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_schedule_warms_up_then_decays_to_zero() {
+        let lr = |s| lr_at(Schedule::Linear, 1.0, s, 4, 12);
+        assert_eq!(lr(0), 0.25);
+        assert_eq!(lr(3), 1.0);
+        assert_eq!(lr(4), 1.0);
+        assert_eq!(lr(8), 0.5);
+        assert_eq!(lr(12), 0.0);
+        assert_eq!(lr_at(Schedule::Constant, 0.1, 100, 0, 10), 0.1);
+    }
+
+    /// A linear layer with fixed weights (tests run in parallel threads and share torch's
+    /// global RNG, so seeding is not enough).
+    fn fixed_linear() -> (tch::nn::VarStore, tch::nn::Linear) {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let mut lin = tch::nn::linear(vs.root(), 3, 2, Default::default());
+        tch::no_grad(|| {
+            lin.ws.copy_(&Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6]).view([2, 3]));
+            lin.bs.as_mut().unwrap().copy_(&Tensor::from_slice(&[0.05f32, -0.05]));
+        });
+        (vs, lin)
+    }
+
+    fn quadratic_run(kind: OptimizerKind, wd: f64, tch_opt: impl FnOnce(&tch::nn::VarStore) -> tch::nn::Optimizer) {
+        // Same problem through tch's (libtorch's) optimizer and ours: identical trajectories.
+        use tch::nn::Module;
+        let run_ours = || {
+            let (vs, lin) = fixed_linear();
+            let params = vs.variables().into_iter().collect();
+            let mut opt = Optimizer::new(
+                OptimizerConfig { kind, momentum: 0.9, weight_decay: wd, betas: (0.9, 0.999), eps: 1e-8 },
+                params,
+            );
+            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
+            for _ in 0..5 {
+                opt.zero_grad();
+                lin.forward(&x).square().sum(Kind::Float).backward();
+                opt.step(0.05);
+            }
+            (lin.ws.shallow_clone(), lin.bs.unwrap())
+        };
+        let run_tch = || {
+            let (vs, lin) = fixed_linear();
+            let mut opt = tch_opt(&vs);
+            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
+            for _ in 0..5 {
+                opt.zero_grad();
+                lin.forward(&x).square().sum(Kind::Float).backward();
+                opt.step();
+            }
+            (lin.ws.shallow_clone(), lin.bs.unwrap())
+        };
+        let (w1, b1) = run_ours();
+        let (w2, b2) = run_tch();
+        let diff = (&w1 - &w2).abs().max().double_value(&[]).max((&b1 - &b2).abs().max().double_value(&[]));
+        assert!(diff < 1e-6, "{kind}: max difference {diff}");
+    }
+
+    #[test]
+    fn sgd_momentum_matches_libtorch() {
+        use tch::nn::OptimizerConfig as _;
+        // wd 0 because ours skips decay on 1-D tensors (biases), libtorch's does not.
+        quadratic_run(OptimizerKind::Sgd, 0.0, |vs| {
+            tch::nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 0.05).unwrap()
+        });
+    }
+
+    #[test]
+    fn adamw_matches_libtorch() {
+        use tch::nn::OptimizerConfig as _;
+        quadratic_run(OptimizerKind::Adamw, 0.0, |vs| {
+            tch::nn::AdamW { wd: 0.0, ..Default::default() }.build(vs, 0.05).unwrap()
+        });
+    }
+
+    #[test]
+    fn state_round_trips_through_a_file() {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let lin = tch::nn::linear(vs.root(), 3, 2, Default::default());
+        let cfg = OptimizerConfig { kind: OptimizerKind::Adamw, momentum: 0.0, weight_decay: 0.01, betas: (0.9, 0.999), eps: 1e-8 };
+        let mut opt = Optimizer::new(cfg, vs.variables().into_iter().collect());
+        use tch::nn::Module;
+        lin.forward(&Tensor::ones([1, 3], (Kind::Float, tch::Device::Cpu))).sum(Kind::Float).backward();
+        opt.step(0.1);
+        let dir = std::env::temp_dir().join(format!("trainbook-optim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("optimizer.safetensors");
+        opt.save(&f).unwrap();
+        let mut fresh = Optimizer::new(cfg, vs.variables().into_iter().collect());
+        fresh.load(&f).unwrap();
+        assert_eq!(fresh.steps(), 1);
+        for (a, b) in opt.state.iter().flatten().zip(fresh.state.iter().flatten()) {
+            assert!(a.equal(b));
+        }
+        let sgd = OptimizerConfig { kind: OptimizerKind::Sgd, momentum: 0.9, ..cfg };
+        let err = Optimizer::new(sgd, vs.variables().into_iter().collect()).load(&f).unwrap_err();
+        assert!(err.to_string().contains("different optimizer"), "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

@@ -1,0 +1,98 @@
+//! Numeric precision of the forward pass: float32, or bfloat16 autocast (matrix multiplies in
+//! bf16, reductions and the loss in f32, master weights and optimizer state in f32 — what
+//! `torch.autocast(device, dtype=torch.bfloat16)` does). bf16 needs no loss scaling.
+
+use std::os::raw::{c_char, c_int};
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Fp32 => "fp32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" | "f32" => Ok(Self::Fp32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            o => bail!("unknown precision '{o}': use fp32 or bf16"),
+        }
+    }
+}
+
+extern "C" {
+    fn tb_autocast_enter(device_type: c_int, err: *mut c_char, errlen: usize) -> c_int;
+    fn tb_autocast_exit(device_type: c_int);
+}
+
+/// c10::DeviceType numbering.
+fn device_type(d: tch::Device) -> Result<c_int> {
+    Ok(match d {
+        tch::Device::Cpu => 0,
+        tch::Device::Cuda(_) => 1,
+        other => bail!("bf16 autocast is not available for device {other:?}"),
+    })
+}
+
+/// Runs `f` with autocast on `device` when `precision` is bf16 (plain otherwise). The region
+/// is closed even when `f` fails.
+pub fn autocast<T>(
+    precision: Precision,
+    device: tch::Device,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    if precision == Precision::Fp32 {
+        return f();
+    }
+    let dt = device_type(device)?;
+    let mut err = [0 as c_char; 512];
+    // SAFETY: err is a valid buffer of the given length; the call only flips thread-local
+    // autocast flags.
+    if unsafe { tb_autocast_enter(dt, err.as_mut_ptr(), err.len()) } != 0 {
+        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
+        bail!("enabling bf16 autocast failed: {msg}");
+    }
+    struct Exit(c_int);
+    impl Drop for Exit {
+        fn drop(&mut self) {
+            // SAFETY: pairs with the successful enter above.
+            unsafe { tb_autocast_exit(self.0) }
+        }
+    }
+    let _exit = Exit(dt);
+    f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn bf16_autocast_runs_matmuls_in_bf16_and_restores_fp32() {
+        let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+        let inside = autocast(Precision::Bf16, Device::Cpu, || Ok(a.matmul(&a).kind())).unwrap();
+        assert_eq!(inside, Kind::BFloat16);
+        assert_eq!(a.matmul(&a).kind(), Kind::Float);
+        let r: Result<()> = autocast(Precision::Bf16, Device::Cpu, || bail!("boom"));
+        assert!(r.is_err());
+        assert_eq!(a.matmul(&a).kind(), Kind::Float, "autocast left on after an error");
+        assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
+        assert!("fp8".parse::<Precision>().unwrap_err().to_string().contains("fp32 or bf16"));
+    }
+}

@@ -1,0 +1,102 @@
+//! The notebook-facing API: one function per recipe with the reference's defaults
+//! (`train_bert(2)`), and a builder per recipe for everything else.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::job::{self, Job, TrainResult};
+use crate::spec::{Configure, JobSpec, Padding};
+
+/// Trains BERT sequence classification with `num_workers` data-parallel workers and the
+/// defaults of the reference notebook (see `trainbook train bert --help` and
+/// [`crate::recipes::bert`]): the reference's model and data when they are on this machine,
+/// else the offline all-MiniLM-L6-v2 on Rotten Tomatoes.
+pub fn train_bert(num_workers: usize) -> Result<TrainResult> {
+    BertTrainer::new().workers(num_workers).fit()
+}
+
+/// Every option of the BERT recipe:
+/// `BertTrainer::new().workers(2).epochs(1).max_length(64).optimizer(OptimizerKind::Adamw).fit()?`
+/// The shared options (workers, epochs, lr, model, data, ...) come from [`Configure`].
+#[derive(Clone, Debug)]
+pub struct BertTrainer {
+    spec: JobSpec,
+}
+
+impl Default for BertTrainer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Configure for BertTrainer {
+    fn job_spec(&mut self) -> &mut JobSpec {
+        &mut self.spec
+    }
+}
+
+impl BertTrainer {
+    pub fn new() -> Self {
+        Self {
+            spec: JobSpec::new("bert").workers(2),
+        }
+    }
+
+    /// Tokens per text after truncation (the preset's otherwise: 128 default, 512 reference).
+    pub fn max_length(mut self, n: usize) -> Self {
+        self.spec.train.text.max_length = Some(n);
+        self
+    }
+    /// `Padding::MaxLength` (the reference's) or `Padding::Dynamic` (pads each batch to its
+    /// longest text: same results, less work for short texts).
+    pub fn padding(mut self, p: Padding) -> Self {
+        self.spec.train.text.padding = Some(p);
+        self
+    }
+    /// Name of the text column (default "text").
+    pub fn text_column(mut self, c: impl Into<String>) -> Self {
+        self.spec.train.text.text_column = Some(c.into());
+        self
+    }
+    /// Name of the label column (default "label"); strings or integers.
+    pub fn label_column(mut self, c: impl Into<String>) -> Self {
+        self.spec.train.text.label_column = Some(c.into());
+        self
+    }
+    /// Train on the first `n` rows only (the reference's `select(range(1000))`).
+    pub fn train_rows(mut self, n: usize) -> Self {
+        self.spec.train.text.train_rows = Some(n);
+        self
+    }
+    /// Evaluate on the first `n` held-out rows; 0 skips evaluation.
+    pub fn eval_rows(mut self, n: usize) -> Self {
+        self.spec.train.text.eval_rows = Some(n);
+        self
+    }
+    /// Hold out this fraction of the data for evaluation (when it has no test table).
+    pub fn eval_fraction(mut self, f: f64) -> Self {
+        self.spec.train.text.eval_fraction = Some(f);
+        self
+    }
+    /// A separate evaluation table.
+    pub fn eval_data(mut self, path: impl Into<PathBuf>) -> Self {
+        self.spec.train.text.eval_data = Some(path.into().display().to_string());
+        self
+    }
+
+    /// The job this trainer would run.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Runs the job to the end.
+    pub fn fit(self) -> Result<TrainResult> {
+        job::fit(self.spec)
+    }
+
+    /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
+    pub fn launch(self) -> Result<Job> {
+        job::launch(self.spec)
+    }
+}
