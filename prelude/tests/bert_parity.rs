@@ -153,3 +153,26 @@ fn minilm_checkpoint_loads_with_no_missing_encoder_weights() {
         "{params} parameters"
     );
 }
+
+#[test]
+fn pickled_pytorch_checkpoints_with_gamma_beta_names_load_the_same_weights() {
+    let dir = fixture();
+    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let load = |file: &str| {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let _m = BertClassifier::new(&vs.root(), &config, config.num_labels().unwrap_or(3));
+        let report = trainbook::models::bert::load_weights(&vs, &dir.join(file)).unwrap();
+        assert!(
+            report.missing.is_empty() && report.unexpected.is_empty(),
+            "{file}: {report:?}"
+        );
+        vs
+    };
+    let a = load("model.safetensors");
+    let b = load("legacy_pytorch_model.bin");
+    let (va, vb) = (a.variables(), b.variables());
+    assert_eq!(va.len(), vb.len());
+    for (name, t) in va {
+        assert!(t.equal(&vb[&name]), "{name} differs");
+    }
+}
