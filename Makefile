@@ -27,7 +27,7 @@ test: build
 	$(CARGO) test --release --workspace $(FEATURES) -- --test-threads=1
 
 demo: build
-	target/release/trainbook train synthetic --workers 2 --preset tiny
+	target/release/trainbook train bert --workers 2 --epochs 1
 
 bench: build
 	@scripts/bench.sh

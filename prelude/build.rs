@@ -7,6 +7,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=TRAINBOOK_GLOO_INCLUDE");
 
@@ -52,6 +53,7 @@ fn main() {
         .warnings(false)
         .file("csrc/c10d_shim.cpp")
         .file("csrc/autocast.cpp")
+        .file("csrc/optim.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(&gloo_include)

@@ -3,9 +3,11 @@
 //! tch's optimizers keep their state (momentum buffers, Adam moments) inside libtorch where it
 //! cannot be read back, so a resumed run would restart its momentum from zero. These follow
 //! `torch.optim.SGD` and `torch.optim.AdamW` step for step (same update formulas, same
-//! defaults for betas and eps) and expose their state as named tensors for checkpoints.
+//! defaults for betas and eps; in fact the same fused kernels) and expose their state as named
+//! tensors for checkpoints.
 
 use std::collections::HashMap;
+use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -79,6 +81,37 @@ pub struct Optimizer {
     /// SGD: one momentum buffer; AdamW: first and second moments.
     state: Vec<Vec<Tensor>>,
     steps: u64,
+    device: tch::Device,
+}
+
+extern "C" {
+    fn tb_fused_adamw(
+        params: *const *mut c_void,
+        grads: *const *mut c_void,
+        exp_avgs: *const *mut c_void,
+        exp_avg_sqs: *const *mut c_void,
+        steps: *const *mut c_void,
+        n: usize,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    fn tb_fused_sgd(
+        params: *const *mut c_void,
+        grads: *const *mut c_void,
+        momentum_buffers: *const *mut c_void,
+        n: usize,
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+        is_first_step: c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
 }
 
 impl Optimizer {
@@ -94,12 +127,14 @@ impl Optimizer {
             .iter()
             .map(|(_, p)| (0..slots).map(|_| p.zeros_like()).collect())
             .collect();
+        let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
         Self {
             cfg,
             params,
             decays,
             state,
             steps: 0,
+            device,
         }
     }
 
@@ -143,55 +178,62 @@ impl Optimizer {
     }
 
     /// One update with learning rate `lr`. Parameters without a gradient are skipped.
-    pub fn step(&mut self, lr: f64) {
+    ///
+    /// Runs PyTorch's fused kernels (`torch.optim.AdamW(fused=True)` / `SGD(fused=True)`): one
+    /// vectorised pass per parameter, where an elementwise chain would read and write every
+    /// parameter-sized buffer about ten times.
+    pub fn step(&mut self, lr: f64) -> Result<()> {
         self.steps += 1;
-        let t = self.steps as f64;
         let c = self.cfg;
-        tch::no_grad(|| {
-            for (i, (_, p)) in self.params.iter().enumerate() {
-                let g = p.grad();
-                if !g.defined() {
-                    continue;
-                }
-                let mut p = p.shallow_clone();
-                let wd = if self.decays[i] { c.weight_decay } else { 0.0 };
-                match c.kind {
-                    OptimizerKind::Sgd => {
-                        let g = if wd != 0.0 { &g + &p * wd } else { g };
-                        let update = match self.state[i].first_mut() {
-                            Some(buf) => {
-                                // torch: the first step copies the gradient into the buffer.
-                                if self.steps == 1 {
-                                    buf.copy_(&g);
-                                } else {
-                                    let _ = buf.g_mul_scalar_(c.momentum);
-                                    let _ = buf.g_add_(&g);
-                                }
-                                buf.shallow_clone()
-                            }
-                            None => g,
-                        };
-                        let _ = p.g_sub_(&(update * lr));
-                    }
-                    OptimizerKind::Adamw => {
-                        if wd != 0.0 {
-                            let _ = p.g_mul_scalar_(1.0 - lr * wd);
-                        }
-                        let (b1, b2) = c.betas;
-                        let (m, v) = self.state[i].split_at_mut(1);
-                        let (m, v) = (&mut m[0], &mut v[0]);
-                        let _ = m.g_mul_scalar_(b1);
-                        let _ = m.g_add_(&(&g * (1.0 - b1)));
-                        let _ = v.g_mul_scalar_(b2);
-                        let _ = v.addcmul_(&(&g * (1.0 - b2)), &g);
-                        let bc1 = 1.0 - b1.powf(t);
-                        let bc2 = 1.0 - b2.powf(t);
-                        let denom = v.sqrt() / bc2.sqrt() + c.eps;
-                        let _ = p.g_sub_(&(&*m / denom * (lr / bc1)));
-                    }
-                }
+        let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
+        // The fused AdamW kernel reads the (already incremented) step from a float tensor per
+        // parameter; one shared scalar serves them all since it never writes it.
+        let step = Tensor::from(self.steps as f32).to_device(self.device);
+        for decay in [true, false] {
+            let idx: Vec<usize> = (0..self.params.len())
+                .filter(|&i| self.decays[i] == decay && grads[i].defined())
+                .collect();
+            if idx.is_empty() {
+                continue;
             }
-        });
+            let wd = if decay { c.weight_decay } else { 0.0 };
+            let ptrs = |f: &dyn Fn(usize) -> *mut c_void| idx.iter().map(|&i| f(i)).collect::<Vec<_>>();
+            let params = ptrs(&|i| self.params[i].1.as_ptr() as *mut c_void);
+            let g = ptrs(&|i| grads[i].as_ptr() as *mut c_void);
+            let mut err = [0 as c_char; 512];
+            // SAFETY: every pointer is a live tch tensor (held by self or `grads`/`step` for
+            // the duration of the call); the shim catches C++ exceptions.
+            let rc = unsafe {
+                match c.kind {
+                    OptimizerKind::Adamw => {
+                        let m = ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void);
+                        let v = ptrs(&|i| self.state[i][1].as_ptr() as *mut c_void);
+                        let s = ptrs(&|_| step.as_ptr() as *mut c_void);
+                        tb_fused_adamw(
+                            params.as_ptr(), g.as_ptr(), m.as_ptr(), v.as_ptr(), s.as_ptr(),
+                            idx.len(), lr, c.betas.0, c.betas.1, wd, c.eps,
+                            err.as_mut_ptr(), err.len(),
+                        )
+                    }
+                    OptimizerKind::Sgd => {
+                        let b = if c.momentum != 0.0 {
+                            ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void)
+                        } else {
+                            Vec::new()
+                        };
+                        tb_fused_sgd(
+                            params.as_ptr(), g.as_ptr(), b.as_ptr(), idx.len(), lr, c.momentum,
+                            wd, i32::from(self.steps == 1), err.as_mut_ptr(), err.len(),
+                        )
+                    }
+                }
+            };
+            if rc != 0 {
+                let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
+                bail!("{} step failed: {msg}", c.kind);
+            }
+        }
+        Ok(())
     }
 
     /// The state as named tensors (`<param>.momentum`, `<param>.exp_avg`, ...), for
@@ -287,7 +329,7 @@ mod tests {
             for _ in 0..5 {
                 opt.zero_grad();
                 lin.forward(&x).square().sum(Kind::Float).backward();
-                opt.step(0.05);
+                opt.step(0.05).unwrap();
             }
             (lin.ws.shallow_clone(), lin.bs.unwrap())
         };
@@ -333,7 +375,7 @@ mod tests {
         let mut opt = Optimizer::new(cfg, vs.variables().into_iter().collect());
         use tch::nn::Module;
         lin.forward(&Tensor::ones([1, 3], (Kind::Float, tch::Device::Cpu))).sum(Kind::Float).backward();
-        opt.step(0.1);
+        opt.step(0.1).unwrap();
         let dir = std::env::temp_dir().join(format!("trainbook-optim-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("optimizer.safetensors");

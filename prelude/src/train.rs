@@ -239,7 +239,7 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 opt.clip_grad_norm(c);
             }
             let lr = lr_at(h.schedule, h.lr, step, warmup, total_steps);
-            opt.step(lr);
+            opt.step(lr)?;
             let l = group_loss / group_n.max(1) as f64;
             if !l.is_finite() {
                 bail!("loss became {l} at step {step} (epoch {epoch}): lower the learning rate or enable gradient clipping");
