@@ -33,7 +33,7 @@ done
 works() {
     [[ -x $venv/bin/python && -f $stamp ]] || return 1
     "$venv/bin/python" -W ignore -c "
-import sys, torch, torch.distributed as d, transformers
+import sys, torch, torch.distributed as d, transformers, torchvision
 sys.exit(0 if torch.__version__.split('+')[0] == '$torch_version' and d.is_gloo_available() else 1)
 " >/dev/null 2>&1
 }
@@ -65,8 +65,12 @@ cuda_import=(nvidia-cublas==13.1.1.3 nvidia-cuda-nvrtc==13.0.88 nvidia-cufft==12
 # torch's pure-Python requirements, plus numpy (optional, silences a warning at import).
 py_deps=(filelock "typing-extensions>=4.10.0" "setuptools>=77.0.3" "sympy>=1.13.3"
     "networkx>=2.5.1" jinja2 "fsspec>=0.8.5" numpy)
-# Hugging Face stack for bench/torch_bert.py (the PyTorch-eager BERT baseline).
-hf_deps=("transformers==5.23.0" "safetensors==0.8.0" tokenizers)
+# Hugging Face stack for bench/torch_bert.py (the PyTorch-eager BERT baseline), plus torchvision
+# and pillow for bench/torch_resnet.py. torchvision is installed --no-deps (below) so pip leaves
+# torch (and, in nvidia mode, its deliberately partial CUDA deps) alone; its own deps are numpy
+# and pillow, which are listed here.
+hf_deps=("transformers==5.23.0" "safetensors==0.8.0" tokenizers pillow)
+vision_deps=("torchvision==0.28.0")  # the release that pins torch==2.13.0
 
 case $mode in
     full)
@@ -78,6 +82,7 @@ case $mode in
         ;;
 esac
 pip_install "${hf_deps[@]}"
+pip_install --no-deps "${vision_deps[@]}"
 
 echo "torch==$torch_version mode=$mode" >"$stamp"
 if ! works; then

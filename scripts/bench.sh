@@ -8,12 +8,15 @@
 #    4,000 snippets, eval on the 2,562 held-out ones; both padding modes
 # e: BERT training throughput, trainbook vs PyTorch eager + Transformers (bench/torch_bert.py),
 #    same model/config/batch/threads, alternating BENCH_BERT_ROUNDS (3) times
+# f: ResNet offline default (ResNet-18, 64 px, digits): accuracy after its default epochs
+# g: ResNet training throughput, trainbook vs PyTorch eager + torchvision (bench/torch_resnet.py),
+#    alternating BENCH_RESNET_ROUNDS (3) times; plus p: the input pipeline alone (images/s)
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -33,7 +36,7 @@ has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$ou
 has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
 
 tb=target/release/trainbook
-if has d || has e; then cargo build -q --release -p trainbook $features --bins; fi
+if has d || has e || has f || has g; then cargo build -q --release -p trainbook $features --bins; fi
 if has d; then
   for padding in dynamic max-length; do
     $tb train bert --workers 2 --device cpu --preset default --optimizer adamw --lr 1e-4 \
@@ -50,6 +53,21 @@ if has e; then
       --global-batch-size 32 --max-length 64 --padding max-length --max-steps "$steps" --eval-rows 0 \
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_throughput", "impl": "trainbook", /' | tee -a "$out"
     .bench-venv/bin/python bench/torch_bert.py --workers 2 --global-batch-size 32 --max-length 64 \
+      --steps "$steps" 2>/dev/null | tee -a "$out"
+  done
+fi
+if has f; then
+  $tb train resnet --workers 2 --device cpu --json 2>/dev/null | tail -n1 |
+    sed 's/^{/{"bench": "resnet_accuracy", /' | tee -a "$out"
+fi
+if has g; then
+  bench/torch-venv.sh
+  steps=${BENCH_RESNET_STEPS:-30}
+  cargo bench -q -p trainbook $features --bench engine -- p | tee -a "$out"
+  for round in $(seq "${BENCH_RESNET_ROUNDS:-3}"); do
+    $tb train resnet --workers 2 --device cpu --preset default --max-steps "$steps" --eval-rows 0 \
+      --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "resnet_throughput", "impl": "trainbook", /' | tee -a "$out"
+    .bench-venv/bin/python bench/torch_resnet.py --workers 2 --global-batch-size 32 --image-size 64 \
       --steps "$steps" 2>/dev/null | tee -a "$out"
   done
 fi
@@ -78,12 +96,21 @@ for r in rows:
         m = r["metrics"]
         print(f"(d) padding {r['padding']}: eval accuracy {m.get('eval_accuracy', float('nan')):.4f} after 1 epoch "
               f"({r['steps']} steps), {r['elapsed_seconds']:.0f} s wall, {m['samples_per_second']:.1f} samples/s training (target >= 0.78)")
-bt = [r for r in rows if r.get("bench") == "bert_throughput"]
-if bt:
+for r in rows:
+    if r.get("bench") == "resnet_accuracy":
+        m = r["metrics"]
+        print(f"(f) ResNet default: val accuracy {m.get('eval_accuracy', float('nan')):.4f} after {r['steps']} steps, "
+              f"{r['elapsed_seconds']:.0f} s wall, {m['samples_per_second']:.1f} images/s training (target >= 0.97)")
+    if r.get("bench") == "pipeline":
+        print(f"(g) input pipeline alone, {r['threads']} thread(s): {r['images_per_second']:.0f} images/s at 64 px")
+for name, label in (("bert_throughput", "(e) BERT"), ("resnet_throughput", "(g) ResNet")):
+    bt = [r for r in rows if r.get("bench") == name]
+    if not bt:
+        continue
     ours = [r["samples_per_second"] for r in bt if r.get("impl") == "trainbook"]
     torch = [r["samples_per_second"] for r in bt if r.get("impl") == "pytorch"]
     paired = statistics.median(a / b for a, b in zip(ours, torch))
-    print(f"(e) BERT training samples/s, {len(ours)} alternating rounds: trainbook {statistics.median(ours):.1f}, "
+    print(f"{label} training samples/s, {len(ours)} alternating rounds: trainbook {statistics.median(ours):.1f}, "
           f"PyTorch eager {statistics.median(torch):.1f} (medians); median paired ratio {paired:.3f}x (target >= 1.0)")
 PY
 rm -f "$out"

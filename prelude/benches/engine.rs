@@ -119,6 +119,52 @@ fn startup(rounds: usize) {
     );
 }
 
+/// The image input pipeline alone (decode + augment + batch, background threads), on the
+/// offline digits at the default preset's size: images/s to compare with training samples/s.
+fn pipeline(threads: usize, batches: usize) {
+    use std::sync::Arc;
+    use trainbook::vision::{folder::ImageFolder, loader, transforms};
+    let folder = Arc::new(
+        ImageFolder::scan(&trainbook::assets::digits_dir().join("train"))
+            .expect("run `make setup` first"),
+    );
+    let per_batch = 16; // one worker's share of the default global batch of 32
+    let plan: Vec<Vec<usize>> = (0..batches)
+        .map(|b| {
+            (0..per_batch)
+                .map(|k| (b * per_batch + k * 37) % folder.len())
+                .collect()
+        })
+        .collect();
+    let mode = loader::Mode::Train {
+        seed: 42,
+        epoch: 0,
+        augment: transforms::Augment {
+            min_scale: 0.6,
+            flip: false,
+        },
+    };
+    let t0 = Instant::now();
+    let mut p = loader::Pipeline::start(
+        folder,
+        plan,
+        64,
+        mode,
+        transforms::Normalize::IMAGENET,
+        threads,
+        4,
+    );
+    let mut n = 0;
+    while let Some(b) = p.next_batch() {
+        n += b.expect("batch").indices.len();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({"bench": "pipeline", "threads": threads, "image_size": 64, "images": n, "seconds": secs, "images_per_second": n as f64 / secs})
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -139,5 +185,10 @@ fn main() {
     }
     if want("c") {
         startup(num("BENCH_ROUNDS", 5) as usize);
+    }
+    if want("p") {
+        for threads in [1, 2] {
+            pipeline(threads, num("BENCH_BATCHES", 100) as usize);
+        }
     }
 }

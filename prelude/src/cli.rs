@@ -10,7 +10,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::device::DeviceRequest;
 use crate::job::{self, JobStatus, Update};
-use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule, TextOptions};
+use crate::models::resnet::Arch;
+use crate::spec::{
+    Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule, TextOptions, VisionOptions,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -122,12 +125,21 @@ pub struct TrainArgs {
     /// [text] Name of the label column (strings or integers).
     #[arg(long)]
     pub label_column: Option<String>,
-    /// [text] Train on the first N rows only.
+    /// Train on the first N rows only (images: N spread over the classes).
     #[arg(long, value_name = "N")]
     pub train_rows: Option<usize>,
-    /// [text] Evaluate on the first N held-out rows (0: no evaluation).
+    /// Evaluate on the first N held-out rows (0: no evaluation).
     #[arg(long, value_name = "N")]
     pub eval_rows: Option<usize>,
+    /// [image] resnet18, resnet34 or resnet50.
+    #[arg(long, value_parser = parse_from_str::<Arch>)]
+    pub arch: Option<Arch>,
+    /// [image] Input size in pixels (square).
+    #[arg(long)]
+    pub image_size: Option<u32>,
+    /// [image] Threads per worker decoding and augmenting images ahead of training.
+    #[arg(long)]
+    pub loader_threads: Option<usize>,
     /// [text] Fraction held out for evaluation when the data has no test table.
     #[arg(long)]
     pub eval_fraction: Option<f64>,
@@ -190,13 +202,18 @@ impl TrainArgs {
         t.resume_from = self.resume_from.clone();
         t.model = self.model.clone();
         t.data = self.data.clone();
+        t.train_rows = self.train_rows;
+        t.eval_rows = self.eval_rows;
+        t.vision = VisionOptions {
+            arch: self.arch,
+            image_size: self.image_size,
+            loader_threads: self.loader_threads,
+        };
         t.text = TextOptions {
             max_length: self.max_length,
             padding: self.padding,
             text_column: self.text_column.clone(),
             label_column: self.label_column.clone(),
-            train_rows: self.train_rows,
-            eval_rows: self.eval_rows,
             eval_fraction: self.eval_fraction,
             eval_data: self.eval_data.clone(),
         };
@@ -219,10 +236,13 @@ pub fn main() -> i32 {
         Command::Recipes => {
             for (name, about) in crate::recipes::RECIPES {
                 println!("{name:<12} {about}");
-                if *name == "bert" {
-                    for (p, about) in crate::recipes::bert::PRESETS {
-                        println!("  --preset {p:<10} {about}");
-                    }
+                let presets: &[(&str, &str)] = match *name {
+                    "bert" => crate::recipes::bert::PRESETS,
+                    "resnet" => crate::recipes::resnet::PRESETS,
+                    _ => &[],
+                };
+                for (p, about) in presets {
+                    println!("  --preset {p:<10} {about}");
                 }
             }
             0

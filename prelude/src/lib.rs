@@ -27,22 +27,24 @@ pub mod spec;
 pub mod text;
 pub mod train;
 pub mod trainers;
+pub mod vision;
 pub mod worker;
 
+pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{DeviceKind, DeviceRequest};
 pub use job::{
     fit, launch, running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update,
 };
-pub use classify::{Prediction, TextClassifier};
 pub use spec::{Configure, JobSpec, OptimizerKind, TrainConfig};
-pub use trainers::{train_bert, BertTrainer};
+pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
 pub mod prelude {
+    pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::DeviceRequest;
     pub use crate::job::{fit, launch, stop_all, Job, JobStatus, TrainResult, Update};
-    pub use crate::classify::{Prediction, TextClassifier};
+    pub use crate::models::resnet::Arch;
     pub use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
-    pub use crate::trainers::{train_bert, BertTrainer};
+    pub use crate::trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
     pub use anyhow::Result;
 }

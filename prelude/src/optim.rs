@@ -164,7 +164,12 @@ impl Optimizer {
                 .collect();
             let sq: f64 = grads
                 .iter()
-                .map(|g| g.to_kind(Kind::Float).square().sum(Kind::Double).double_value(&[]))
+                .map(|g| {
+                    g.to_kind(Kind::Float)
+                        .square()
+                        .sum(Kind::Double)
+                        .double_value(&[])
+                })
                 .sum();
             let norm = sq.sqrt();
             let scale = max_norm / (norm + 1e-6);
@@ -197,7 +202,8 @@ impl Optimizer {
                 continue;
             }
             let wd = if decay { c.weight_decay } else { 0.0 };
-            let ptrs = |f: &dyn Fn(usize) -> *mut c_void| idx.iter().map(|&i| f(i)).collect::<Vec<_>>();
+            let ptrs =
+                |f: &dyn Fn(usize) -> *mut c_void| idx.iter().map(|&i| f(i)).collect::<Vec<_>>();
             let params = ptrs(&|i| self.params[i].1.as_ptr() as *mut c_void);
             let g = ptrs(&|i| grads[i].as_ptr() as *mut c_void);
             let mut err = [0 as c_char; 512];
@@ -210,9 +216,19 @@ impl Optimizer {
                         let v = ptrs(&|i| self.state[i][1].as_ptr() as *mut c_void);
                         let s = ptrs(&|_| step.as_ptr() as *mut c_void);
                         tb_fused_adamw(
-                            params.as_ptr(), g.as_ptr(), m.as_ptr(), v.as_ptr(), s.as_ptr(),
-                            idx.len(), lr, c.betas.0, c.betas.1, wd, c.eps,
-                            err.as_mut_ptr(), err.len(),
+                            params.as_ptr(),
+                            g.as_ptr(),
+                            m.as_ptr(),
+                            v.as_ptr(),
+                            s.as_ptr(),
+                            idx.len(),
+                            lr,
+                            c.betas.0,
+                            c.betas.1,
+                            wd,
+                            c.eps,
+                            err.as_mut_ptr(),
+                            err.len(),
                         )
                     }
                     OptimizerKind::Sgd => {
@@ -222,8 +238,16 @@ impl Optimizer {
                             Vec::new()
                         };
                         tb_fused_sgd(
-                            params.as_ptr(), g.as_ptr(), b.as_ptr(), idx.len(), lr, c.momentum,
-                            wd, i32::from(self.steps == 1), err.as_mut_ptr(), err.len(),
+                            params.as_ptr(),
+                            g.as_ptr(),
+                            b.as_ptr(),
+                            idx.len(),
+                            lr,
+                            c.momentum,
+                            wd,
+                            i32::from(self.steps == 1),
+                            err.as_mut_ptr(),
+                            err.len(),
                         )
                     }
                 }
@@ -267,7 +291,10 @@ impl Optimizer {
             .collect();
         let mut named = self.named_state();
         let Some(steps) = loaded.get("steps") else {
-            bail!("{} holds no optimizer step count: not an optimizer state file", path.display());
+            bail!(
+                "{} holds no optimizer step count: not an optimizer state file",
+                path.display()
+            );
         };
         let steps = steps.int64_value(&[]) as u64;
         for (name, t) in named.iter_mut().skip(1) {
@@ -279,7 +306,12 @@ impl Optimizer {
                 );
             };
             if src.size() != t.size() {
-                bail!("optimizer state '{name}' has shape {:?} in {}, the model needs {:?}", src.size(), path.display(), t.size());
+                bail!(
+                    "optimizer state '{name}' has shape {:?} in {}, the model needs {:?}",
+                    src.size(),
+                    path.display(),
+                    t.size()
+                );
             }
             tch::no_grad(|| t.copy_(src));
         }
@@ -309,20 +341,34 @@ mod tests {
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let mut lin = tch::nn::linear(vs.root(), 3, 2, Default::default());
         tch::no_grad(|| {
-            lin.ws.copy_(&Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6]).view([2, 3]));
-            lin.bs.as_mut().unwrap().copy_(&Tensor::from_slice(&[0.05f32, -0.05]));
+            lin.ws
+                .copy_(&Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6]).view([2, 3]));
+            lin.bs
+                .as_mut()
+                .unwrap()
+                .copy_(&Tensor::from_slice(&[0.05f32, -0.05]));
         });
         (vs, lin)
     }
 
-    fn quadratic_run(kind: OptimizerKind, wd: f64, tch_opt: impl FnOnce(&tch::nn::VarStore) -> tch::nn::Optimizer) {
+    fn quadratic_run(
+        kind: OptimizerKind,
+        wd: f64,
+        tch_opt: impl FnOnce(&tch::nn::VarStore) -> tch::nn::Optimizer,
+    ) {
         // Same problem through tch's (libtorch's) optimizer and ours: identical trajectories.
         use tch::nn::Module;
         let run_ours = || {
             let (vs, lin) = fixed_linear();
             let params = vs.variables().into_iter().collect();
             let mut opt = Optimizer::new(
-                OptimizerConfig { kind, momentum: 0.9, weight_decay: wd, betas: (0.9, 0.999), eps: 1e-8 },
+                OptimizerConfig {
+                    kind,
+                    momentum: 0.9,
+                    weight_decay: wd,
+                    betas: (0.9, 0.999),
+                    eps: 1e-8,
+                },
                 params,
             );
             let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
@@ -346,7 +392,11 @@ mod tests {
         };
         let (w1, b1) = run_ours();
         let (w2, b2) = run_tch();
-        let diff = (&w1 - &w2).abs().max().double_value(&[]).max((&b1 - &b2).abs().max().double_value(&[]));
+        let diff = (&w1 - &w2)
+            .abs()
+            .max()
+            .double_value(&[])
+            .max((&b1 - &b2).abs().max().double_value(&[]));
         assert!(diff < 1e-6, "{kind}: max difference {diff}");
     }
 
@@ -355,7 +405,12 @@ mod tests {
         use tch::nn::OptimizerConfig as _;
         // wd 0 because ours skips decay on 1-D tensors (biases), libtorch's does not.
         quadratic_run(OptimizerKind::Sgd, 0.0, |vs| {
-            tch::nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 0.05).unwrap()
+            tch::nn::Sgd {
+                momentum: 0.9,
+                ..Default::default()
+            }
+            .build(vs, 0.05)
+            .unwrap()
         });
     }
 
@@ -363,7 +418,12 @@ mod tests {
     fn adamw_matches_libtorch() {
         use tch::nn::OptimizerConfig as _;
         quadratic_run(OptimizerKind::Adamw, 0.0, |vs| {
-            tch::nn::AdamW { wd: 0.0, ..Default::default() }.build(vs, 0.05).unwrap()
+            tch::nn::AdamW {
+                wd: 0.0,
+                ..Default::default()
+            }
+            .build(vs, 0.05)
+            .unwrap()
         });
     }
 
@@ -371,10 +431,18 @@ mod tests {
     fn state_round_trips_through_a_file() {
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let lin = tch::nn::linear(vs.root(), 3, 2, Default::default());
-        let cfg = OptimizerConfig { kind: OptimizerKind::Adamw, momentum: 0.0, weight_decay: 0.01, betas: (0.9, 0.999), eps: 1e-8 };
+        let cfg = OptimizerConfig {
+            kind: OptimizerKind::Adamw,
+            momentum: 0.0,
+            weight_decay: 0.01,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+        };
         let mut opt = Optimizer::new(cfg, vs.variables().into_iter().collect());
         use tch::nn::Module;
-        lin.forward(&Tensor::ones([1, 3], (Kind::Float, tch::Device::Cpu))).sum(Kind::Float).backward();
+        lin.forward(&Tensor::ones([1, 3], (Kind::Float, tch::Device::Cpu)))
+            .sum(Kind::Float)
+            .backward();
         opt.step(0.1).unwrap();
         let dir = std::env::temp_dir().join(format!("trainbook-optim-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -386,8 +454,14 @@ mod tests {
         for (a, b) in opt.state.iter().flatten().zip(fresh.state.iter().flatten()) {
             assert!(a.equal(b));
         }
-        let sgd = OptimizerConfig { kind: OptimizerKind::Sgd, momentum: 0.9, ..cfg };
-        let err = Optimizer::new(sgd, vs.variables().into_iter().collect()).load(&f).unwrap_err();
+        let sgd = OptimizerConfig {
+            kind: OptimizerKind::Sgd,
+            momentum: 0.9,
+            ..cfg
+        };
+        let err = Optimizer::new(sgd, vs.variables().into_iter().collect())
+            .load(&f)
+            .unwrap_err();
         assert!(err.to_string().contains("different optimizer"), "{err}");
         std::fs::remove_dir_all(dir).ok();
     }

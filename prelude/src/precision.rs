@@ -91,8 +91,16 @@ mod tests {
         assert_eq!(a.matmul(&a).kind(), Kind::Float);
         let r: Result<()> = autocast(Precision::Bf16, Device::Cpu, || bail!("boom"));
         assert!(r.is_err());
-        assert_eq!(a.matmul(&a).kind(), Kind::Float, "autocast left on after an error");
+        assert_eq!(
+            a.matmul(&a).kind(),
+            Kind::Float,
+            "autocast left on after an error"
+        );
         assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
-        assert!("fp8".parse::<Precision>().unwrap_err().to_string().contains("fp32 or bf16"));
+        assert!("fp8"
+            .parse::<Precision>()
+            .unwrap_err()
+            .to_string()
+            .contains("fp32 or bf16"));
     }
 }

@@ -69,9 +69,27 @@ pub struct TrainConfig {
     pub model: Option<String>,
     /// Training data: a file or directory path; recipes document what they accept.
     pub data: Option<String>,
+    /// Use only the first N training rows (text: after the split, like `select(range(N))`;
+    /// images: N spread evenly over the classes).
+    pub train_rows: Option<usize>,
+    /// Use only the first N evaluation rows; 0 skips evaluation.
+    pub eval_rows: Option<usize>,
     /// Options of text recipes (ignored by others).
     #[serde(default)]
     pub text: TextOptions,
+    /// Options of image recipes (ignored by others).
+    #[serde(default)]
+    pub vision: VisionOptions,
+}
+
+/// How an image-classification recipe builds its model and input pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VisionOptions {
+    pub arch: Option<crate::models::resnet::Arch>,
+    /// Side of the square input in pixels (the reference's 224).
+    pub image_size: Option<u32>,
+    /// Threads per worker that decode and augment images ahead of the training loop.
+    pub loader_threads: Option<usize>,
 }
 
 /// How a text-classification recipe reads and tokenises its table.
@@ -82,10 +100,6 @@ pub struct TextOptions {
     pub padding: Option<Padding>,
     pub text_column: Option<String>,
     pub label_column: Option<String>,
-    /// Use only the first N training rows (after the split), like `select(range(N))`.
-    pub train_rows: Option<usize>,
-    /// Use only the first N evaluation rows; 0 skips evaluation.
-    pub eval_rows: Option<usize>,
     /// Fraction held out for evaluation when the data has no separate test split.
     pub eval_fraction: Option<f64>,
     /// A separate evaluation table (otherwise the data is split by `eval_fraction`).
@@ -208,6 +222,16 @@ pub trait Configure: Sized {
         self.job_spec().train.data = Some(d.into());
         self
     }
+    /// Train on the first `n` rows only (the reference's `select(range(1000))`).
+    fn train_rows(mut self, n: usize) -> Self {
+        self.job_spec().train.train_rows = Some(n);
+        self
+    }
+    /// Evaluate on the first `n` held-out rows; 0 skips evaluation.
+    fn eval_rows(mut self, n: usize) -> Self {
+        self.job_spec().train.eval_rows = Some(n);
+        self
+    }
     fn master_port(mut self, p: u16) -> Self {
         self.job_spec().master_port = Some(p);
         self
@@ -313,9 +337,12 @@ impl JobSpec {
             }
         }
         if t.text.max_length == Some(0) || t.text.max_length.is_some_and(|m| m > 8192) {
-            bail!("max_length {} must be between 1 and 8192 tokens", t.text.max_length.unwrap_or(0));
+            bail!(
+                "max_length {} must be between 1 and 8192 tokens",
+                t.text.max_length.unwrap_or(0)
+            );
         }
-        if t.text.train_rows == Some(0) {
+        if t.train_rows == Some(0) {
             bail!("train_rows is 0: nothing to train on");
         }
         if let Some(r) = &t.resume_from {

@@ -11,10 +11,10 @@ use tch::{Kind, Tensor};
 use crate::ddp::{self, GradSync};
 use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
-use crate::recipes::{Hyper, Recipe, Split};
-use crate::sampler::{self, DistributedSampler};
 use crate::optim::{lr_at, Optimizer, OptimizerConfig};
 use crate::precision::autocast;
+use crate::recipes::{Hyper, Recipe, Split};
+use crate::sampler::{self, DistributedSampler};
 
 /// Where a worker stands in its job.
 pub struct WorkerContext {
@@ -163,6 +163,13 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         .map(|n| vars[n].shallow_clone())
         .collect();
     let mut sync = GradSync::new(&trainable, ddp::BUCKET_BYTES);
+    // Buffers (batch-norm running statistics) drift apart per rank; rank 0's are broadcast
+    // before each evaluation, as DDP does before each forward.
+    let buffers: Vec<Tensor> = names
+        .iter()
+        .filter(|n| !vars[*n].requires_grad())
+        .map(|n| vars[n].shallow_clone())
+        .collect();
 
     let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
     let shard = sampler.shard_len();
@@ -211,7 +218,14 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
     'epochs: for epoch in first_epoch..epochs {
         let order = sampler.indices(epoch as usize);
         let micro: Vec<&[usize]> = sampler::batches(&order, local_batch).collect();
-        let (mut loss_sum, mut loss_n) = (0.0f64, 0.0f64);
+        let planned: Vec<&[usize]> = micro
+            .iter()
+            .skip(skip as usize * accum)
+            .take((total_steps - step) as usize * accum)
+            .copied()
+            .collect();
+        recipe.plan(Split::Train, epoch, &planned);
+        let (mut loss_sum, mut loss_n, mut correct) = (0.0f64, 0.0f64, 0.0f64);
         let t0 = Instant::now();
         for group in micro.chunks(accum) {
             if step >= total_steps {
@@ -224,10 +238,12 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             opt.zero_grad();
             let (mut group_loss, mut group_n) = (0.0f64, 0usize);
             for batch in group {
-                let loss = autocast(h.precision, ctx.device, || {
+                let (loss, hits) = autocast(h.precision, ctx.device, || {
                     let (logits, labels) = recipe.forward(Split::Train, batch, true)?;
-                    Ok(logits.cross_entropy_for_logits(&labels))
+                    let hits = logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64);
+                    Ok((logits.cross_entropy_for_logits(&labels), hits))
                 })?;
+                correct += hits.double_value(&[]);
                 // Gradients add up over micro-batches; average them like one big batch.
                 (&loss / group.len() as f64).backward();
                 group_loss += loss.double_value(&[]) * batch.len() as f64;
@@ -274,11 +290,18 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         train_time += t0.elapsed();
 
         // Evaluation: each rank its own disjoint shard, then one all-reduce of the sums.
+        if !buffers.is_empty() {
+            ddp::broadcast_parameters(&ctx.pg, &buffers)?;
+        }
+        let eval_batches: Vec<&[usize]> =
+            sampler::batches(&eval_idx, local_batch.max(32)).collect();
+        recipe.plan(Split::Eval, epoch, &eval_batches);
         let (eval_loss_sum, eval_correct, eval_n) = tch::no_grad(|| -> Result<(f64, f64, f64)> {
             let (mut ls, mut c, mut n) = (0.0, 0.0, 0.0);
-            for batch in sampler::batches(&eval_idx, local_batch.max(32)) {
-                let (logits, labels) =
-                    autocast(h.precision, ctx.device, || recipe.forward(Split::Eval, batch, false))?;
+            for batch in eval_batches.iter().copied() {
+                let (logits, labels) = autocast(h.precision, ctx.device, || {
+                    recipe.forward(Split::Eval, batch, false)
+                })?;
                 ls +=
                     logits.cross_entropy_for_logits(&labels).double_value(&[]) * batch.len() as f64;
                 c += logits
@@ -292,11 +315,22 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         })?;
         let sums = ddp::allreduce_sums(
             &ctx.pg,
-            &[loss_sum, loss_n, eval_loss_sum, eval_correct, eval_n],
+            &[
+                loss_sum,
+                loss_n,
+                eval_loss_sum,
+                eval_correct,
+                eval_n,
+                correct,
+            ],
         )?;
         let train_loss = sums[0] / sums[1].max(1.0);
         final_train_loss = train_loss;
         final_metrics.insert("epoch_train_loss".to_string(), train_loss);
+        final_metrics.insert(
+            "epoch_train_accuracy".to_string(),
+            sums[5] / sums[1].max(1.0),
+        );
         if sums[4] > 0.0 {
             final_metrics.insert("eval_loss".to_string(), sums[2] / sums[4]);
             final_metrics.insert("eval_accuracy".to_string(), sums[3] / sums[4]);
@@ -307,11 +341,17 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             for (k, v) in &final_metrics {
                 ev.metric(step, epoch, k, *v);
             }
+            // The reference notebooks' per-epoch lines.
             ev.log(format!(
-                "epoch {epoch}: train_loss {train_loss:.4}  eval_loss {:.4}  eval_accuracy {:.4}  ({sps:.0} samples/s)",
-                final_metrics.get("eval_loss").copied().unwrap_or(f64::NAN),
-                final_metrics.get("eval_accuracy").copied().unwrap_or(f64::NAN),
+                "Epoch {epoch}-train Loss: {train_loss:.4} Acc: {:.4} ({sps:.1} samples/s)",
+                final_metrics["epoch_train_accuracy"]
             ));
+            if let (Some(l), Some(a)) = (
+                final_metrics.get("eval_loss"),
+                final_metrics.get("eval_accuracy"),
+            ) {
+                ev.log(format!("Epoch {epoch}-val Loss: {l:.4} Acc: {a:.4}"));
+            }
             let dir = ctx
                 .run_dir
                 .join("checkpoints")

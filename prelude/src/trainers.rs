@@ -64,16 +64,6 @@ impl BertTrainer {
         self.spec.train.text.label_column = Some(c.into());
         self
     }
-    /// Train on the first `n` rows only (the reference's `select(range(1000))`).
-    pub fn train_rows(mut self, n: usize) -> Self {
-        self.spec.train.text.train_rows = Some(n);
-        self
-    }
-    /// Evaluate on the first `n` held-out rows; 0 skips evaluation.
-    pub fn eval_rows(mut self, n: usize) -> Self {
-        self.spec.train.text.eval_rows = Some(n);
-        self
-    }
     /// Hold out this fraction of the data for evaluation (when it has no test table).
     pub fn eval_fraction(mut self, f: f64) -> Self {
         self.spec.train.text.eval_fraction = Some(f);
@@ -96,6 +86,63 @@ impl BertTrainer {
     }
 
     /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
+    pub fn launch(self) -> Result<Job> {
+        job::launch(self.spec)
+    }
+}
+
+/// Trains image classification with `num_workers` data-parallel workers: the reference
+/// notebook's ResNet-50 job when a hymenoptera-style folder is on this machine, else the
+/// offline default (ResNet-18 on MNIST digits; see `trainbook recipes`).
+pub fn train_resnet(num_workers: usize) -> Result<TrainResult> {
+    ResnetTrainer::new().workers(num_workers).fit()
+}
+
+/// Every option of the ResNet recipe:
+/// `ResnetTrainer::new().workers(2).data("hymenoptera_data").arch(Arch::Resnet50).image_size(224).fit()?`
+#[derive(Clone, Debug)]
+pub struct ResnetTrainer {
+    spec: JobSpec,
+}
+
+impl Default for ResnetTrainer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Configure for ResnetTrainer {
+    fn job_spec(&mut self) -> &mut JobSpec {
+        &mut self.spec
+    }
+}
+
+impl ResnetTrainer {
+    pub fn new() -> Self {
+        Self {
+            spec: JobSpec::new("resnet").workers(2),
+        }
+    }
+    pub fn arch(mut self, a: crate::models::resnet::Arch) -> Self {
+        self.spec.train.vision.arch = Some(a);
+        self
+    }
+    /// Side of the square input in pixels.
+    pub fn image_size(mut self, px: u32) -> Self {
+        self.spec.train.vision.image_size = Some(px);
+        self
+    }
+    /// Threads per worker that decode and augment images ahead of the training loop.
+    pub fn loader_threads(mut self, n: usize) -> Self {
+        self.spec.train.vision.loader_threads = Some(n);
+        self
+    }
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+    pub fn fit(self) -> Result<TrainResult> {
+        job::fit(self.spec)
+    }
     pub fn launch(self) -> Result<Job> {
         job::launch(self.spec)
     }

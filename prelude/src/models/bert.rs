@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -290,27 +290,7 @@ impl BertClassifier {
     }
 }
 
-/// What loading a checkpoint into a model found.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LoadReport {
-    /// Model parameters the checkpoint did not have (they keep their fresh initialisation).
-    pub missing: Vec<String>,
-    /// Checkpoint tensors the model has no place for (e.g. a pre-training head).
-    pub unexpected: Vec<String>,
-}
-
-impl LoadReport {
-    /// Transformers' wording, so users recognise it.
-    pub fn describe(&self, model: &str, checkpoint: &str) -> Option<String> {
-        if self.missing.is_empty() {
-            return None;
-        }
-        Some(format!(
-            "Some weights of {model} were not initialized from the model checkpoint at {checkpoint} and are newly initialized: {:?}\nYou should probably TRAIN this model on a down-stream task to be able to use it for predictions and inference.",
-            self.missing
-        ))
-    }
-}
+pub use super::LoadReport;
 
 /// Buffers some checkpoints carry that are not parameters (recomputed at run time).
 const IGNORED: &[&str] = &["embeddings.position_ids"];
@@ -359,7 +339,7 @@ pub fn load_tensors(
 ) -> Result<LoadReport> {
     // Old BERT checkpoints (TensorFlow-era conversions) call the LayerNorm parameters
     // gamma/beta; Transformers renames them on load, and so do we.
-    let mut by_name: HashMap<String, Tensor> = tensors
+    let by_name: HashMap<String, Tensor> = tensors
         .into_iter()
         .map(|(k, t)| {
             let k = match (k.strip_suffix(".gamma"), k.strip_suffix(".beta")) {
@@ -370,40 +350,15 @@ pub fn load_tensors(
             (k, t)
         })
         .collect();
-    let mut report = LoadReport::default();
-    let vars = vs.variables();
-    let mut names: Vec<&String> = vars.keys().collect();
-    names.sort();
-    tch::no_grad(|| -> Result<()> {
-        for name in names {
-            let found = by_name
-                .remove(name.as_str())
-                .or_else(|| name.strip_prefix("bert.").and_then(|n| by_name.remove(n)));
-            let Some(src) = found else {
-                report.missing.push(name.clone());
-                continue;
-            };
-            let mut dst = vars[name].shallow_clone();
-            if src.size() != dst.size() {
-                bail!(
-                    "{origin}: tensor {name} has shape {:?} but the model expects {:?}: the checkpoint was made for a different config.json",
-                    src.size(),
-                    dst.size()
-                );
-            }
-            dst.copy_(&src.to_kind(dst.kind()).to_device(dst.device()));
-        }
-        Ok(())
-    })?;
-    let mut unexpected: Vec<String> = by_name
-        .into_keys()
-        .filter(|k| {
-            !IGNORED
-                .iter()
-                .any(|i| k == i || k.strip_prefix("bert.") == Some(i))
-        })
-        .collect();
-    unexpected.sort();
-    report.unexpected = unexpected;
-    Ok(report)
+    super::load_into(
+        vs,
+        by_name,
+        origin,
+        &super::LoadRules {
+            optional_prefix: Some("bert."),
+            ignored: IGNORED,
+            replaceable_head: &[],
+            mismatch_hint: "the checkpoint was made for a different config.json",
+        },
+    )
 }

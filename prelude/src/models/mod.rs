@@ -1,3 +1,111 @@
-//! Model definitions, one file per model family.
+//! Model definitions, one file per model family, and the checkpoint loading they share.
 
 pub mod bert;
+pub mod resnet;
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use tch::{nn, Tensor};
+
+/// What loading a checkpoint into a model found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadReport {
+    /// Model parameters the checkpoint did not have (they keep their fresh initialisation),
+    /// including a replaced head whose shape differs from the checkpoint's.
+    pub missing: Vec<String>,
+    /// Checkpoint tensors the model has no place for (e.g. a pre-training head).
+    pub unexpected: Vec<String>,
+    /// Head tensors skipped because the model has another shape: (name, checkpoint, model).
+    pub mismatched: Vec<(String, Vec<i64>, Vec<i64>)>,
+}
+
+impl LoadReport {
+    /// Transformers' wording, so users recognise it.
+    pub fn describe(&self, model: &str, checkpoint: &str) -> Option<String> {
+        if self.missing.is_empty() {
+            return None;
+        }
+        let mut msg = format!(
+            "Some weights of {model} were not initialized from the model checkpoint at {checkpoint} and are newly initialized: {:?}",
+            self.missing
+        );
+        for (name, was, now) in &self.mismatched {
+            msg.push_str(&format!("\n- {name}: found shape {was:?} in the checkpoint and {now:?} in the model instantiated"));
+        }
+        msg.push_str("\nYou should probably TRAIN this model on a down-stream task to be able to use it for predictions and inference.");
+        Some(msg)
+    }
+}
+
+/// How a family's checkpoints map onto its variables.
+pub struct LoadRules<'a> {
+    /// A prefix the model's names have and some checkpoints lack (`bert.`).
+    pub optional_prefix: Option<&'a str>,
+    /// Checkpoint tensors that are not parameters and are never reported.
+    pub ignored: &'a [&'a str],
+    /// Name prefixes of a task head that may differ in shape (`fc.`): skipped and reported
+    /// instead of failing, so a 1000-class checkpoint can start a 10-class model.
+    pub replaceable_head: &'a [&'a str],
+    /// Appended to a shape-mismatch error.
+    pub mismatch_hint: &'a str,
+}
+
+/// Copies `tensors` into `vs` by name.
+pub fn load_into(
+    vs: &nn::VarStore,
+    mut by_name: HashMap<String, Tensor>,
+    origin: &str,
+    rules: &LoadRules,
+) -> Result<LoadReport> {
+    let mut report = LoadReport::default();
+    let vars = vs.variables();
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort();
+    let unprefixed = |n: &str| {
+        rules
+            .optional_prefix
+            .and_then(|p| n.strip_prefix(p))
+            .map(str::to_string)
+    };
+    tch::no_grad(|| -> Result<()> {
+        for name in names {
+            let found = by_name
+                .remove(name.as_str())
+                .or_else(|| unprefixed(name).and_then(|n| by_name.remove(&n)));
+            let Some(src) = found else {
+                report.missing.push(name.clone());
+                continue;
+            };
+            let mut dst = vars[name].shallow_clone();
+            if src.size() != dst.size() {
+                if rules.replaceable_head.iter().any(|h| name.starts_with(h)) {
+                    report.missing.push(name.clone());
+                    report
+                        .mismatched
+                        .push((name.clone(), src.size(), dst.size()));
+                    continue;
+                }
+                bail!(
+                    "{origin}: tensor {name} has shape {:?} but the model expects {:?}: {}",
+                    src.size(),
+                    dst.size(),
+                    rules.mismatch_hint
+                );
+            }
+            dst.copy_(&src.to_kind(dst.kind()).to_device(dst.device()));
+        }
+        Ok(())
+    })?;
+    let mut unexpected: Vec<String> = by_name
+        .into_keys()
+        .filter(|k| {
+            !rules.ignored.iter().any(|i| {
+                k == i || k.ends_with(&format!(".{i}")) || unprefixed(k).as_deref() == Some(*i)
+            })
+        })
+        .collect();
+    unexpected.sort();
+    report.unexpected = unexpected;
+    Ok(report)
+}

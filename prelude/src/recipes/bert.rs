@@ -20,7 +20,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::{Hyper, Recipe, Split};
 use crate::models::bert::{load_weights, BertClassifier, BertConfig};
-use crate::spec::{OptimizerKind, TextOptions, TrainConfig};
+use crate::spec::{OptimizerKind, TrainConfig};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
@@ -88,7 +88,10 @@ fn preset(name: &str) -> Result<Preset> {
         },
         other => {
             let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-            bail!("unknown preset '{other}' for recipe bert: use {}", names.join(", "))
+            bail!(
+                "unknown preset '{other}' for recipe bert: use {}",
+                names.join(", ")
+            )
         }
     })
 }
@@ -118,12 +121,20 @@ pub struct BertRecipe {
     device: Device,
 }
 
-fn encode(tok: &TextTokenizer, ex: &TextExamples, log: &dyn Fn(String)) -> Result<(Vec<Encoded>, Tensor)> {
+fn encode(
+    tok: &TextTokenizer,
+    ex: &TextExamples,
+    log: &dyn Fn(String),
+) -> Result<(Vec<Encoded>, Tensor)> {
     let texts: Vec<&str> = ex.texts.iter().map(String::as_str).collect();
     let t0 = std::time::Instant::now();
     let (enc, hit) = cache::encode_cached(tok, &texts, &cache::cache_dir())?;
     if hit == cache::Hit::Computed && t0.elapsed().as_secs_f64() > 1.0 {
-        log(format!("tokenized {} texts in {:.1} s (cached for next time)", texts.len(), t0.elapsed().as_secs_f64()));
+        log(format!(
+            "tokenized {} texts in {:.1} s (cached for next time)",
+            texts.len(),
+            t0.elapsed().as_secs_f64()
+        ));
     }
     Ok((enc, Tensor::from_slice(&ex.labels)))
 }
@@ -132,28 +143,45 @@ fn encode(tok: &TextTokenizer, ex: &TextExamples, log: &dyn Fn(String)) -> Resul
 /// else a fixed split (data seed 0, whatever the training seed, so runs stay comparable).
 fn load_examples(
     data: &str,
-    opts: &TextOptions,
+    config: &TrainConfig,
     preset: &Preset,
     log: &dyn Fn(String),
 ) -> Result<(TextExamples, TextExamples)> {
+    let opts = &config.text;
     let files = crate::assets::resolve_dataset(data)?;
     let text_col = opts.text_column.as_deref().unwrap_or("text");
     let label_col = opts.label_column.as_deref().unwrap_or("label");
-    let train_all = dataset::examples(&dataset::read_table(&files.train)?, text_col, label_col, None)?;
-    let eval_file = opts.eval_data.as_ref().map(PathBuf::from).or(files.test.clone());
+    let train_all = dataset::examples(
+        &dataset::read_table(&files.train)?,
+        text_col,
+        label_col,
+        None,
+    )?;
+    let eval_file = opts
+        .eval_data
+        .as_ref()
+        .map(PathBuf::from)
+        .or(files.test.clone());
     let (train, test) = match &eval_file {
         Some(f) if opts.eval_fraction.is_none() => {
             let names = train_all.label_names.clone();
-            let test = dataset::examples(&dataset::read_table(f)?, text_col, label_col, Some(&names))?;
+            let test =
+                dataset::examples(&dataset::read_table(f)?, text_col, label_col, Some(&names))?;
             (train_all, test)
         }
         _ => train_all.split(opts.eval_fraction.unwrap_or(0.2), 0)?,
     };
-    let train_rows = opts.train_rows.or(preset.train_rows).unwrap_or(usize::MAX);
-    let eval_rows = opts.eval_rows.or(preset.eval_rows).unwrap_or(usize::MAX);
+    let train_rows = config
+        .train_rows
+        .or(preset.train_rows)
+        .unwrap_or(usize::MAX);
+    let eval_rows = config.eval_rows.or(preset.eval_rows).unwrap_or(usize::MAX);
     let (train, test) = (train.first(train_rows), test.first(eval_rows));
     if train.is_empty() {
-        bail!("{} has no usable training rows (text column '{text_col}', label column '{label_col}')", files.train.display());
+        bail!(
+            "{} has no usable training rows (text column '{text_col}', label column '{label_col}')",
+            files.train.display()
+        );
     }
     log(format!(
         "data: {} train / {} eval rows from {}{} (labels: {})",
@@ -162,7 +190,10 @@ fn load_examples(
         files.train.display(),
         match &eval_file {
             Some(f) if opts.eval_fraction.is_none() => format!(" and {}", f.display()),
-            _ => format!(", {:.0}% held out", 100.0 * opts.eval_fraction.unwrap_or(0.2)),
+            _ => format!(
+                ", {:.0}% held out",
+                100.0 * opts.eval_fraction.unwrap_or(0.2)
+            ),
         },
         train.label_names.join(", ")
     ));
@@ -175,7 +206,10 @@ impl BertRecipe {
         device: Device,
         log: &dyn Fn(String),
     ) -> Result<(Self, Hyper)> {
-        let name = config.preset.clone().unwrap_or_else(|| auto_preset().to_string());
+        let name = config
+            .preset
+            .clone()
+            .unwrap_or_else(|| auto_preset().to_string());
         let p = preset(&name)?;
         let hyper = p.hyper.clone().with_overrides(config);
         let opts = &config.text;
@@ -185,15 +219,24 @@ impl BertRecipe {
         {
             bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline model and data)", crate::assets::minilm_dir().display());
         }
-        let (model_dir, source) = crate::assets::resolve_model(config.model.as_deref().unwrap_or(&p.model))?;
+        let (model_dir, source) =
+            crate::assets::resolve_model(config.model.as_deref().unwrap_or(&p.model))?;
         if source == crate::assets::Source::Downloaded {
-            log(format!("downloaded {} into {}", p.model, model_dir.display()));
+            log(format!(
+                "downloaded {} into {}",
+                p.model,
+                model_dir.display()
+            ));
         }
-        let (train, test) = load_examples(config.data.as_deref().unwrap_or(&p.data), opts, &p, log)?;
+        let (train, test) =
+            load_examples(config.data.as_deref().unwrap_or(&p.data), config, &p, log)?;
         let label_names = train.label_names.clone();
 
         let mut bert = BertConfig::from_file(&model_dir.join("config.json"))?;
-        let max_length = opts.max_length.unwrap_or(p.max_length).min(bert.max_position_embeddings as usize);
+        let max_length = opts
+            .max_length
+            .unwrap_or(p.max_length)
+            .min(bert.max_position_embeddings as usize);
         let tokenizer = TextTokenizer::from_model_dir(&model_dir, max_length)?;
         if p.random_init && config.model.is_none() {
             bert = BertConfig::tiny(bert.vocab_size, max_length as i64);

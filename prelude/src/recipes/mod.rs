@@ -2,6 +2,7 @@
 //! the [`Recipe`] trait and this registry.
 
 pub mod bert;
+pub mod resnet;
 pub mod synthetic;
 
 use std::path::Path;
@@ -16,6 +17,7 @@ use crate::spec::{OptimizerKind, TrainConfig};
 /// Names accepted by `trainbook train <recipe>` and [`crate::spec::JobSpec::new`].
 pub const RECIPES: &[(&str, &str)] = &[
     ("bert", "BERT sequence classification (offline default: all-MiniLM-L6-v2 on Rotten Tomatoes snippets)"),
+    ("resnet", "ResNet image classification on an ImageFolder (offline default: ResNet-18 on MNIST digits)"),
     ("synthetic", "tiny BERT classifying generated token sequences (engine self-test)"),
 ];
 
@@ -64,7 +66,13 @@ pub struct Hyper {
 
 impl Hyper {
     /// Preset defaults shared by every recipe: no accumulation, constant learning rate, fp32.
-    pub fn new(preset: &str, epochs: u64, global_batch_size: usize, lr: f64, optimizer: OptimizerKind) -> Self {
+    pub fn new(
+        preset: &str,
+        epochs: u64,
+        global_batch_size: usize,
+        lr: f64,
+        optimizer: OptimizerKind,
+    ) -> Self {
         Self {
             preset: preset.to_string(),
             epochs,
@@ -144,6 +152,9 @@ pub trait Recipe {
     fn eval_len(&self) -> usize;
     /// Logits and labels for the given samples of a split.
     fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)>;
+    /// Called before each pass over a split with the exact batches `forward` will be asked for,
+    /// in order, so the recipe can prepare them in the background (the image pipeline).
+    fn plan(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}
     /// Writes a loadable checkpoint into `dir` (an empty directory).
     fn save(&self, dir: &Path) -> Result<()> {
         self.vars().save(dir.join("model.safetensors"))?;
@@ -162,6 +173,10 @@ pub fn build(
     match name {
         "bert" => {
             let (r, h) = bert::BertRecipe::build(config, device, log)?;
+            Ok((Box::new(r), h))
+        }
+        "resnet" => {
+            let (r, h) = resnet::ResnetRecipe::build(config, device, log)?;
             Ok((Box::new(r), h))
         }
         "synthetic" => {

@@ -32,7 +32,9 @@ fn read(path: &Path) -> Result<Vec<Encoded>> {
     let t: std::collections::HashMap<String, Tensor> =
         Tensor::read_safetensors(path)?.into_iter().collect();
     let get = |n: &str| -> Result<Vec<i64>> {
-        Ok(Vec::<i64>::try_from(t.get(n).context("incomplete cache entry")?)?)
+        Ok(Vec::<i64>::try_from(
+            t.get(n).context("incomplete cache entry")?,
+        )?)
     };
     let (ids, types, offsets) = (get("ids")?, get("type_ids")?, get("offsets")?);
     Ok(offsets
@@ -53,7 +55,10 @@ fn write(path: &Path, enc: &[Encoded]) -> Result<()> {
         offsets.push(offsets.last().unwrap() + e.ids.len() as i64);
     }
     let ids: Vec<i64> = enc.iter().flat_map(|e| e.ids.iter().copied()).collect();
-    let types: Vec<i64> = enc.iter().flat_map(|e| e.type_ids.iter().copied()).collect();
+    let types: Vec<i64> = enc
+        .iter()
+        .flat_map(|e| e.type_ids.iter().copied())
+        .collect();
     let (ids, types, offsets) = (
         Tensor::from_slice(&ids),
         Tensor::from_slice(&types),
@@ -117,7 +122,10 @@ mod tests {
         // Another max_length or other texts are other entries.
         let tok8 = TextTokenizer::from_dir(&crate::assets::minilm_dir(), 8, true).unwrap();
         assert_eq!(encode_cached(&tok8, &texts, &dir).unwrap().1, Hit::Computed);
-        assert_eq!(encode_cached(&tok, &texts[..2], &dir).unwrap().1, Hit::Computed);
+        assert_eq!(
+            encode_cached(&tok, &texts[..2], &dir).unwrap().1,
+            Hit::Computed
+        );
         std::fs::remove_dir_all(dir).ok();
     }
 }

@@ -1,0 +1,176 @@
+//! The input pipeline: decoding and augmentation on background threads, batches delivered in
+//! the order the training loop will ask for them, with a bounded queue (memory stays flat and
+//! the threads never run far ahead).
+//!
+//! Augmentation randomness comes from (seed, epoch, sample index) only, so a sample gets the
+//! same crop whatever the thread count, the worker count or a resume.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
+use rand::SeedableRng;
+use tch::Tensor;
+
+use super::folder::ImageFolder;
+use super::transforms::{eval_transform, train_transform, Augment, Normalize};
+
+/// How samples are turned into tensors.
+#[derive(Clone, Copy, Debug)]
+pub enum Mode {
+    Train {
+        seed: u64,
+        epoch: u64,
+        augment: Augment,
+    },
+    Eval,
+}
+
+/// One prepared batch: images `(n, 3, size, size)` float32 and labels `(n,)` int64.
+pub struct Batch {
+    pub indices: Vec<usize>,
+    pub images: Tensor,
+    pub labels: Tensor,
+}
+
+/// Prepares one sample.
+pub fn sample(
+    folder: &ImageFolder,
+    i: usize,
+    size: u32,
+    mode: Mode,
+    norm: &Normalize,
+) -> Result<Tensor> {
+    let img = folder.load(i)?;
+    Ok(match mode {
+        Mode::Train {
+            seed,
+            epoch,
+            augment,
+        } => {
+            let key = seed
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                .wrapping_add(epoch.wrapping_mul(0xBF58_476D_1CE4_E5B9))
+                .wrapping_add(i as u64);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(key);
+            train_transform(&img, size, &mut rng, norm, augment)?
+        }
+        Mode::Eval => eval_transform(&img, size, norm)?,
+    })
+}
+
+/// Builds a batch synchronously (also what the background threads run).
+pub fn batch(
+    folder: &ImageFolder,
+    indices: &[usize],
+    size: u32,
+    mode: Mode,
+    norm: &Normalize,
+) -> Result<Batch> {
+    let images = indices
+        .iter()
+        .map(|&i| sample(folder, i, size, mode, norm))
+        .collect::<Result<Vec<_>>>()?;
+    let labels: Vec<i64> = indices
+        .iter()
+        .map(|&i| folder.samples[i].1 as i64)
+        .collect();
+    Ok(Batch {
+        indices: indices.to_vec(),
+        images: Tensor::stack(&images, 0),
+        labels: Tensor::from_slice(&labels),
+    })
+}
+
+/// Background preparation of a fixed list of batches.
+pub struct Pipeline {
+    queues: Vec<Receiver<Result<Batch>>>,
+    next: usize,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pipeline {
+    /// Starts `threads` threads; thread t prepares batches t, t+threads, ... and may run
+    /// `depth` batches ahead.
+    pub fn start(
+        folder: Arc<ImageFolder>,
+        batches: Vec<Vec<usize>>,
+        size: u32,
+        mode: Mode,
+        norm: Normalize,
+        threads: usize,
+        depth: usize,
+    ) -> Self {
+        let threads = threads.max(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let batches = Arc::new(batches);
+        let mut queues = Vec::new();
+        let mut handles = Vec::new();
+        for t in 0..threads {
+            let (tx, rx) = sync_channel(depth.max(1));
+            queues.push(rx);
+            let (folder, batches, stop) = (folder.clone(), batches.clone(), stop.clone());
+            handles.push(std::thread::spawn(move || {
+                // Decoding threads must not each spawn a pool of intra-op threads.
+                tch::set_num_threads(1);
+                for b in (t..batches.len()).step_by(threads) {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let out = batch(&folder, &batches[b], size, mode, &norm);
+                    if tx.send(out).is_err() {
+                        return;
+                    }
+                }
+            }));
+        }
+        Self {
+            queues,
+            next: 0,
+            stop,
+            threads: handles,
+        }
+    }
+
+    /// The next batch in order; `None` after the last.
+    pub fn next_batch(&mut self) -> Option<Result<Batch>> {
+        let q = &self.queues[self.next % self.queues.len()];
+        let out = q.recv().ok();
+        self.next += 1;
+        out
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Unblock senders waiting on a full queue, then wait for the threads.
+        self.queues.clear();
+        for h in self.threads.drain(..) {
+            h.join().ok();
+        }
+    }
+}
+
+/// Takes the next batch from `pipeline` when it holds the expected one, else builds it here.
+pub fn take(
+    pipeline: Option<&mut Pipeline>,
+    folder: &ImageFolder,
+    indices: &[usize],
+    size: u32,
+    mode: Mode,
+    norm: &Normalize,
+) -> Result<Batch> {
+    if let Some(p) = pipeline {
+        if let Some(b) = p.next_batch() {
+            let b = b?;
+            if b.indices == indices {
+                return Ok(b);
+            }
+        }
+    }
+    batch(folder, indices, size, mode, norm).context("preparing a batch")
+}

@@ -1,0 +1,5 @@
+//! Vision: ImageFolder datasets, torchvision-style transforms and a background input pipeline.
+
+pub mod folder;
+pub mod loader;
+pub mod transforms;

@@ -1,0 +1,105 @@
+//! The `resnet` recipe end to end on its tiny preset: real digits from the offline ImageFolder,
+//! the background input pipeline, two worker processes, a checkpoint that classifies images.
+
+use trainbook::prelude::*;
+
+fn tiny() -> ResnetTrainer {
+    ResnetTrainer::new()
+        .workers(2)
+        .preset("tiny")
+        .device(DeviceRequest::Cpu)
+        .runs_root(std::env::temp_dir().join("trainbook-resnet-tests"))
+}
+
+#[test]
+fn tiny_resnet_learns_with_two_workers_and_its_checkpoint_classifies_images() {
+    let job = tiny().epochs(3).launch().unwrap();
+    let r = job.wait().unwrap();
+    assert_eq!(r.status, JobStatus::Succeeded);
+    assert_eq!(r.steps, 30, "320 images / global batch 32 x 3 epochs");
+    // Per-epoch training loss, all-reduced over the ranks, goes down.
+    let df = job.metrics().unwrap();
+    let names = df.column("name").unwrap().str().unwrap().clone();
+    let values = df.column("value").unwrap().f64().unwrap().clone();
+    let epoch_losses: Vec<f64> = names
+        .iter()
+        .zip(values.iter())
+        .filter(|(n, _)| *n == Some("epoch_train_loss"))
+        .map(|(_, v)| v.unwrap())
+        .collect();
+    assert_eq!(epoch_losses.len(), 3, "{epoch_losses:?}");
+    assert!(
+        epoch_losses[2] < epoch_losses[0],
+        "loss did not decrease: {epoch_losses:?}"
+    );
+    let logs: Vec<String> = job.logs().into_iter().map(|l| l.text).collect();
+    assert!(
+        logs.iter().any(|l| l.contains("10 classes: 0, 1, 2")),
+        "{logs:?}"
+    );
+    assert!(
+        logs.iter().any(|l| l.starts_with("Epoch 0-train Loss:")),
+        "{logs:?}"
+    );
+
+    let ckpt = r.last_checkpoint.expect("a checkpoint per epoch");
+    let clf = ImageClassifier::load(&ckpt).unwrap();
+    assert_eq!(clf.classes().len(), 10);
+    let seven = std::fs::read_dir(trainbook::assets::digits_dir().join("val/7"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let preds = clf.predict(&[&seven]).unwrap();
+    let total: f64 = preds[0].probabilities.iter().map(|(_, p)| p).sum();
+    assert!((total - 1.0).abs() < 1e-9);
+    let err = clf
+        .predict(&[std::path::Path::new("/nonexistent.png")])
+        .err()
+        .unwrap();
+    assert!(
+        format!("{err:#}").contains("cannot read image /nonexistent.png"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn a_folder_with_a_corrupt_image_trains_and_reports_it() {
+    let root = std::env::temp_dir().join(format!("trainbook-folder-{}", std::process::id()));
+    for split in ["train", "val"] {
+        for class in ["3", "8"] {
+            let src = trainbook::assets::digits_dir().join(split).join(class);
+            let dst = root.join(split).join(class);
+            std::fs::create_dir_all(&dst).unwrap();
+            for e in std::fs::read_dir(&src).unwrap().take(16) {
+                let p = e.unwrap().path();
+                std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    std::fs::write(root.join("train/3/broken.png"), b"not a png at all").unwrap();
+    let job = tiny()
+        .data(root.display().to_string())
+        .max_steps(2)
+        .launch()
+        .unwrap();
+    let r = job.wait().unwrap();
+    assert_eq!(r.status, JobStatus::Succeeded);
+    let logs: Vec<String> = job.logs().into_iter().map(|l| l.text).collect();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("skipped 1 unreadable file(s)") && l.contains("broken.png")),
+        "{logs:?}"
+    );
+    std::fs::remove_dir_all(root).ok();
+}
+
+#[test]
+fn a_missing_folder_says_what_layout_is_expected() {
+    let err = format!(
+        "{:#}",
+        tiny().data("/nonexistent/images").fit().unwrap_err()
+    );
+    assert!(err.contains("/nonexistent/images"), "{err}");
+}
