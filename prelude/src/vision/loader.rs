@@ -114,8 +114,6 @@ impl Pipeline {
             queues.push(rx);
             let (folder, batches, stop) = (folder.clone(), batches.clone(), stop.clone());
             handles.push(std::thread::spawn(move || {
-                // Decoding threads must not each spawn a pool of intra-op threads.
-                tch::set_num_threads(1);
                 for b in (t..batches.len()).step_by(threads) {
                     if stop.load(Ordering::Relaxed) {
                         return;
