@@ -236,12 +236,7 @@ pub fn main() -> i32 {
         Command::Recipes => {
             for (name, about) in crate::recipes::RECIPES {
                 println!("{name:<12} {about}");
-                let presets: &[(&str, &str)] = match *name {
-                    "bert" => crate::recipes::bert::PRESETS,
-                    "resnet" => crate::recipes::resnet::PRESETS,
-                    _ => &[],
-                };
-                for (p, about) in presets {
+                for (p, about) in crate::recipes::presets(name) {
                     println!("  --preset {p:<10} {about}");
                 }
             }

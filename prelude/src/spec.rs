@@ -302,6 +302,18 @@ impl JobSpec {
             );
         }
         crate::recipes::check_name(&self.recipe)?;
+        // Checked here too (workers check again) so a typo fails before any process starts.
+        let presets = crate::recipes::presets(&self.recipe);
+        if let (Some(p), false) = (&self.train.preset, presets.is_empty()) {
+            if !presets.iter().any(|(n, _)| n == p) {
+                let names: Vec<&str> = presets.iter().map(|(n, _)| *n).collect();
+                bail!(
+                    "unknown preset '{p}' for recipe {}: use {}",
+                    self.recipe,
+                    names.join(", ")
+                );
+            }
+        }
         let t = &self.train;
         if let Some(b) = t.global_batch_size {
             if b < self.workers {

@@ -26,6 +26,15 @@ pub const CHECK: &str = "check";
 /// The job name of the allreduce benchmark (see `benches/engine.rs`).
 pub const BENCH_ALLREDUCE: &str = "bench-allreduce";
 
+/// The presets a recipe offers (name, description); empty for recipes without any.
+pub fn presets(recipe: &str) -> &'static [(&'static str, &'static str)] {
+    match recipe {
+        "bert" => bert::PRESETS,
+        "resnet" => resnet::PRESETS,
+        _ => &[],
+    }
+}
+
 pub fn check_name(name: &str) -> Result<()> {
     if name == CHECK || name == BENCH_ALLREDUCE || RECIPES.iter().any(|(n, _)| *n == name) {
         return Ok(());
