@@ -130,6 +130,16 @@ pub struct JobSpec {
 /// through this trait (in the prelude), so each option is spelled and documented once.
 pub trait Configure: Sized {
     fn job_spec(&mut self) -> &mut JobSpec;
+    fn into_spec(self) -> JobSpec;
+
+    /// Runs the job to the end (see [`crate::job::fit`]).
+    fn fit(self) -> Result<crate::job::TrainResult> {
+        crate::job::fit(self.into_spec())
+    }
+    /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
+    fn launch(self) -> Result<crate::job::Job> {
+        crate::job::launch(self.into_spec())
+    }
 
     /// Number of worker processes (one per device).
     fn workers(mut self, n: usize) -> Self {
@@ -269,6 +279,9 @@ pub trait Configure: Sized {
 
 impl Configure for JobSpec {
     fn job_spec(&mut self) -> &mut JobSpec {
+        self
+    }
+    fn into_spec(self) -> JobSpec {
         self
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::job::{self, Job, TrainResult};
+use crate::job::TrainResult;
 use crate::spec::{Configure, JobSpec, Padding};
 
 /// Trains BERT sequence classification with `num_workers` data-parallel workers and the
@@ -16,33 +16,55 @@ pub fn train_bert(num_workers: usize) -> Result<TrainResult> {
     BertTrainer::new().workers(num_workers).fit()
 }
 
-/// Every option of the BERT recipe:
-/// `BertTrainer::new().workers(2).epochs(1).max_length(64).optimizer(OptimizerKind::Adamw).fit()?`
-/// The shared options (workers, epochs, lr, model, data, ...) come from [`Configure`].
-#[derive(Clone, Debug)]
-pub struct BertTrainer {
-    spec: JobSpec,
+/// A recipe's builder: a `JobSpec` for that recipe (2 workers by default) whose shared options,
+/// `fit` and `launch` come from [`Configure`]; the recipe's own options are added below it.
+macro_rules! trainer {
+    ($(#[$doc:meta])* $name:ident, $recipe:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name {
+            spec: JobSpec,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl Configure for $name {
+            fn job_spec(&mut self) -> &mut JobSpec {
+                &mut self.spec
+            }
+            fn into_spec(self) -> JobSpec {
+                self.spec
+            }
+        }
+
+        impl $name {
+            pub fn new() -> Self {
+                Self {
+                    spec: JobSpec::new($recipe).workers(2),
+                }
+            }
+
+            /// The job this trainer would run.
+            pub fn spec(&self) -> &JobSpec {
+                &self.spec
+            }
+        }
+    };
 }
 
-impl Default for BertTrainer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Configure for BertTrainer {
-    fn job_spec(&mut self) -> &mut JobSpec {
-        &mut self.spec
-    }
-}
+trainer!(
+    /// Every option of the BERT recipe:
+    /// `BertTrainer::new().workers(2).epochs(1).max_length(64).optimizer(OptimizerKind::Adamw).fit()?`
+    /// The shared options (workers, epochs, lr, model, data, ...) come from [`Configure`].
+    BertTrainer,
+    "bert"
+);
 
 impl BertTrainer {
-    pub fn new() -> Self {
-        Self {
-            spec: JobSpec::new("bert").workers(2),
-        }
-    }
-
     /// Tokens per text after truncation (the preset's otherwise: 128 default, 512 reference).
     pub fn max_length(mut self, n: usize) -> Self {
         self.spec.train.text.max_length = Some(n);
@@ -74,21 +96,6 @@ impl BertTrainer {
         self.spec.train.text.eval_data = Some(path.into().display().to_string());
         self
     }
-
-    /// The job this trainer would run.
-    pub fn spec(&self) -> &JobSpec {
-        &self.spec
-    }
-
-    /// Runs the job to the end.
-    pub fn fit(self) -> Result<TrainResult> {
-        job::fit(self.spec)
-    }
-
-    /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
-    pub fn launch(self) -> Result<Job> {
-        job::launch(self.spec)
-    }
 }
 
 /// Trains image classification with `num_workers` data-parallel workers: the reference
@@ -98,31 +105,14 @@ pub fn train_resnet(num_workers: usize) -> Result<TrainResult> {
     ResnetTrainer::new().workers(num_workers).fit()
 }
 
-/// Every option of the ResNet recipe:
-/// `ResnetTrainer::new().workers(2).data("hymenoptera_data").arch(Arch::Resnet50).image_size(224).fit()?`
-#[derive(Clone, Debug)]
-pub struct ResnetTrainer {
-    spec: JobSpec,
-}
-
-impl Default for ResnetTrainer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Configure for ResnetTrainer {
-    fn job_spec(&mut self) -> &mut JobSpec {
-        &mut self.spec
-    }
-}
+trainer!(
+    /// Every option of the ResNet recipe:
+    /// `ResnetTrainer::new().workers(2).data("hymenoptera_data").arch(Arch::Resnet50).image_size(224).fit()?`
+    ResnetTrainer,
+    "resnet"
+);
 
 impl ResnetTrainer {
-    pub fn new() -> Self {
-        Self {
-            spec: JobSpec::new("resnet").workers(2),
-        }
-    }
     pub fn arch(mut self, a: crate::models::resnet::Arch) -> Self {
         self.spec.train.vision.arch = Some(a);
         self
@@ -136,14 +126,5 @@ impl ResnetTrainer {
     pub fn loader_threads(mut self, n: usize) -> Self {
         self.spec.train.vision.loader_threads = Some(n);
         self
-    }
-    pub fn spec(&self) -> &JobSpec {
-        &self.spec
-    }
-    pub fn fit(self) -> Result<TrainResult> {
-        job::fit(self.spec)
-    }
-    pub fn launch(self) -> Result<Job> {
-        job::launch(self.spec)
     }
 }
