@@ -19,12 +19,16 @@ setup:
 # CUDA builds (set up on a machine whose nvidia-smi sees a GPU) add the `cuda` feature.
 FEATURES = $$(test "$$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda)
 
+# The default members (everything but the kernel's prelude dylib, which build-prelude.sh makes).
 build: setup
-	$(CARGO) build --release --workspace --bins $(FEATURES)
+	$(CARGO) build --release --bins $(FEATURES)
+	@scripts/build-prelude.sh
 	@scripts/install-bins.sh
+	@scripts/install-kernel.sh
 
 test: build
-	$(CARGO) test --release --workspace $(FEATURES) -- --test-threads=1
+	$(CARGO) test --release $(FEATURES) -- --test-threads=1
+	@scripts/test-kernel.sh
 
 demo: build
 	target/release/trainbook train bert --workers 2 --epochs 1

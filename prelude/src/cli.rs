@@ -45,6 +45,13 @@ pub enum Command {
         #[arg(long, default_value = "auto", value_parser = parse_device)]
         device: DeviceRequest,
     },
+    /// The Jupyter kernel: `trainbook kernel install [--user|--sys-prefix|--prefix P]`,
+    /// `trainbook kernel check` (runs `trainbook-kernel`; see `trainbook kernel --help`).
+    #[command(disable_help_flag = true)]
+    Kernel {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -242,6 +249,7 @@ pub fn main() -> i32 {
             }
             0
         }
+        Command::Kernel { args } => kernel(&args),
         Command::Check { workers, device } => {
             let spec = JobSpec::new(crate::recipes::CHECK)
                 .workers(workers)
@@ -409,4 +417,24 @@ fn ctrlc_stop(f: impl FnOnce() + Send + 'static) -> Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// Hands `trainbook kernel ...` to the `trainbook-kernel` program, which sits next to this one.
+/// The kernel is its own binary because it carries the Rust compiler front end (evcxr) and must
+/// not link trainbook itself (cells load trainbook as a shared library).
+fn kernel(args: &[std::ffi::OsString]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    const NAME: &str = "trainbook-kernel";
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.canonicalize().ok())
+        .and_then(|e| e.parent().map(|d| d.join(NAME)))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| PathBuf::from(NAME));
+    let err = std::process::Command::new(&program).args(args).exec();
+    eprintln!(
+        "error: cannot run {}: {err}; build it with `make build` (it is built next to `trainbook`)",
+        program.display()
+    );
+    1
 }

@@ -1,0 +1,588 @@
+//! The evaluation engine: one thread that owns evcxr's `CommandContext`.
+//!
+//! evcxr compiles each cell and runs it in a child process (this same executable, which calls
+//! `evcxr::runtime_hook()` first). The context is not thread-safe and a cell blocks it while it
+//! runs, so it lives on its own thread and the Jupyter handlers talk to it through a queue;
+//! interrupts and shutdown never wait for it (see `kernel.rs`).
+
+use crate::iopub::Publisher;
+use crate::prelude::{INIT_CODE, Prelude};
+use anyhow::{Context, Result};
+use evcxr::{CommandContext, EvalCallbacks, EvalContext, EvalContextOutputs};
+use serde_json::{Map, Value};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// What a cell produced.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The cell ran; `data` is its result's MIME bundle (empty when it has no value).
+    Ok { data: Map<String, Value> },
+    /// Compile error, runtime error, interrupt or lost process.
+    Error {
+        ename: String,
+        evalue: String,
+        traceback: Vec<String>,
+    },
+}
+
+pub struct Completion {
+    pub matches: Vec<String>,
+    /// Byte offsets into the code.
+    pub start: usize,
+    pub end: usize,
+}
+
+enum Request {
+    Execute {
+        code: String,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Complete {
+        code: String,
+        cursor: usize,
+        reply: oneshot::Sender<Option<Completion>>,
+    },
+    Inspect {
+        code: String,
+        cursor: usize,
+        reply: oneshot::Sender<Option<(String, String)>>,
+    },
+}
+
+/// State the interrupt and shutdown paths read while the engine thread is busy.
+#[derive(Default)]
+pub struct EngineState {
+    /// Id of the execution now running (0: none).
+    pub executing: AtomicU64,
+    /// The execution an interrupt was sent for, and the one whose process was killed.
+    pub interrupted: AtomicU64,
+    pub killed: AtomicU64,
+    /// evcxr's handle to the cell process; stays valid across its restarts.
+    child: Mutex<Option<Arc<Mutex<Child>>>>,
+}
+
+impl EngineState {
+    pub fn child_pid(&self) -> Option<u32> {
+        let handle = self.child.lock().ok()?.clone()?;
+        let child = handle.lock().ok()?;
+        Some(child.id())
+    }
+
+    /// SIGKILL for the cell process (its jobs' workers follow through their death signal).
+    pub fn kill_child(&self) {
+        let handle = self.child.lock().ok().and_then(|h| h.clone());
+        if let Some(handle) = handle
+            && let Ok(mut child) = handle.lock()
+        {
+            let _ = child.kill();
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::Sender<Request>,
+    pub state: Arc<EngineState>,
+}
+
+/// Environment for the cell process.
+pub struct ChildSetup {
+    pub prelude: Option<Prelude>,
+    pub channel_socket: PathBuf,
+}
+
+impl Engine {
+    /// Starts the engine thread; the context is created there (it takes a few seconds) while the
+    /// kernel already answers on its sockets. Requests queue until it is ready.
+    pub fn start(setup: ChildSetup, publisher: Publisher) -> Engine {
+        let (tx, rx) = mpsc::channel();
+        let state = Arc::new(EngineState::default());
+        let st = state.clone();
+        std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || run(setup, publisher, st, rx))
+            .expect("spawning the engine thread");
+        Engine { tx, state }
+    }
+
+    pub async fn execute(&self, code: String) -> Outcome {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Request::Execute { code, reply }).is_err() {
+            return engine_gone();
+        }
+        rx.await.unwrap_or_else(|_| engine_gone())
+    }
+
+    pub async fn complete(&self, code: String, cursor: usize) -> Option<Completion> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Complete {
+                code,
+                cursor,
+                reply,
+            })
+            .ok()?;
+        rx.await.ok().flatten()
+    }
+
+    pub async fn inspect(&self, code: String, cursor: usize) -> Option<(String, String)> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Inspect {
+                code,
+                cursor,
+                reply,
+            })
+            .ok()?;
+        rx.await.ok().flatten()
+    }
+}
+
+fn engine_gone() -> Outcome {
+    Outcome::Error {
+        ename: "KernelError".into(),
+        evalue: "the evaluation engine stopped; restart the kernel".into(),
+        traceback: vec!["the evaluation engine stopped; restart the kernel".into()],
+    }
+}
+
+fn run(
+    setup: ChildSetup,
+    publisher: Publisher,
+    state: Arc<EngineState>,
+    rx: mpsc::Receiver<Request>,
+) {
+    let (mut ctx, outputs) = match create_context(&setup) {
+        Ok(x) => x,
+        Err(e) => {
+            let msg = format!("the Rust engine failed to start: {e:#}");
+            eprintln!("trainbook-kernel: {msg}");
+            for req in rx {
+                match req {
+                    Request::Execute { reply, .. } => {
+                        let _ = reply.send(Outcome::Error {
+                            ename: "KernelError".into(),
+                            evalue: msg.clone(),
+                            traceback: vec![msg.clone()],
+                        });
+                    }
+                    Request::Complete { reply, .. } => drop(reply.send(None)),
+                    Request::Inspect { reply, .. } => drop(reply.send(None)),
+                }
+            }
+            return;
+        }
+    };
+    *state.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.process_handle());
+    let drains = Drains::start(outputs, publisher.clone());
+    let init_code = setup.prelude.as_ref().map(|_| INIT_CODE);
+    let init = |ctx: &mut CommandContext, publisher: &Publisher| {
+        let Some([prelude, attach]) = &init_code else {
+            return;
+        };
+        if let Err(e) = ctx.execute(prelude) {
+            publisher.kernel_note(&format!(
+                "trainbook: the prelude did not load, so `use trainbook::prelude::*` is not in \
+                 scope: {e}\n"
+            ));
+        } else if let Err(e) = ctx.execute(attach) {
+            publisher.kernel_note(&format!("trainbook: live displays are off: {e}\n"));
+        }
+    };
+    init(&mut ctx, &publisher);
+    drains.flush();
+
+    let mut next_id = 1u64;
+    for req in rx {
+        match req {
+            Request::Execute { code, reply } => {
+                let id = next_id;
+                next_id += 1;
+                state.executing.store(id, Ordering::SeqCst);
+                let result = execute_inferring_types(&mut ctx, &code);
+                state.executing.store(0, Ordering::SeqCst);
+                drains.flush();
+                let interrupted = state.interrupted.load(Ordering::SeqCst) == id;
+                let killed = state.killed.load(Ordering::SeqCst) == id;
+                let restarted = matches!(result, Err(evcxr::Error::SubprocessTerminated(_)));
+                let outcome = to_outcome(&code, result, interrupted, killed);
+                if restarted {
+                    // evcxr has started a fresh process; give it the prelude and kernel link.
+                    init(&mut ctx, &publisher);
+                    drains.flush();
+                }
+                let _ = reply.send(outcome);
+            }
+            Request::Complete {
+                code,
+                cursor,
+                reply,
+            } => {
+                let c = ctx.completions(&code, cursor).ok().map(|c| Completion {
+                    matches: c.completions.into_iter().map(|c| c.code).collect(),
+                    start: c.start_offset,
+                    end: c.end_offset,
+                });
+                let _ = reply.send(c);
+            }
+            Request::Inspect {
+                code,
+                cursor,
+                reply,
+            } => {
+                let _ = reply.send(ctx.hover_at(&code, cursor).ok());
+            }
+        }
+    }
+}
+
+/// Runs a cell. evcxr stores a cell's variables for later cells and needs their types, which it
+/// gets from rust-analyzer; rust-analyzer cannot see the prebuilt prelude, so for a variable
+/// like `let job = launch(spec)?;` it gives up. Then ask the compiler (a `cargo check` of the
+/// cell plus `let _: () = job;`, whose error names the type), write the type into the `let`,
+/// and run the cell again.
+fn execute_inferring_types(
+    ctx: &mut CommandContext,
+    code: &str,
+) -> Result<evcxr::EvalOutputs, evcxr::Error> {
+    let mut code = code.to_string();
+    let mut callbacks = EvalCallbacks::default();
+    for _ in 0..8 {
+        let result = ctx.execute_with_callbacks(&code, &mut callbacks);
+        let Err(evcxr::Error::Message(msg)) = &result else {
+            return result;
+        };
+        let Some(var) = untyped_variable(msg) else {
+            return result;
+        };
+        let probe = format!("{code}\nlet _: () = {var};");
+        let Some(ty) = ctx
+            .check(&probe)
+            .ok()
+            .and_then(|errors| errors.iter().find_map(found_type))
+        else {
+            return result;
+        };
+        match annotate(&code, &var, &ty) {
+            Some(annotated) => code = annotated,
+            None => return result,
+        }
+    }
+    ctx.execute_with_callbacks(&code, &mut callbacks)
+}
+
+/// The variable named in evcxr's "Couldn't automatically determine type of variable `x`".
+fn untyped_variable(msg: &str) -> Option<String> {
+    let rest = msg.split("determine type of variable `").nth(1)?;
+    let name = rest.split('`').next()?;
+    (!name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_'))
+        .then(|| name.to_string())
+}
+
+/// The type in rustc's "expected `()`, found `T`" for the probe's mismatched-types error.
+fn found_type(error: &evcxr::CompilationError) -> Option<String> {
+    if error.code() != Some("E0308") {
+        return None;
+    }
+    let texts = error
+        .spanned_messages()
+        .iter()
+        .map(|m| m.label.clone())
+        .chain([error.rendered()]);
+    for text in texts {
+        if let Some(i) = text.rfind("found `") {
+            let ty = text[i + 7..].split('`').next()?;
+            // Closures and opaque types cannot be written down.
+            if !ty.is_empty() && !ty.contains('{') && !ty.starts_with("impl ") {
+                return Some(ty.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// `let job = ...` → `let job: T = ...` (first top-level binding of `var`).
+fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
+    let mut from = 0;
+    while let Some(i) = code[from..].find("let ") {
+        let start = from + i;
+        from = start + 4;
+        if start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let mut rest = code[start + 4..].trim_start();
+        if let Some(r) = rest.strip_prefix("mut ") {
+            rest = r.trim_start();
+        }
+        let Some(after) = rest.strip_prefix(var) else {
+            continue;
+        };
+        if after.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        if after.trim_start().starts_with('=') && !after.trim_start().starts_with("==") {
+            let at = code.len() - after.len();
+            return Some(format!("{}: {ty}{}", &code[..at], &code[at..]));
+        }
+    }
+    None
+}
+
+fn create_context(setup: &ChildSetup) -> Result<(CommandContext, EvalContextOutputs)> {
+    let exe = std::env::current_exe().context("cannot locate this executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.env(trainbook_channel::SOCKET_ENV, &setup.channel_socket)
+        // anyhow errors would otherwise carry a backtrace (evcxr sets RUST_BACKTRACE=1).
+        .env("RUST_LIB_BACKTRACE", "0");
+    if let Some(p) = &setup.prelude {
+        cmd.env("LD_LIBRARY_PATH", p.library_path()?);
+        if let Some(w) = &p.worker {
+            cmd.env("TRAINBOOK_WORKER", w);
+        }
+    }
+    // The cell process (and, through their own death signal, its jobs' workers) must not outlive
+    // the kernel, even a SIGKILLed one. The signal follows the spawning thread, which is this
+    // long-lived engine thread for the first start and for every restart evcxr does.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (mut eval, outputs) = EvalContext::with_subprocess_command(cmd)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("evcxr could not start its Rust process")?;
+    let mut state = eval.state();
+    state.set_offline_mode(true);
+    if let Some(p) = &setup.prelude {
+        state.set_build_env("CARGO_ENCODED_RUSTFLAGS", &p.encoded_rustflags());
+    }
+    eval.eval_with_state("", state)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((CommandContext::with_eval_context(eval), outputs))
+}
+
+fn to_outcome(
+    code: &str,
+    result: Result<evcxr::EvalOutputs, evcxr::Error>,
+    interrupted: bool,
+    killed: bool,
+) -> Outcome {
+    let error = |ename: &str, evalue: String| Outcome::Error {
+        ename: ename.into(),
+        traceback: vec![format!("\x1b[0;31m{ename}\x1b[0m: {evalue}")],
+        evalue,
+    };
+    match result {
+        _ if killed => error(
+            "Interrupted",
+            "the cell did not stop within the grace period after the interrupt, so its Rust \
+             process was restarted: all variables are lost (trainbook jobs and their workers \
+             were stopped). The prelude is loaded again."
+                .into(),
+        ),
+        Ok(_) if interrupted => error(
+            "Interrupted",
+            "the cell was interrupted: running trainbook jobs were stopped and every variable \
+             was kept"
+                .into(),
+        ),
+        Ok(out) => Outcome::Ok {
+            data: out
+                .content_by_mime_type
+                .into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect(),
+        },
+        Err(evcxr::Error::CompilationErrors(errors)) => compile_error(code, &errors),
+        Err(evcxr::Error::SubprocessTerminated(msg)) => error(
+            "ProcessDied",
+            format!(
+                "the Rust process running the cells died, so all variables are lost; the prelude \
+                 is loaded again. {msg}"
+            ),
+        ),
+        Err(e) => error("Error", e.to_string()),
+    }
+}
+
+/// rustc's diagnostics drawn over the cell's own code (not evcxr's generated wrapper).
+fn compile_error(code: &str, errors: &[evcxr::CompilationError]) -> Outcome {
+    let mut traceback = Vec::new();
+    for e in errors {
+        let mut drawn = None;
+        if let Some(report) = e.build_report("cell".into(), code.to_string(), evcxr::Theme::Light)
+        {
+            let mut buf = Vec::new();
+            if report
+                .write(("cell".to_string(), ariadne::Source::from(code)), &mut buf)
+                .is_ok()
+            {
+                drawn = Some(String::from_utf8_lossy(&buf).into_owned());
+            }
+        }
+        // ariadne colours every character separately, which makes the text unsearchable in
+        // saved notebooks; keep it plain and colour only the headline.
+        let text = strip_ansi(&drawn.unwrap_or_else(|| e.rendered()));
+        for (i, line) in text.lines().enumerate() {
+            traceback.push(if i == 0 {
+                format!("\x1b[0;31m{line}\x1b[0m")
+            } else {
+                line.to_string()
+            });
+        }
+        for help in e.help() {
+            traceback.push(format!("help: {help}"));
+        }
+    }
+    let evalue = errors
+        .iter()
+        .map(|e| e.message())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Outcome::Error {
+        ename: "CompileError".into(),
+        evalue,
+        traceback,
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI sequences: ESC [ parameters final-byte
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Forwards the cell process's stdout and stderr to the running cell as they arrive.
+struct Drains {
+    lock: Arc<Mutex<()>>,
+    stdout: crossbeam_channel::Receiver<String>,
+    stderr: crossbeam_channel::Receiver<String>,
+    publisher: Publisher,
+}
+
+impl Drains {
+    fn start(outputs: EvalContextOutputs, publisher: Publisher) -> Drains {
+        let lock = Arc::new(Mutex::new(()));
+        for (rx, name) in [(outputs.stdout.clone(), "stdout"), (outputs.stderr.clone(), "stderr")] {
+            let lock = lock.clone();
+            let publisher = publisher.clone();
+            std::thread::Builder::new()
+                .name(format!("drain-{name}"))
+                .spawn(move || {
+                    while let Ok(first) = rx.recv() {
+                        // Held while publishing, so `flush` cannot overtake a taken line.
+                        let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                        let text = gather(first, &rx);
+                        publisher.stream(name, &text);
+                    }
+                })
+                .expect("spawning a drain thread");
+        }
+        Drains {
+            lock,
+            stdout: outputs.stdout,
+            stderr: outputs.stderr,
+            publisher,
+        }
+    }
+
+    /// Publishes everything the cell printed before its result goes out. stderr comes through
+    /// a separate pipe with no end-of-cell marker, so wait until it has been quiet briefly.
+    fn flush(&self) {
+        let deadline = Instant::now() + Duration::from_millis(150);
+        let mut quiet_since = Instant::now();
+        loop {
+            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut got = false;
+            for (rx, name) in [(&self.stdout, "stdout"), (&self.stderr, "stderr")] {
+                if let Ok(first) = rx.try_recv() {
+                    let text = gather(first, rx);
+                    self.publisher.stream(name, &text);
+                    got = true;
+                }
+            }
+            drop(_g);
+            if got {
+                quiet_since = Instant::now();
+            }
+            if Instant::now() >= deadline || quiet_since.elapsed() >= Duration::from_millis(20) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// One line plus whatever else is already waiting, as one stream message.
+fn gather(first: String, rx: &crossbeam_channel::Receiver<String>) -> String {
+    let mut text = first;
+    text.push('\n');
+    for _ in 0..1000 {
+        match rx.try_recv() {
+            Ok(line) => {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            Err(_) => break,
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotates_the_first_top_level_binding() {
+        assert_eq!(
+            annotate("let job = launch(s)?;\njob.wait()?;", "job", "Job").as_deref(),
+            Some("let job: Job = launch(s)?;\njob.wait()?;")
+        );
+        assert_eq!(
+            annotate("let mut  r = fit(x)?;", "r", "TrainResult").as_deref(),
+            Some("let mut  r: TrainResult = fit(x)?;")
+        );
+        // Not a prefix of another name, not an existing annotation, not `outlet`.
+        assert_eq!(annotate("let jobs = 1; let job = 2;", "job", "u8").as_deref(), Some("let jobs = 1; let job: u8 = 2;"));
+        assert_eq!(annotate("let job: Job = x;", "job", "Job"), None);
+        assert_eq!(annotate("outlet job = 1;", "job", "u8"), None);
+    }
+
+    #[test]
+    fn ansi_sequences_are_removed() {
+        assert_eq!(strip_ansi("\x1b[38;5;249ml\x1b[0me\x1b[31mt"), "let");
+    }
+
+    #[test]
+    fn reads_the_variable_from_evcxrs_message() {
+        assert_eq!(
+            untyped_variable("Couldn't automatically determine type of variable `job`.\nPlease give it an explicit type.").as_deref(),
+            Some("job")
+        );
+        assert_eq!(untyped_variable("something else"), None);
+    }
+}

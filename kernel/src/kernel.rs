@@ -1,0 +1,411 @@
+//! The Jupyter side: the five sockets of the connection file and one handler per message type.
+//!
+//! Shell requests are handled one at a time (an execute blocks the shell loop, as in ipykernel);
+//! control runs beside it, so interrupt and shutdown work while a cell is busy. Every incoming
+//! message's HMAC signature is checked by `jupyter-zmq-client`; one that fails is dropped and
+//! logged, never handled.
+
+use crate::channel::ChannelServer;
+use crate::engine::{ChildSetup, Engine, Outcome};
+use crate::iopub::Publisher;
+use crate::prelude::Prelude;
+use crate::{complete, procs};
+use anyhow::{Context, Result};
+use jupyter_protocol::{
+    CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ErrorOutput, ExecuteInput,
+    ExecuteReply, ExecuteResult, ExecutionCount, HistoryReply, InspectReply,
+    InterruptReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media,
+    ReplyError, ReplyStatus, ShutdownReply, Status,
+};
+use jupyter_zmq_client::{KernelControlConnection, KernelShellConnection, RuntimeError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use trainbook_channel::ToNotebook;
+
+/// How long a cell gets to return after an interrupt before its process is killed.
+pub const INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+/// How long shutdown waits for jobs to stop their workers cooperatively.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+pub struct KernelConfig {
+    pub connection: ConnectionInfo,
+    pub run_dir: PathBuf,
+    pub prelude: Option<Prelude>,
+    pub rust_version: String,
+}
+
+struct Kernel {
+    publisher: Publisher,
+    engine: Engine,
+    channel: ChannelServer,
+    run_dir: PathBuf,
+    rust_version: String,
+}
+
+pub async fn serve(config: KernelConfig) -> Result<()> {
+    let info = &config.connection;
+    if !info.signature_scheme.is_empty() && info.signature_scheme != "hmac-sha256" {
+        anyhow::bail!(
+            "unsupported signature scheme {:?} in the connection file (trainbook speaks \
+             hmac-sha256)",
+            info.signature_scheme
+        );
+    }
+    let session = format!("trainbook-{}-{}", std::process::id(), nanos());
+    let bind = |what: &'static str| move |e: RuntimeError| anyhow::anyhow!("cannot bind the {what} socket: {e}");
+    let mut iopub = jupyter_zmq_client::create_kernel_iopub_connection(info, &session)
+        .await
+        .map_err(bind("iopub"))?;
+    let mut shell = jupyter_zmq_client::create_kernel_shell_connection(info, &session)
+        .await
+        .map_err(bind("shell"))?;
+    let mut control = jupyter_zmq_client::create_kernel_control_connection(info, &session)
+        .await
+        .map_err(bind("control"))?;
+    // Bound so clients can connect; input requests are not supported (evcxr reads no stdin).
+    let _stdin = jupyter_zmq_client::create_kernel_stdin_connection(info, &session)
+        .await
+        .map_err(bind("stdin"))?;
+    let mut heartbeat = jupyter_zmq_client::create_kernel_heartbeat_connection(info)
+        .await
+        .map_err(bind("heartbeat"))?;
+
+    let (publisher, mut outbox) = Publisher::new();
+    let channel = ChannelServer::start(&config.run_dir, publisher.clone())?;
+    let engine = Engine::start(
+        ChildSetup {
+            prelude: config.prelude.clone(),
+            channel_socket: channel.path().to_path_buf(),
+        },
+        publisher.clone(),
+    );
+    let kernel = Arc::new(Kernel {
+        publisher: publisher.clone(),
+        engine,
+        channel,
+        run_dir: config.run_dir.clone(),
+        rust_version: config.rust_version.clone(),
+    });
+
+    tokio::spawn(async move {
+        while let Some(msg) = outbox.recv().await {
+            if let Err(e) = iopub.send(msg).await {
+                eprintln!("trainbook-kernel: iopub send failed: {e}");
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while heartbeat.single_heartbeat().await.is_ok() {}
+    });
+    publisher.send(Status::starting(), None);
+
+    let k = kernel.clone();
+    tokio::spawn(async move { control_loop(&k, &mut control).await });
+    let k = kernel.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+        loop {
+            tokio::select! {
+                Some(_) = async { term.as_mut()?.recv().await } => k.shutdown().await,
+                Some(_) = async { int.as_mut()?.recv().await } => k.interrupt(),
+            }
+        }
+    });
+    shell_loop(&kernel, &mut shell).await;
+    Ok(())
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+/// Reads the next message, dropping (and logging) any that fails its signature check or
+/// does not parse.
+async fn next<S: zeromq::SocketRecv>(
+    conn: &mut jupyter_zmq_client::Connection<S>,
+    socket: &str,
+) -> JupyterMessage {
+    let mut failures = 0u32;
+    loop {
+        match conn.read().await {
+            Ok(msg) => return msg,
+            Err(e) => {
+                failures += 1;
+                let why = match &e {
+                    RuntimeError::VerifyError(_) | RuntimeError::MissingHmac => {
+                        "bad or missing HMAC signature"
+                    }
+                    _ => "unreadable message",
+                };
+                eprintln!("trainbook-kernel: dropped a message on {socket}: {why} ({e})");
+                if failures > 100 {
+                    // A broken socket would otherwise spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn shell_loop(k: &Arc<Kernel>, shell: &mut KernelShellConnection) {
+    let mut count = ExecutionCount::new(0);
+    loop {
+        let req = next(shell, "shell").await;
+        k.publisher.send(Status::busy(), Some(&req));
+        let reply: Option<JupyterMessageContent> = match &req.content {
+            JupyterMessageContent::ExecuteRequest(r) => {
+                let r = r.clone();
+                Some(k.execute(&req, r, &mut count).await.into())
+            }
+            JupyterMessageContent::KernelInfoRequest(_) => Some(k.kernel_info().into()),
+            JupyterMessageContent::IsCompleteRequest(r) => Some(complete::is_complete(&r.code).into()),
+            JupyterMessageContent::CompleteRequest(r) => Some(k.complete(&r.code, r.cursor_pos).await.into()),
+            JupyterMessageContent::InspectRequest(r) => Some(k.inspect(&r.code, r.cursor_pos).await.into()),
+            JupyterMessageContent::HistoryRequest(_) => Some(HistoryReply::new(Vec::new()).into()),
+            JupyterMessageContent::CommInfoRequest(_) => Some(CommInfoReply::default().into()),
+            JupyterMessageContent::ShutdownRequest(r) => {
+                let reply = ShutdownReply {
+                    restart: r.restart,
+                    ..Default::default()
+                };
+                let _ = shell.send(reply.as_child_of(&req)).await;
+                k.shutdown().await;
+                None
+            }
+            // No comms: widgets are drawn with display data, not comm-based ipywidgets.
+            JupyterMessageContent::CommOpen(_)
+            | JupyterMessageContent::CommMsg(_)
+            | JupyterMessageContent::CommClose(_) => None,
+            other => {
+                eprintln!(
+                    "trainbook-kernel: no handler for {} on shell",
+                    other.message_type()
+                );
+                None
+            }
+        };
+        if let Some(content) = reply {
+            let msg = JupyterMessage::new(content, Some(&req));
+            if let Err(e) = shell.send(msg).await {
+                eprintln!("trainbook-kernel: shell reply failed: {e}");
+            }
+        }
+        k.publisher.send(Status::idle(), Some(&req));
+    }
+}
+
+async fn control_loop(k: &Arc<Kernel>, control: &mut KernelControlConnection) {
+    loop {
+        let req = next(control, "control").await;
+        match &req.content {
+            JupyterMessageContent::InterruptRequest(_) => {
+                k.interrupt();
+                let _ = control.send(InterruptReply::new().as_child_of(&req)).await;
+            }
+            JupyterMessageContent::ShutdownRequest(r) => {
+                let reply = ShutdownReply {
+                    restart: r.restart,
+                    ..Default::default()
+                };
+                let _ = control.send(reply.as_child_of(&req)).await;
+                k.shutdown().await;
+            }
+            JupyterMessageContent::KernelInfoRequest(_) => {
+                let _ = control.send(k.kernel_info().as_child_of(&req)).await;
+            }
+            other => eprintln!(
+                "trainbook-kernel: no handler for {} on control",
+                other.message_type()
+            ),
+        }
+    }
+}
+
+impl Kernel {
+    fn kernel_info(&self) -> KernelInfoReply {
+        KernelInfoReply {
+            status: ReplyStatus::Ok,
+            protocol_version: "5.3".into(),
+            implementation: "trainbook".into(),
+            implementation_version: env!("CARGO_PKG_VERSION").into(),
+            language_info: LanguageInfo {
+                name: "rust".into(),
+                version: self.rust_version.clone(),
+                mimetype: Some("text/rust".into()),
+                file_extension: Some(".rs".into()),
+                pygments_lexer: Some("rust".into()),
+                codemirror_mode: Some(CodeMirrorMode::Simple("rust".into())),
+                nbconvert_exporter: None,
+            },
+            banner: "Rust (trainbook): the trainbook prelude is loaded — try `train_bert(2)?`"
+                .into(),
+            help_links: Vec::new(),
+            debugger: false,
+            error: None,
+        }
+    }
+
+    async fn execute(
+        &self,
+        req: &JupyterMessage,
+        r: jupyter_protocol::ExecuteRequest,
+        count: &mut ExecutionCount,
+    ) -> ExecuteReply {
+        if !r.silent && r.store_history {
+            count.increment();
+        }
+        if !r.silent {
+            self.publisher.send(
+                ExecuteInput {
+                    code: r.code.clone(),
+                    execution_count: *count,
+                },
+                Some(req),
+            );
+        }
+        self.publisher.begin_cell(req);
+        let outcome = self.engine.execute(r.code).await;
+        let reply = match outcome {
+            Outcome::Ok { data } => {
+                if !r.silent && !data.is_empty() {
+                    match serde_json::from_value::<Media>(serde_json::Value::Object(data)) {
+                        Ok(media) => self
+                            .publisher
+                            .send(ExecuteResult::new(*count, media), Some(req)),
+                        Err(e) => self
+                            .publisher
+                            .stream("stderr", &format!("unreadable cell result: {e}\n")),
+                    }
+                }
+                ExecuteReply {
+                    status: ReplyStatus::Ok,
+                    execution_count: *count,
+                    ..Default::default()
+                }
+            }
+            Outcome::Error {
+                ename,
+                evalue,
+                traceback,
+            } => {
+                if !r.silent {
+                    self.publisher.send(
+                        ErrorOutput {
+                            ename: ename.clone(),
+                            evalue: evalue.clone(),
+                            traceback: traceback.clone(),
+                        },
+                        Some(req),
+                    );
+                }
+                ExecuteReply {
+                    status: ReplyStatus::Error,
+                    execution_count: *count,
+                    error: Some(Box::new(ReplyError {
+                        ename,
+                        evalue,
+                        traceback,
+                    })),
+                    ..Default::default()
+                }
+            }
+        };
+        self.publisher.end_cell();
+        reply
+    }
+
+    async fn complete(&self, code: &str, cursor: usize) -> CompleteReply {
+        let byte = complete::char_to_byte(code, cursor);
+        match self.engine.complete(code.to_string(), byte).await {
+            Some(c) => CompleteReply {
+                matches: c.matches,
+                cursor_start: complete::byte_to_char(code, c.start),
+                cursor_end: complete::byte_to_char(code, c.end),
+                ..Default::default()
+            },
+            None => CompleteReply {
+                cursor_start: cursor,
+                cursor_end: cursor,
+                ..Default::default()
+            },
+        }
+    }
+
+    async fn inspect(&self, code: &str, cursor: usize) -> InspectReply {
+        let byte = complete::char_to_byte(code, cursor);
+        match self.engine.inspect(code.to_string(), byte).await {
+            Some((plain, html)) if !plain.trim().is_empty() => {
+                let mut bundle = serde_json::Map::new();
+                bundle.insert("text/plain".into(), plain.into());
+                if !html.is_empty() {
+                    bundle.insert("text/html".into(), html.into());
+                }
+                InspectReply {
+                    found: true,
+                    data: serde_json::from_value(bundle.into()).unwrap_or_default(),
+                    ..Default::default()
+                }
+            }
+            _ => InspectReply::default(),
+        }
+    }
+
+    /// Stops running jobs cooperatively (the waiting cell returns an error, variables stay);
+    /// kills the cell process only if the cell does not return within [`INTERRUPT_GRACE`].
+    fn interrupt(&self) {
+        self.channel.send(&ToNotebook::Interrupt);
+        let state = self.engine.state.clone();
+        let id = state.executing.load(Ordering::SeqCst);
+        if id == 0 {
+            return;
+        }
+        state.interrupted.store(id, Ordering::SeqCst);
+        let publisher = self.publisher.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(INTERRUPT_GRACE).await;
+            if state.executing.load(Ordering::SeqCst) == id {
+                publisher.kernel_note(&format!(
+                    "trainbook: the cell did not stop within {} s of the interrupt; restarting \
+                     its Rust process (all variables are lost)\n",
+                    INTERRUPT_GRACE.as_secs()
+                ));
+                state.killed.store(id, Ordering::SeqCst);
+                state.kill_child();
+            }
+        });
+    }
+
+    /// Stops every job (workers get SIGTERM, then SIGKILL), then the cell process, then exits.
+    async fn shutdown(&self) {
+        self.channel.send(&ToNotebook::Shutdown);
+        if let Some(pid) = self.engine.state.child_pid() {
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+            while !procs::descendants(pid).is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        self.engine.state.kill_child();
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+        // Let the reply and the last IOPub messages leave before the sockets close.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::process::exit(0);
+    }
+}
+
+pub fn read_connection_file(path: &std::path::Path) -> Result<ConnectionInfo> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the connection file {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a Jupyter connection file (ip, ports, key, transport)",
+            path.display()
+        )
+    })
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The kernel's tests drive the real kernel through Jupyter's own client (jupyter_client,
+# nbconvert) from the project venv, where `make build` installed the kernelspec.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/kernel "$@"

@@ -1,0 +1,387 @@
+"""The trainbook Jupyter kernel, driven through a real Jupyter client (jupyter_client).
+
+Run by `make test` (scripts/test-kernel.sh) after the kernelspec is installed into .venv.
+Every wait has a deadline, so a broken kernel fails these tests instead of hanging them.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import jupyter_client
+import nbformat
+import pytest
+import zmq
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL = os.environ.get("TRAINBOOK_KERNEL_NAME", "trainbook")
+RUNS = tempfile.mkdtemp(prefix="tb-kernel-runs-")
+# A job that runs until it is stopped (the tiny synthetic recipe, many steps).
+LONG_JOB = (
+    'let job = launch(JobSpec::new("synthetic").preset("tiny").workers(2)'
+    f'.max_steps(1_000_000).epochs(100_000).runs_root("{RUNS}"))?;'
+)
+SHORT_JOB = (
+    'let job = launch(JobSpec::new("synthetic").preset("tiny").workers(2)'
+    f'.runs_root("{RUNS}"))?;'
+)
+
+
+def start():
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name=KERNEL, startup_timeout=120)
+    return km, kc
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km, kc = start()
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+
+
+def run(kc, code, timeout=120):
+    """Executes `code`; returns (reply content, iopub messages of this cell)."""
+    msgs = []
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=msgs.append)
+    return reply["content"], msgs
+
+
+def result_text(msgs):
+    return "".join(
+        m["content"]["data"].get("text/plain", "")
+        for m in msgs
+        if m["msg_type"] == "execute_result"
+    )
+
+
+def stream_text(msgs):
+    return "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream")
+
+
+def kernel_pid(km):
+    return km.provisioner.process.pid
+
+
+def descendants(pid):
+    """Live processes below `pid` (from /proc)."""
+    table = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if rest[0] != "Z":
+            table[int(d)] = int(rest[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, parent in table.items():
+            if parent == p and child not in out:
+                out.append(child)
+                frontier.append(child)
+    return out
+
+
+def workers_of(km):
+    return [p for p in descendants(kernel_pid(km)) if "trainbook-worker" in cmdline(p)]
+
+
+def cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline").read()
+    except OSError:
+        return ""
+
+
+def alive(pid):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def wait_until(cond, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def iopub_until(kc, pred, timeout):
+    """Reads iopub until `pred(msg)` holds; returns all messages read."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m = kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        seen.append(m)
+        if pred(m):
+            return seen
+    raise AssertionError(
+        f"no matching iopub message within {timeout} s; saw {[m['msg_type'] for m in seen]}"
+    )
+
+
+def wait_for_workers(km, n=2, timeout=60):
+    assert wait_until(lambda: len(workers_of(km)) >= n, timeout), "workers did not start"
+    return workers_of(km)
+
+
+def test_kernel_info_and_kernelspec(kernel):
+    km, kc = kernel
+    info = kc.kernel_info(reply=True, timeout=30)["content"]
+    assert info["status"] == "ok"
+    assert info["implementation"] == "trainbook"
+    lang = info["language_info"]
+    assert lang["name"] == "rust"
+    assert lang["file_extension"] == ".rs"
+    assert lang["codemirror_mode"] == "rust"
+    spec = km.kernel_spec
+    assert spec.interrupt_mode == "message"
+    assert spec.language == "rust"
+
+
+def test_execute_returns_a_result_and_the_prelude_is_loaded(kernel):
+    _, kc = kernel
+    reply, msgs = run(kc, "1 + 1")
+    assert reply["status"] == "ok", reply
+    assert reply["execution_count"] >= 1
+    assert result_text(msgs) == "2"
+    # The prelude is in scope without any `use` in the notebook.
+    reply, msgs = run(kc, "JobSpec::new(\"synthetic\").workers(3).into_spec().workers")
+    assert reply["status"] == "ok", reply
+    assert result_text(msgs) == "3"
+
+
+def test_stdout_streams_to_the_cell(kernel):
+    _, kc = kernel
+    reply, msgs = run(kc, 'println!("hello from rust"); eprintln!("to stderr");')
+    assert reply["status"] == "ok"
+    out = [m["content"] for m in msgs if m["msg_type"] == "stream"]
+    assert any(s["name"] == "stdout" and "hello from rust" in s["text"] for s in out), out
+    assert any(s["name"] == "stderr" and "to stderr" in s["text"] for s in out), out
+
+
+def test_compile_error_is_an_error_reply_with_rustc_message(kernel):
+    _, kc = kernel
+    reply, msgs = run(kc, 'let n: u32 = "seven";')
+    assert reply["status"] == "error"
+    assert reply["ename"] == "CompileError"
+    assert "mismatched types" in reply["evalue"]
+    errors = [m for m in msgs if m["msg_type"] == "error"]
+    assert errors, [m["msg_type"] for m in msgs]
+    assert any("seven" in line for line in errors[0]["content"]["traceback"])
+    # The kernel keeps working.
+    reply, msgs = run(kc, "2 * 21")
+    assert result_text(msgs) == "42"
+
+
+def test_completeness_and_completion(kernel):
+    _, kc = kernel
+    kc.is_complete("fn f() {")
+    r = kc.get_shell_msg(timeout=30)["content"]
+    assert r["status"] == "incomplete"
+    kc.is_complete("let x = 1;")
+    assert kc.get_shell_msg(timeout=30)["content"]["status"] == "complete"
+    kc.complete("let v: Vec<u8> = Vec::new(); v.pu", 34)
+    r = kc.get_shell_msg(timeout=60)["content"]
+    assert r["status"] == "ok"
+    assert any(m.startswith("push") for m in r["matches"]), r["matches"][:20]
+
+
+def sign(key, parts):
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for p in parts:
+        h.update(p)
+    return h.hexdigest().encode()
+
+
+def raw_execute(km, code, key):
+    """An execute_request on a fresh DEALER socket, signed with `key` (bytes, may be wrong)."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://{km.ip}:{km.shell_port}")
+    header = {
+        "msg_id": uuid.uuid4().hex,
+        "session": uuid.uuid4().hex,
+        "username": "test",
+        "date": "2026-11-22T00:00:00Z",
+        "msg_type": "execute_request",
+        "version": "5.3",
+    }
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
+    parts = [json.dumps(x).encode() for x in (header, {}, {}, content)]
+    sig = sign(key, parts) if key is not None else b""
+    sock.send_multipart([b"<IDS|MSG>", sig] + parts)
+    return sock
+
+
+def test_badly_signed_messages_are_not_executed(kernel, tmp_path):
+    km, kc = kernel
+    marker = tmp_path / "executed"
+    code = f'std::fs::write("{marker}", "x").unwrap();'
+    socks = [
+        raw_execute(km, code, b"not-the-key"),
+        raw_execute(km, code, None),  # no signature at all
+    ]
+    time.sleep(3)
+    for s in socks:
+        assert s.poll(100) == 0, "the kernel replied to a badly signed request"
+        s.close()
+    assert not marker.exists(), "a badly signed request was executed"
+    # The same request correctly signed runs.
+    good = raw_execute(km, code, km.session.key)
+    assert good.poll(60_000), "no reply to a correctly signed request"
+    good.close()
+    assert wait_until(marker.exists, 10)
+
+
+def test_background_job_display_updates_after_the_cell_returned(kernel):
+    _, kc = kernel
+    t0 = time.monotonic()
+    reply, msgs = run(kc, SHORT_JOB)
+    assert reply["status"] == "ok", (reply, stream_text(msgs))
+    displays = [m for m in msgs if m["msg_type"] == "display_data"]
+    assert displays, [m["msg_type"] for m in msgs]
+    display_id = displays[0]["content"]["transient"]["display_id"]
+    assert display_id
+    cell_id = displays[0]["parent_header"]["msg_id"]
+    # The cell has returned; the job keeps drawing into its display.
+    updates = iopub_until(
+        kc,
+        lambda m: m["msg_type"] == "update_display_data"
+        and m["content"]["transient"]["display_id"] == display_id,
+        timeout=60,
+    )
+    upd = updates[-1]
+    # Between cells, updates are attributed to the cell that started the job.
+    assert upd["parent_header"]["msg_id"] == cell_id
+    # Waiting in a later cell: that cell receives the final view of the display.
+    reply, msgs = run(kc, "job.wait()?.status")
+    assert reply["status"] == "ok", (reply, stream_text(msgs))
+    assert "Succeeded" in result_text(msgs)
+    final = [
+        m
+        for m in msgs
+        if m["msg_type"] == "update_display_data"
+        and m["content"]["transient"]["display_id"] == display_id
+    ]
+    assert final, "the waiting cell got no update of the job's display"
+    assert "succeeded" in final[-1]["content"]["data"]["text/plain"].lower()
+    assert time.monotonic() - t0 < 120
+
+
+def test_interrupt_stops_workers_and_keeps_variables(kernel):
+    km, kc = kernel
+    run(kc, "let kept = 41;")
+    msg_id = kc.execute(LONG_JOB + "\njob.wait()?;")
+    pids = wait_for_workers(km)
+    t0 = time.monotonic()
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=30)
+    took = time.monotonic() - t0
+    content = reply["content"]
+    assert content["status"] == "error"
+    assert content["ename"] == "Interrupted", content
+    assert took < 5, f"the interrupted cell returned after {took:.1f} s"
+    assert wait_until(lambda: not any(alive(p) for p in pids), 5), "workers survived"
+    _, msgs = run(kc, "kept + 1")
+    assert result_text(msgs) == "42", "a variable defined before the interrupt was lost"
+
+
+def test_interrupt_of_a_busy_loop_restarts_the_process_and_says_so():
+    km, kc = start()
+    try:
+        run(kc, "let lost = 1;")
+        msg_id = kc.execute("loop { std::thread::sleep(std::time::Duration::from_millis(10)); }")
+        time.sleep(3)
+        t0 = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error"
+        assert "variables are lost" in reply["content"]["evalue"]
+        assert time.monotonic() - t0 < 15
+        # The prelude is back; the old variable is gone.
+        reply, msgs = run(kc, "JobSpec::new(\"synthetic\").into_spec().workers")
+        assert reply["status"] == "ok", reply
+        reply, _ = run(kc, "lost")
+        assert reply["status"] == "error"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_shutdown_leaves_no_worker():
+    km, kc = start()
+    run(kc, LONG_JOB)
+    pids = wait_for_workers(km)
+    child = [p for p in descendants(kernel_pid(km)) if p not in pids]
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+    assert wait_until(lambda: not any(alive(p) for p in pids + child), 10), "processes survived"
+
+
+def test_sigkill_of_the_kernel_leaves_no_worker():
+    km, kc = start()
+    run(kc, LONG_JOB)
+    pids = wait_for_workers(km)
+    everything = descendants(kernel_pid(km))
+    os.kill(kernel_pid(km), signal.SIGKILL)
+    assert wait_until(lambda: not any(alive(p) for p in everything), 10), [
+        (p, cmdline(p)) for p in everything if alive(p)
+    ]
+    assert pids
+    kc.stop_channels()
+    km.cleanup_resources()
+
+
+def test_nbconvert_executes_a_rust_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Rust (trainbook)", "language": "rust"}
+    nb.cells = [
+        nbformat.v4.new_code_cell("let a = 20;"),
+        nbformat.v4.new_code_cell("let b = a * 2;"),
+        nbformat.v4.new_code_cell("b + 2"),
+    ]
+    src = tmp_path / "three.ipynb"
+    nbformat.write(nb, src)
+    jupyter = Path(sys.executable).parent / "jupyter"
+    out = subprocess.run(
+        [str(jupyter), "nbconvert", "--to", "notebook", "--execute", str(src),
+         "--output", "three.out.ipynb", "--ExecutePreprocessor.timeout=300"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    done = nbformat.read(tmp_path / "three.out.ipynb", as_version=4)
+    outputs = done.cells[2].outputs
+    assert outputs and outputs[0]["data"]["text/plain"] == "42", outputs
