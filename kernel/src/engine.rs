@@ -158,7 +158,8 @@ fn run(
     state: Arc<EngineState>,
     rx: mpsc::Receiver<Request>,
 ) {
-    let (mut ctx, outputs) = match create_context(&setup) {
+    let t0 = Instant::now();
+    let (mut ctx, outputs, init_error) = match create_context(&setup) {
         Ok(x) => x,
         Err(e) => {
             let msg = format!("the Rust engine failed to start: {e:#}");
@@ -181,22 +182,25 @@ fn run(
     };
     *state.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.process_handle());
     let drains = Drains::start(outputs, publisher.clone());
-    let init_code = setup.prelude.as_ref().map(|_| INIT_CODE);
+    let has_prelude = setup.prelude.is_some();
+    let report = |publisher: &Publisher, e: &evcxr::Error| {
+        publisher.kernel_note(&format!(
+            "trainbook: the prelude did not load, so `use trainbook::prelude::*` is not in \
+             scope: {e}\n"
+        ));
+    };
     let init = |ctx: &mut CommandContext, publisher: &Publisher| {
-        let Some([prelude, attach]) = &init_code else {
-            return;
-        };
-        if let Err(e) = ctx.execute(prelude) {
-            publisher.kernel_note(&format!(
-                "trainbook: the prelude did not load, so `use trainbook::prelude::*` is not in \
-                 scope: {e}\n"
-            ));
-        } else if let Err(e) = ctx.execute(attach) {
-            publisher.kernel_note(&format!("trainbook: live displays are off: {e}\n"));
+        if has_prelude && let Err(e) = ctx.execute(INIT_CODE) {
+            report(publisher, &e);
         }
     };
-    init(&mut ctx, &publisher);
+    if let Some(e) = &init_error {
+        report(&publisher, e);
+    }
     drains.flush();
+    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
+        eprintln!("trainbook-kernel: engine and prelude ready after {:.2} s", t0.elapsed().as_secs_f64());
+    }
 
     let mut next_id = 1u64;
     for req in rx {
@@ -334,7 +338,11 @@ fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
     None
 }
 
-fn create_context(setup: &ChildSetup) -> Result<(CommandContext, EvalContextOutputs)> {
+/// evcxr's context with the cell flags set and, when there is a prelude, [`INIT_CODE`] run
+/// (the same compile that applies the flags). A failed init is returned, not fatal.
+fn create_context(
+    setup: &ChildSetup,
+) -> Result<(CommandContext, EvalContextOutputs, Option<evcxr::Error>)> {
     let exe = std::env::current_exe().context("cannot locate this executable")?;
     let mut cmd = Command::new(exe);
     cmd.env(trainbook_channel::SOCKET_ENV, &setup.channel_socket)
@@ -362,12 +370,19 @@ fn create_context(setup: &ChildSetup) -> Result<(CommandContext, EvalContextOutp
         .context("evcxr could not start its Rust process")?;
     let mut state = eval.state();
     state.set_offline_mode(true);
+    let mut init_error = None;
     if let Some(p) = &setup.prelude {
         state.set_build_env("CARGO_ENCODED_RUSTFLAGS", &p.encoded_rustflags());
+        if let Err(e) = eval.eval_with_state(INIT_CODE, state.clone()) {
+            init_error = Some(e);
+        }
     }
-    eval.eval_with_state("", state)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok((CommandContext::with_eval_context(eval), outputs))
+    if setup.prelude.is_none() || init_error.is_some() {
+        // Commit the settings without the prelude code.
+        eval.eval_with_state("", state)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok((CommandContext::with_eval_context(eval), outputs, init_error))
 }
 
 fn to_outcome(

@@ -13,11 +13,9 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
 /// Code every kernel runs once its Rust process is up (and again after that process restarts):
-/// the prelude import, then the kernel link.
-pub const INIT_CODE: [&str; 2] = [
-    "use trainbook::prelude::*;",
-    r#"if let Err(e) = trainbook::notebook::attach() { eprintln!("trainbook: live displays are off: {e:#}"); }"#,
-];
+/// the prelude import and the kernel link, in one cell (each cell is a compile).
+pub const INIT_CODE: &str = r#"use trainbook::prelude::*;
+if let Err(e) = trainbook::notebook::attach() { eprintln!("trainbook: live displays are off: {e:#}"); }"#;
 
 /// The files a notebook cell links against.
 #[derive(Clone, Debug)]
