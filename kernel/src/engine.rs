@@ -365,9 +365,13 @@ fn create_context(
             Ok(())
         });
     }
+    let t = Instant::now();
     let (mut eval, outputs) = EvalContext::with_subprocess_command(cmd)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("evcxr could not start its Rust process")?;
+    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
+        eprintln!("trainbook-kernel: evcxr context {:.2} s", t.elapsed().as_secs_f64());
+    }
     let mut state = eval.state();
     state.set_offline_mode(true);
     let mut init_error = None;

@@ -385,3 +385,32 @@ def test_nbconvert_executes_a_rust_notebook(tmp_path):
     done = nbformat.read(tmp_path / "three.out.ipynb", as_version=4)
     outputs = done.cells[2].outputs
     assert outputs and outputs[0]["data"]["text/plain"] == "42", outputs
+
+
+def test_trainbook_kernel_install_registers_a_kernelspec_jupyter_lists(tmp_path):
+    trainbook = ROOT / "target" / "release" / "trainbook"
+    out = subprocess.run(
+        [str(trainbook), "kernel", "install", "--prefix", str(tmp_path), "--no-check",
+         "--name", "tb-test"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    spec_dir = tmp_path / "share/jupyter/kernels/tb-test"
+    assert (spec_dir / "kernel.json").is_file()
+    jupyter = Path(sys.executable).parent / "jupyter"
+    env = dict(os.environ, JUPYTER_PATH=str(tmp_path / "share/jupyter"))
+    listed = subprocess.run(
+        [str(jupyter), "kernelspec", "list", "--json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    specs = json.loads(listed.stdout)["kernelspecs"]
+    assert "tb-test" in specs
+    assert specs["tb-test"]["spec"]["display_name"] == "Rust (trainbook)"
+    assert specs["tb-test"]["spec"]["interrupt_mode"] == "message"
+    # A bad target is a clear error, not a traceback.
+    bad = subprocess.run(
+        [str(trainbook), "kernel", "install", "--prefix", "/proc/nope", "--no-check"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert bad.returncode != 0
+    assert bad.stderr.startswith("error:") and "--user" in bad.stderr, bad.stderr
