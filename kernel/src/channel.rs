@@ -63,7 +63,7 @@ fn read_peer(stream: UnixStream, publisher: Publisher) {
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { break };
         match decode::<ToKernel>(&line) {
-            Some(msg) => publisher.from_notebook(msg),
+            Some(msg) => publisher.notebook_message(msg),
             None => {
                 bad += 1;
                 if bad <= 3 {

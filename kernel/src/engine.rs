@@ -199,7 +199,10 @@ fn run(
     }
     drains.flush();
     if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
-        eprintln!("trainbook-kernel: engine and prelude ready after {:.2} s", t0.elapsed().as_secs_f64());
+        eprintln!(
+            "trainbook-kernel: engine and prelude ready after {:.2} s",
+            t0.elapsed().as_secs_f64()
+        );
     }
 
     let mut next_id = 1u64;
@@ -257,28 +260,64 @@ fn execute_inferring_types(
 ) -> Result<evcxr::EvalOutputs, evcxr::Error> {
     let mut code = code.to_string();
     let mut callbacks = EvalCallbacks::default();
-    for _ in 0..8 {
+    for _ in 0..4 {
         let result = ctx.execute_with_callbacks(&code, &mut callbacks);
-        let Err(evcxr::Error::Message(msg)) = &result else {
-            return result;
+        let vars = match &result {
+            Err(evcxr::Error::Message(msg)) => untyped_variable(msg).into_iter().collect(),
+            // rust-analyzer sometimes types an expression it cannot see into as `!`.
+            Err(evcxr::Error::CompilationErrors(errors))
+                if errors
+                    .iter()
+                    .any(|e| e.message().contains("`!` type is experimental")) =>
+            {
+                unannotated_lets(&code)
+            }
+            _ => Vec::new(),
         };
-        let Some(var) = untyped_variable(msg) else {
+        let mut changed = false;
+        for var in vars {
+            // In a block, so evcxr does not try to keep (and type) the cell's variables itself.
+            let probe = format!("{{\n{code}\nlet _: () = {var};\n}}");
+            let ty = ctx
+                .check(&probe)
+                .ok()
+                .and_then(|errors| errors.iter().find_map(found_type));
+            if let Some(annotated) = ty.and_then(|ty| annotate(&code, &var, &ty)) {
+                code = annotated;
+                changed = true;
+            }
+        }
+        if !changed {
             return result;
-        };
-        let probe = format!("{code}\nlet _: () = {var};");
-        let Some(ty) = ctx
-            .check(&probe)
-            .ok()
-            .and_then(|errors| errors.iter().find_map(found_type))
-        else {
-            return result;
-        };
-        match annotate(&code, &var, &ty) {
-            Some(annotated) => code = annotated,
-            None => return result,
         }
     }
     ctx.execute_with_callbacks(&code, &mut callbacks)
+}
+
+/// Names bound by `let name = ...` / `let mut name = ...` without a type.
+fn unannotated_lets(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = code[from..].find("let ") {
+        let start = from + i;
+        from = start + 4;
+        if start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let mut rest = code[start + 4..].trim_start();
+        if let Some(r) = rest.strip_prefix("mut ") {
+            rest = r.trim_start();
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let after = rest[name.len()..].trim_start();
+        if !name.is_empty() && after.starts_with('=') && !after.starts_with("==") {
+            out.push(name);
+        }
+    }
+    out
 }
 
 /// The variable named in evcxr's "Couldn't automatically determine type of variable `x`".
@@ -303,7 +342,7 @@ fn found_type(error: &evcxr::CompilationError) -> Option<String> {
         if let Some(i) = text.rfind("found `") {
             let ty = text[i + 7..].split('`').next()?;
             // Closures and opaque types cannot be written down.
-            if !ty.is_empty() && !ty.contains('{') && !ty.starts_with("impl ") {
+            if !ty.is_empty() && ty != "!" && !ty.contains(['{', '_']) && !ty.starts_with("impl ") {
                 return Some(ty.to_string());
             }
         }
@@ -370,7 +409,10 @@ fn create_context(
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("evcxr could not start its Rust process")?;
     if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
-        eprintln!("trainbook-kernel: evcxr context {:.2} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "trainbook-kernel: evcxr context {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
     }
     let mut state = eval.state();
     state.set_offline_mode(true);
@@ -438,8 +480,7 @@ fn compile_error(code: &str, errors: &[evcxr::CompilationError]) -> Outcome {
     let mut traceback = Vec::new();
     for e in errors {
         let mut drawn = None;
-        if let Some(report) = e.build_report("cell".into(), code.to_string(), evcxr::Theme::Light)
-        {
+        if let Some(report) = e.build_report("cell".into(), code.to_string(), evcxr::Theme::Light) {
             let mut buf = Vec::new();
             if report
                 .write(("cell".to_string(), ariadne::Source::from(code)), &mut buf)
@@ -505,7 +546,10 @@ struct Drains {
 impl Drains {
     fn start(outputs: EvalContextOutputs, publisher: Publisher) -> Drains {
         let lock = Arc::new(Mutex::new(()));
-        for (rx, name) in [(outputs.stdout.clone(), "stdout"), (outputs.stderr.clone(), "stderr")] {
+        for (rx, name) in [
+            (outputs.stdout.clone(), "stdout"),
+            (outputs.stderr.clone(), "stderr"),
+        ] {
             let lock = lock.clone();
             let publisher = publisher.clone();
             std::thread::Builder::new()
@@ -586,9 +630,22 @@ mod tests {
             Some("let mut  r: TrainResult = fit(x)?;")
         );
         // Not a prefix of another name, not an existing annotation, not `outlet`.
-        assert_eq!(annotate("let jobs = 1; let job = 2;", "job", "u8").as_deref(), Some("let jobs = 1; let job: u8 = 2;"));
+        assert_eq!(
+            annotate("let jobs = 1; let job = 2;", "job", "u8").as_deref(),
+            Some("let jobs = 1; let job: u8 = 2;")
+        );
         assert_eq!(annotate("let job: Job = x;", "job", "Job"), None);
         assert_eq!(annotate("outlet job = 1;", "job", "u8"), None);
+    }
+
+    #[test]
+    fn finds_bindings_without_types() {
+        assert_eq!(
+            unannotated_lets(
+                "let job = launch(s)?;\nlet mut n = 1; let t: u8 = 2; let (a, b) = p;"
+            ),
+            ["job", "n"]
+        );
     }
 
     #[test]

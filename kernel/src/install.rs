@@ -56,7 +56,11 @@ pub fn write_kernelspec(
     display_name: &str,
     kernel_exe: &Path,
 ) -> Result<PathBuf> {
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
         bail!("kernel name {name:?} is not allowed: use letters, digits, '.', '_' or '-'");
     }
     let dir = data_dir(target)?.join("kernels").join(name);

@@ -71,11 +71,7 @@ impl Publisher {
     }
 
     /// Queues one IOPub message with `parent` as its parent header.
-    pub fn send(
-        &self,
-        content: impl Into<JupyterMessageContent>,
-        parent: Option<&JupyterMessage>,
-    ) {
+    pub fn send(&self, content: impl Into<JupyterMessageContent>, parent: Option<&JupyterMessage>) {
         let msg = JupyterMessage::new(content, parent).with_zmq_identities(Vec::new());
         let _ = self.inner.tx.send(msg);
     }
@@ -140,7 +136,7 @@ impl Publisher {
     }
 
     /// A message from notebook code over the side channel.
-    pub fn from_notebook(&self, msg: ToKernel) {
+    pub fn notebook_message(&self, msg: ToKernel) {
         match msg {
             ToKernel::Hello { .. } => {}
             ToKernel::Display {
@@ -239,10 +235,7 @@ mod tests {
     fn drain(rx: &mut UnboundedReceiver<JupyterMessage>) -> Vec<(String, Option<String>)> {
         let mut out = Vec::new();
         while let Ok(m) = rx.try_recv() {
-            out.push((
-                m.header.msg_type.clone(),
-                m.parent_header.map(|h| h.msg_id),
-            ));
+            out.push((m.header.msg_type.clone(), m.parent_header.map(|h| h.msg_id)));
         }
         out
     }
@@ -260,14 +253,14 @@ mod tests {
         let id2 = Some(cell2.header.msg_id.clone());
 
         p.begin_cell(&cell1);
-        p.from_notebook(ToKernel::Display {
+        p.notebook_message(ToKernel::Display {
             display_id: "d".into(),
             data: bundle("0%"),
             metadata: Map::new(),
         });
         p.end_cell();
         // Between cells: the update goes to the display's own cell and is text is held.
-        p.from_notebook(ToKernel::Update {
+        p.notebook_message(ToKernel::Update {
             display_id: "d".into(),
             data: bundle("50%"),
             metadata: Map::new(),
@@ -290,7 +283,7 @@ mod tests {
             ]
         );
         // Updates during a running cell go to that cell (nbclient only reads those).
-        p.from_notebook(ToKernel::Update {
+        p.notebook_message(ToKernel::Update {
             display_id: "d".into(),
             data: bundle("100%"),
             metadata: Map::new(),
@@ -308,12 +301,12 @@ mod tests {
         p.begin_cell(&cell1);
         p.end_cell();
         drain(&mut rx);
-        p.from_notebook(ToKernel::Display {
+        p.notebook_message(ToKernel::Display {
             display_id: "late".into(),
             data: bundle("v1"),
             metadata: Map::new(),
         });
-        p.from_notebook(ToKernel::Update {
+        p.notebook_message(ToKernel::Update {
             display_id: "late".into(),
             data: bundle("v2"),
             metadata: Map::new(),

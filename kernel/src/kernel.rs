@@ -13,9 +13,9 @@ use crate::{complete, procs};
 use anyhow::{Context, Result};
 use jupyter_protocol::{
     CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ErrorOutput, ExecuteInput,
-    ExecuteReply, ExecuteResult, ExecutionCount, HistoryReply, InspectReply,
-    InterruptReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media,
-    ReplyError, ReplyStatus, ShutdownReply, Status,
+    ExecuteReply, ExecuteResult, ExecutionCount, HistoryReply, InspectReply, InterruptReply,
+    JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, ReplyError,
+    ReplyStatus, ShutdownReply, Status,
 };
 use jupyter_zmq_client::{KernelControlConnection, KernelShellConnection, RuntimeError};
 use std::path::PathBuf;
@@ -54,7 +54,9 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
         );
     }
     let session = format!("trainbook-{}-{}", std::process::id(), nanos());
-    let bind = |what: &'static str| move |e: RuntimeError| anyhow::anyhow!("cannot bind the {what} socket: {e}");
+    let bind = |what: &'static str| {
+        move |e: RuntimeError| anyhow::anyhow!("cannot bind the {what} socket: {e}")
+    };
     let mut iopub = jupyter_zmq_client::create_kernel_iopub_connection(info, &session)
         .await
         .map_err(bind("iopub"))?;
@@ -96,9 +98,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
             }
         }
     });
-    tokio::spawn(async move {
-        while heartbeat.single_heartbeat().await.is_ok() {}
-    });
+    tokio::spawn(async move { while heartbeat.single_heartbeat().await.is_ok() {} });
     publisher.send(Status::starting(), None);
 
     let k = kernel.clone();
@@ -107,7 +107,8 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
     tokio::spawn(async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+        let mut int =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
         loop {
             tokio::select! {
                 Some(_) = async { term.as_mut()?.recv().await } => k.shutdown().await,
@@ -165,9 +166,15 @@ async fn shell_loop(k: &Arc<Kernel>, shell: &mut KernelShellConnection) {
                 Some(k.execute(&req, r, &mut count).await.into())
             }
             JupyterMessageContent::KernelInfoRequest(_) => Some(k.kernel_info().into()),
-            JupyterMessageContent::IsCompleteRequest(r) => Some(complete::is_complete(&r.code).into()),
-            JupyterMessageContent::CompleteRequest(r) => Some(k.complete(&r.code, r.cursor_pos).await.into()),
-            JupyterMessageContent::InspectRequest(r) => Some(k.inspect(&r.code, r.cursor_pos).await.into()),
+            JupyterMessageContent::IsCompleteRequest(r) => {
+                Some(complete::is_complete(&r.code).into())
+            }
+            JupyterMessageContent::CompleteRequest(r) => {
+                Some(k.complete(&r.code, r.cursor_pos).await.into())
+            }
+            JupyterMessageContent::InspectRequest(r) => {
+                Some(k.inspect(&r.code, r.cursor_pos).await.into())
+            }
             JupyterMessageContent::HistoryRequest(_) => Some(HistoryReply::new(Vec::new()).into()),
             JupyterMessageContent::CommInfoRequest(_) => Some(CommInfoReply::default().into()),
             JupyterMessageContent::ShutdownRequest(r) => {

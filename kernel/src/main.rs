@@ -217,7 +217,9 @@ fn check(code: &str) -> Result<f64> {
         }
         engine.state.kill_child();
         match outcome {
-            engine::Outcome::Ok { data } if data.get("text/plain").and_then(|v| v.as_str()) == Some("1") => {
+            engine::Outcome::Ok { data }
+                if data.get("text/plain").and_then(|v| v.as_str()) == Some("1") =>
+            {
                 if printed.contains("trainbook:") {
                     anyhow::bail!("the prelude loaded with warnings:\n{printed}");
                 }
@@ -226,7 +228,9 @@ fn check(code: &str) -> Result<f64> {
             engine::Outcome::Ok { data } => {
                 anyhow::bail!("a test cell returned {data:?} instead of 1\n{printed}")
             }
-            engine::Outcome::Error { evalue, traceback, .. } => anyhow::bail!(
+            engine::Outcome::Error {
+                evalue, traceback, ..
+            } => anyhow::bail!(
                 "the prelude does not load into a cell: {evalue}\n{}\n{printed}",
                 traceback.join("\n")
             ),

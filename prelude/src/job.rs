@@ -359,7 +359,9 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
     spawned_rx
         .recv()
         .map_err(|_| anyhow!("the job driver thread died while starting workers"))??;
-    Ok(Job { shared })
+    let job = Job { shared };
+    crate::notebook::show_job(&job);
+    Ok(job)
 }
 
 /// Launches and waits: the blocking form of [`launch`].
@@ -798,6 +800,7 @@ impl Job {
     /// or says the job was stopped. [`Job::result`] has the details either way.
     pub fn wait(&self) -> Result<TrainResult> {
         self.wait_finished(Duration::MAX);
+        crate::notebook::settle(self.id(), Duration::from_secs(3));
         let result = self.result()?;
         match result.status {
             JobStatus::Succeeded => Ok(result),

@@ -19,6 +19,7 @@ pub mod job;
 pub mod launch;
 pub mod metrics;
 pub mod models;
+pub mod notebook;
 pub mod optim;
 pub mod precision;
 pub mod recipes;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 mod client;
-pub use client::{connect_from_env, link, Display, Link};
+pub use client::{connect, connect_from_env, link, Display, Link};
 
 /// Environment variable holding the socket path (set by the kernel for the cell process).
 pub const SOCKET_ENV: &str = "TRAINBOOK_KERNEL_CHANNEL";
@@ -119,7 +119,10 @@ mod tests {
         };
         let line = encode(&m);
         assert!(line.ends_with('\n'));
-        assert!(line.starts_with(r#"{"op":"update","display_id":"d1""#), "{line}");
+        assert!(
+            line.starts_with(r#"{"op":"update","display_id":"d1""#),
+            "{line}"
+        );
         assert_eq!(decode::<ToKernel>(&line), Some(m));
         assert_eq!(
             decode::<ToNotebook>("{\"op\":\"interrupt\"}\n"),
