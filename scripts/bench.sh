@@ -11,12 +11,15 @@
 # f: ResNet offline default (ResNet-18, 64 px, digits): accuracy after its default epochs
 # g: ResNet training throughput, trainbook vs PyTorch eager + torchvision (bench/torch_resnet.py),
 #    alternating BENCH_RESNET_ROUNDS (3) times; plus p: the input pipeline alone (images/s)
+# h: Jupyter kernel latency, trainbook vs stock evcxr_jupyter 0.22 (bench/kernel_bench.py):
+#    start -> first result, trivial round trip, execute -> first training display;
+#    BENCH_KERNEL_ROUNDS (3) alternating rounds
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -113,4 +116,9 @@ for name, label in (("bert_throughput", "(e) BERT"), ("resnet_throughput", "(g) 
     print(f"{label} training samples/s, {len(ours)} alternating rounds: trainbook {statistics.median(ours):.1f}, "
           f"PyTorch eager {statistics.median(torch):.1f} (medians); median paired ratio {paired:.3f}x (target >= 1.0)")
 PY
+if has h; then
+  bench/evcxr-stock.sh
+  JUPYTER_PATH="$root/.venv/share/jupyter:$root/.bench-evcxr/share/jupyter" \
+    .venv/bin/python bench/kernel_bench.py --rounds "${BENCH_KERNEL_ROUNDS:-3}"
+fi
 rm -f "$out"

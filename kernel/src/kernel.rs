@@ -116,6 +116,21 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
             }
         }
     });
+    // Like ipykernel's parent poller: a kernel whose launcher died (Jupyter crashed or was
+    // killed) shuts down instead of lingering with its jobs.
+    let k = kernel.clone();
+    let parent = unsafe { libc::getppid() };
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if unsafe { libc::getppid() } != parent {
+                eprintln!(
+                    "trainbook-kernel: the process that started this kernel is gone; shutting down"
+                );
+                k.shutdown().await;
+            }
+        }
+    });
     shell_loop(&kernel, &mut shell).await;
     Ok(())
 }
