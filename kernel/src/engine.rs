@@ -296,6 +296,14 @@ fn execute_inferring_types(
 
 /// Names bound by `let name = ...` / `let mut name = ...` without a type.
 fn unannotated_lets(code: &str) -> Vec<String> {
+    untyped_lets(code)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Every `let [mut] name =` (no type): the name and the byte offset just after it.
+fn untyped_lets(code: &str) -> Vec<(String, usize)> {
     let mut out = Vec::new();
     let mut from = 0;
     while let Some(i) = code[from..].find("let ") {
@@ -314,7 +322,8 @@ fn unannotated_lets(code: &str) -> Vec<String> {
             .collect();
         let after = rest[name.len()..].trim_start();
         if !name.is_empty() && after.starts_with('=') && !after.starts_with("==") {
-            out.push(name);
+            let end = code.len() - rest.len() + name.len();
+            out.push((name, end));
         }
     }
     out
@@ -352,29 +361,10 @@ fn found_type(error: &evcxr::CompilationError) -> Option<String> {
 
 /// `let job = ...` → `let job: T = ...` (first top-level binding of `var`).
 fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
-    let mut from = 0;
-    while let Some(i) = code[from..].find("let ") {
-        let start = from + i;
-        from = start + 4;
-        if start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        let mut rest = code[start + 4..].trim_start();
-        if let Some(r) = rest.strip_prefix("mut ") {
-            rest = r.trim_start();
-        }
-        let Some(after) = rest.strip_prefix(var) else {
-            continue;
-        };
-        if after.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        if after.trim_start().starts_with('=') && !after.trim_start().starts_with("==") {
-            let at = code.len() - after.len();
-            return Some(format!("{}: {ty}{}", &code[..at], &code[at..]));
-        }
-    }
-    None
+    let (_, at) = untyped_lets(code)
+        .into_iter()
+        .find(|(name, _)| name == var)?;
+    Some(format!("{}: {ty}{}", &code[..at], &code[at..]))
 }
 
 /// evcxr's context with the cell flags set and, when there is a prelude, [`INIT_CODE`] run
