@@ -8,6 +8,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::dashboard::JobDashboard;
 use crate::device::DeviceRequest;
 use crate::job::{self, JobStatus, Update};
 use crate::models::resnet::Arch;
@@ -168,6 +169,10 @@ pub struct TrainArgs {
     /// Seconds over which repeated lines from different workers are merged.
     #[arg(long, default_value_t = 5.0)]
     pub dedup_window: f64,
+    /// Which worker lines to show: off, error, warn, info or debug [env: TRAINBOOK_LOG,
+    /// default: info]. The run directory keeps every line.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<trainbook_widgets::LogLevel>,
     /// Print one JSON summary as the last line of stdout (human output goes to stderr).
     #[arg(long)]
     pub json: bool,
@@ -232,6 +237,7 @@ impl TrainArgs {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");
         }
         spec.dedup.window = Duration::from_secs_f64(self.dedup_window);
+        spec.view.log_level = self.log_level;
         Ok(spec)
     }
 }
@@ -311,6 +317,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
         let _ = job.stop();
     }
     let updates = job.subscribe();
+    let mut view = JobDashboard::with_history(&job)?;
     let human_to_stderr = args.json;
     let bar = ProgressBar::with_draw_target(
         Some(0),
@@ -326,63 +333,42 @@ fn train(args: &TrainArgs) -> Result<i32> {
             .progress_chars("█▉ "),
     );
     eprintln!(
-        "trainbook: {} x{} on {} · run directory {}",
-        job.spec().recipe,
-        job.spec().workers,
-        job.device(),
+        "trainbook: {} · run directory {}",
+        view.dashboard().title,
         job.run_dir().display()
     );
-    let mut last_loss: Option<f64> = None;
+    // The same dashboard as the notebook's: lines the view's level shows are printed, the
+    // progress bar carries the progress line, the result view closes the run.
     for u in updates {
-        match u {
-            Update::Log(line) => {
-                let text = line.to_string();
-                if bar.is_hidden() {
-                    if human_to_stderr {
-                        eprintln!("{text}");
-                    } else {
-                        println!("{text}");
-                    }
+        let finished = matches!(u, Update::Finished(_));
+        if let Some(line) = view.apply(&u) {
+            let text = line.to_string();
+            if bar.is_hidden() {
+                if human_to_stderr {
+                    eprintln!("{text}");
                 } else {
-                    bar.println(text);
+                    println!("{text}");
                 }
+            } else {
+                bar.println(text);
             }
-            Update::Metric(m) => {
-                if m.name == "loss" && m.rank == 0 {
-                    last_loss = Some(m.value);
-                }
-            }
-            Update::Progress(p) => {
-                bar.set_length(p.total_steps);
-                bar.set_position(p.step);
-                bar.set_message(trainbook_widgets::progress_line(
-                    p.epoch,
-                    p.epochs,
-                    p.step,
-                    p.total_steps,
-                    last_loss,
-                    p.samples_per_second,
-                    p.elapsed,
-                ));
-            }
-            Update::Checkpoint { .. } => {}
-            Update::Finished(_) => break,
+        }
+        if let Update::Progress(p) = &u {
+            bar.set_length(p.total_steps);
+            bar.set_position(p.step);
+            bar.set_message(view.dashboard().progress.line());
+        }
+        if finished {
+            break;
         }
     }
     bar.finish_and_clear();
     let result = job.wait();
     let summary = job.result()?;
-    match &result {
-        Ok(r) => eprintln!(
-            "trainbook: {} in {} · {} steps · final train loss {:.4} · {} · {}",
-            r.status,
-            trainbook_widgets::format_duration(r.elapsed),
-            r.steps,
-            r.final_train_loss,
-            trainbook_widgets::format_rate(r.samples_per_second, "samples"),
-            r.run_dir.display()
-        ),
-        Err(e) => eprintln!("error: {e:#}"),
+    view.finish(&job);
+    eprintln!("{}", view.dashboard().summary_text());
+    if let (Err(e), None) = (&result, &summary.error) {
+        eprintln!("error: {e:#}");
     }
     if args.json {
         println!("{}", summary.to_json());

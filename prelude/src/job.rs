@@ -729,6 +729,17 @@ impl Job {
         metrics::to_dataframe(&rows)
     }
 
+    /// Displays the job's dashboard (progress, loss plot, metrics table, logs): live in the
+    /// trainbook kernel, updating in place until the job ends; as text elsewhere.
+    pub fn show(&self) -> Result<()> {
+        crate::notebook::show(self)
+    }
+
+    /// Every metric row reported so far, in arrival order.
+    pub(crate) fn metric_rows(&self) -> Vec<MetricRow> {
+        self.shared.lock().metrics.clone()
+    }
+
     /// The most recent log lines of all workers (the run directory holds the full logs).
     pub fn logs(&self) -> Vec<LogRecord> {
         self.shared.lock().logs.iter().cloned().collect()

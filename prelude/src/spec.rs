@@ -124,6 +124,56 @@ pub struct JobSpec {
     pub env: Vec<(String, String)>,
     #[serde(skip)]
     pub dedup: DedupConfig,
+    /// What the live dashboard (notebook) and the terminal show.
+    #[serde(skip)]
+    pub view: ViewOptions,
+}
+
+/// What a job's live view shows; see the `show_*`/`log_level` builder methods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewOptions {
+    pub plot: bool,
+    pub logs: bool,
+    /// `None`: `$TRAINBOOK_LOG`, else `info`.
+    pub log_level: Option<trainbook_widgets::LogLevel>,
+    pub log_scale: bool,
+}
+
+impl Default for ViewOptions {
+    fn default() -> Self {
+        ViewOptions {
+            plot: true,
+            logs: true,
+            log_level: None,
+            log_scale: false,
+        }
+    }
+}
+
+/// Environment variable with the default log level of live views (`off`, `error`, `warn`,
+/// `info`, `debug`), like `RUST_LOG`.
+pub const LOG_LEVEL_ENV: &str = "TRAINBOOK_LOG";
+
+impl ViewOptions {
+    /// The widgets' options, with the log level from `$TRAINBOOK_LOG` when none was set.
+    pub fn dashboard(&self) -> Result<trainbook_widgets::DashboardOptions> {
+        let log_level = match self.log_level {
+            Some(l) => l,
+            None => match std::env::var(LOG_LEVEL_ENV) {
+                Ok(v) => v
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("{LOG_LEVEL_ENV}={v:?}: {e}"))?,
+                Err(_) => trainbook_widgets::LogLevel::Info,
+            },
+        };
+        Ok(trainbook_widgets::DashboardOptions {
+            plot: self.plot,
+            logs: self.logs,
+            log_level,
+            log_y: self.log_scale,
+            ..Default::default()
+        })
+    }
 }
 
 /// The builder methods every job has: `JobSpec`, `BertTrainer` and other trainers share them
@@ -270,6 +320,27 @@ pub trait Configure: Sized {
         self.job_spec().dedup.window = w;
         self
     }
+    /// Draw the loss plot in the live view (default on).
+    fn show_plot(mut self, on: bool) -> Self {
+        self.job_spec().view.plot = on;
+        self
+    }
+    /// Show worker logs in the live view (default on).
+    fn show_logs(mut self, on: bool) -> Self {
+        self.job_spec().view.logs = on;
+        self
+    }
+    /// Which worker lines the live view and the terminal show: `LogLevel::Warn` keeps
+    /// warnings and errors only (default: `$TRAINBOOK_LOG`, else `info`).
+    fn log_level(mut self, level: trainbook_widgets::LogLevel) -> Self {
+        self.job_spec().view.log_level = Some(level);
+        self
+    }
+    /// Logarithmic loss axis in the plot.
+    fn log_scale(mut self, on: bool) -> Self {
+        self.job_spec().view.log_scale = on;
+        self
+    }
     /// Extra environment variable for the workers.
     fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
         self.job_spec().env.push((k.into(), v.into()));
@@ -300,6 +371,7 @@ impl JobSpec {
             collective_timeout_secs: 300,
             env: Vec::new(),
             dedup: DedupConfig::default(),
+            view: ViewOptions::default(),
         }
     }
 
@@ -315,6 +387,7 @@ impl JobSpec {
             );
         }
         crate::recipes::check_name(&self.recipe)?;
+        self.view.dashboard()?;
         // Checked here too (workers check again) so a typo fails before any process starts.
         let presets = crate::recipes::presets(&self.recipe);
         if let (Some(p), false) = (&self.train.preset, presets.is_empty()) {

@@ -1,0 +1,206 @@
+//! A job's updates turned into the widgets' [`Dashboard`]: the one place that knows both the
+//! engine's metric names and the widgets. The notebook's live view and the terminal both feed
+//! through it, so they show the same numbers.
+
+use crate::dedup::{looks_like_error, Shown};
+use crate::job::{Job, JobStatus, Progress, Update};
+use crate::metrics::MetricRow;
+use anyhow::Result;
+use std::path::PathBuf;
+use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};
+
+/// A [`Dashboard`] kept up to date from one job.
+pub struct JobDashboard {
+    dash: Dashboard,
+    checkpoint: Option<PathBuf>,
+}
+
+pub fn status(s: JobStatus) -> Status {
+    match s {
+        JobStatus::Starting => Status::Starting,
+        JobStatus::Running => Status::Running,
+        JobStatus::Succeeded => Status::Succeeded,
+        JobStatus::Failed => Status::Failed,
+        JobStatus::Stopped => Status::Stopped,
+    }
+}
+
+impl JobDashboard {
+    /// An empty dashboard for `job`, with the job's view options.
+    pub fn new(job: &Job) -> Result<JobDashboard> {
+        let spec = job.spec();
+        let title = format!(
+            "{} · {} worker{} on {} · job {}",
+            spec.recipe,
+            spec.workers,
+            if spec.workers == 1 { "" } else { "s" },
+            job.device().name(),
+            job.id()
+        );
+        let mut d = JobDashboard::from_parts(
+            title,
+            spec.workers,
+            job.run_dir().display().to_string(),
+            spec.view.dashboard()?,
+        );
+        d.dash.progress.status = status(job.status());
+        Ok(d)
+    }
+
+    /// A dashboard not tied to a [`Job`] (replaying a run's updates, tests, benchmarks).
+    pub fn from_parts(
+        title: String,
+        workers: usize,
+        run_dir: String,
+        options: trainbook_widgets::DashboardOptions,
+    ) -> JobDashboard {
+        JobDashboard {
+            dash: Dashboard::new(title, workers, run_dir, options),
+            checkpoint: None,
+        }
+    }
+
+    /// A dashboard with everything the job reported so far (for `job.show()` on a running or
+    /// finished job). Subscribe before calling this so nothing falls in between; a repeated
+    /// metric is harmless, a line may show twice.
+    pub fn with_history(job: &Job) -> Result<JobDashboard> {
+        let mut d = JobDashboard::new(job)?;
+        for row in job.metric_rows() {
+            d.metric(&row);
+        }
+        for r in job.logs() {
+            d.dash.logs.push(LogLine {
+                rank: Some(r.rank),
+                is_error: looks_like_error(&r.text),
+                text: r.text,
+                repeats: None,
+            });
+        }
+        if let Some(p) = job.progress() {
+            d.progress(&p);
+        }
+        d.dash.progress.status = status(job.status());
+        Ok(d)
+    }
+
+    pub fn dashboard(&self) -> &Dashboard {
+        &self.dash
+    }
+
+    /// Applies one update. Returns the log line if the view's level shows it (the terminal
+    /// prints exactly those).
+    pub fn apply(&mut self, update: &Update) -> Option<LogLine> {
+        match update {
+            Update::Log(shown) => {
+                let line = log_line(shown);
+                return self.dash.logs.push(line.clone()).then_some(line);
+            }
+            Update::Metric(m) => self.metric(m),
+            Update::Progress(p) => self.progress(p),
+            Update::Checkpoint { path, .. } => self.checkpoint = Some(path.clone()),
+            Update::Finished(s) => {
+                self.dash.progress.status = status(*s);
+                self.dash.curves.flush();
+            }
+        }
+        None
+    }
+
+    fn metric(&mut self, m: &MetricRow) {
+        let d = &mut self.dash;
+        match m.name.as_str() {
+            "loss" => {
+                d.curves.train_loss(m.rank as usize, m.step, m.value);
+                if let Some((_, l)) = d.curves.train.last() {
+                    d.progress.loss = Some(l);
+                }
+            }
+            "epoch_train_loss" => d.table.row_mut(m.epoch).train_loss = Some(m.value),
+            "epoch_train_accuracy" => d.table.row_mut(m.epoch).train_accuracy = Some(m.value),
+            "eval_loss" => {
+                d.table.row_mut(m.epoch).val_loss = Some(m.value);
+                d.curves.validation(m.step, Some(m.value), None);
+            }
+            "eval_accuracy" => {
+                d.table.row_mut(m.epoch).val_accuracy = Some(m.value);
+                d.curves.validation(m.step, None, Some(m.value));
+            }
+            "samples_per_second" => {
+                let row = d.table.row_mut(m.epoch);
+                row.samples_per_second = Some(m.value);
+                row.elapsed = Some(m.time);
+            }
+            _ => {}
+        }
+    }
+
+    fn progress(&mut self, p: &Progress) {
+        let loss = self.dash.progress.loss;
+        self.dash.progress = ProgressView {
+            status: Status::Running,
+            epoch: p.epoch,
+            epochs: p.epochs,
+            step: p.step,
+            total_steps: p.total_steps,
+            samples_per_second: p.samples_per_second,
+            elapsed: p.elapsed,
+            loss,
+        };
+    }
+
+    /// Turns the view into the result view: final status, metrics, checkpoint and error.
+    pub fn finish(&mut self, job: &Job) {
+        self.dash.curves.flush();
+        let Ok(r) = job.result() else { return };
+        let d = &mut self.dash;
+        d.progress.status = status(r.status);
+        if r.elapsed > 0.0 {
+            d.progress.elapsed = r.elapsed;
+        }
+        let mut metrics = Vec::new();
+        if r.steps > 0 {
+            metrics.push(("train loss".to_string(), fmt(r.final_train_loss)));
+        }
+        for (key, label) in [("eval_loss", "val loss"), ("eval_accuracy", "val accuracy")] {
+            if let Some(v) = r.metrics.get(key) {
+                metrics.push((label.to_string(), fmt(*v)));
+            }
+        }
+        if r.samples_per_second > 0.0 {
+            metrics.push(("samples/s".into(), format!("{:.1}", r.samples_per_second)));
+        }
+        metrics.push(("steps".into(), r.steps.to_string()));
+        metrics.push((
+            "time".into(),
+            trainbook_widgets::format_duration(r.elapsed),
+        ));
+        let checkpoint = r
+            .best_checkpoint
+            .or(r.last_checkpoint)
+            .or_else(|| self.checkpoint.clone())
+            .map(|p| p.display().to_string());
+        d.outcome = Some(Outcome {
+            metrics,
+            checkpoint,
+            error: r.error,
+        });
+    }
+
+    /// The view as a MIME bundle (HTML with the plot, text; PNG once finished).
+    pub fn bundle(&self) -> Bundle {
+        self.dash.bundle()
+    }
+}
+
+fn fmt(v: f64) -> String {
+    trainbook_widgets::format_metric(v)
+}
+
+fn log_line(s: &Shown) -> LogLine {
+    LogLine {
+        rank: Some(s.rank),
+        text: s.text.clone(),
+        repeats: s.repeats.as_ref().map(|r| r.to_string()),
+        is_error: s.is_error,
+    }
+}

@@ -1,0 +1,117 @@
+//! The live dashboard under load: a flood of updates from 8 ranks is drawn at a bounded rate,
+//! each drawing stays under a fixed size, and the final state is complete.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use trainbook::dashboard::JobDashboard;
+use trainbook::dedup::{Shown, Stream};
+use trainbook::job::{JobStatus, Progress, Update};
+use trainbook::metrics::MetricRow;
+use trainbook::notebook::follow;
+use trainbook_widgets::DashboardOptions;
+
+const RANKS: usize = 8;
+/// Largest bundle the notebook may receive (it replaces the previous one in place).
+const MAX_BUNDLE_BYTES: usize = 512 * 1024;
+
+fn metric(rank: usize, step: u64, epoch: u64, name: &str, value: f64) -> Update {
+    Update::Metric(MetricRow {
+        rank: rank as u32,
+        step,
+        epoch,
+        name: name.into(),
+        value,
+        time: step as f64 / 1000.0,
+    })
+}
+
+#[test]
+fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
+    let (tx, rx) = mpsc::channel();
+    let rate = 100_000.0; // events per second
+    let total = 200_000u64;
+    let producer = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut sent = 0u64;
+        let mut step = 0u64;
+        while sent < total {
+            step += 1;
+            let epoch = step / 5_000;
+            for rank in 0..RANKS {
+                let loss = 2.0 / (1.0 + step as f64 / 1000.0) + rank as f64 * 0.01;
+                tx.send(metric(rank, step, epoch, "loss", loss)).unwrap();
+                tx.send(Update::Log(Shown {
+                    rank,
+                    stream: Stream::Stdout,
+                    text: format!("step {step} loss {loss:.4} <with markup & a long tail {}>", "x".repeat(step as usize % 300)),
+                    repeats: None,
+                    is_error: false,
+                }))
+                .unwrap();
+                sent += 2;
+            }
+            if step % 5_000 == 0 {
+                for (name, v) in [("epoch_train_loss", 0.5), ("eval_loss", 0.6), ("eval_accuracy", 0.8), ("samples_per_second", 1e4)] {
+                    tx.send(metric(0, step, epoch - 1, name, v)).unwrap();
+                }
+            }
+            tx.send(Update::Progress(Progress {
+                step,
+                total_steps: total / (2 * RANKS as u64) + 1,
+                epoch,
+                epochs: 10,
+                samples: step * 64,
+                samples_per_second: 1e4,
+                elapsed: t0.elapsed().as_secs_f64(),
+            }))
+            .unwrap();
+            // Pace to `rate`.
+            let due = Duration::from_secs_f64(sent as f64 / rate);
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        tx.send(Update::Finished(JobStatus::Succeeded)).unwrap();
+        t0.elapsed()
+    });
+
+    let mut view = JobDashboard::from_parts(
+        "flood · 8 workers on cpu".into(),
+        RANKS,
+        "/tmp/runs/flood".into(),
+        DashboardOptions::default(),
+    );
+    let every = Duration::from_millis(500);
+    let mut sizes = Vec::new();
+    let t0 = Instant::now();
+    let drawn = follow(&mut view, &rx, every, |b| {
+        sizes.push(serde_json::to_vec(&b).unwrap().len());
+    });
+    let took = t0.elapsed();
+    let produced_in = producer.join().unwrap();
+
+    // It kept up with the flood: following ended within a moment of the last event.
+    assert!(took < produced_in + Duration::from_secs(2), "followed in {took:?}, produced in {produced_in:?}");
+    let bound = (took.as_secs_f64() / every.as_secs_f64()).ceil() as usize + 1;
+    assert!(drawn >= 2 && drawn <= bound, "{drawn} drawings in {took:?} (bound {bound})");
+    assert_eq!(drawn, sizes.len());
+    let largest = *sizes.iter().max().unwrap();
+    assert!(largest < MAX_BUNDLE_BYTES, "a drawing of {largest} bytes");
+
+    // The final view: all steps in the curve (down-sampled for drawing), bounded logs, table.
+    let final_bundle = view.bundle();
+    let bytes = serde_json::to_vec(&final_bundle).unwrap().len();
+    assert!(bytes < MAX_BUNDLE_BYTES, "final view is {bytes} bytes");
+    let d = view.dashboard();
+    assert_eq!(d.curves.train.last().map(|p| p.0 as u64), Some(total / (2 * RANKS as u64)));
+    assert!(d.logs.lines().count() <= DashboardOptions::default().log_lines);
+    assert_eq!(d.logs.hidden(), 100_000 - 10, "every line but the last 10 counted as hidden");
+    eprintln!("{drawn} drawings in {took:?}; largest {largest} bytes, final {bytes} bytes");
+    let text = final_bundle["text/plain"].as_str().unwrap();
+    assert!(text.contains("more lines in /tmp/runs/flood/logs"), "{text}");
+    assert!(text.contains("val acc"), "{text}");
+    let html = final_bundle["text/html"].as_str().unwrap();
+    assert!(html.contains("&lt;with markup &amp; a long tail"));
+    assert!(final_bundle.contains_key("image/png"), "a finished view carries the PNG");
+}

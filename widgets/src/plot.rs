@@ -1,0 +1,309 @@
+//! The loss plot: training loss per step (mean over ranks, with the ranks' min–max band),
+//! validation loss per epoch, and validation accuracy on a second axis. SVG from plotters;
+//! PNG (for front ends without SVG) rasterised from that same SVG, so the two never differ.
+
+use crate::format::format_metric;
+use crate::series::Curves;
+use crate::Bundle;
+use base64::Engine as _;
+use plotters::prelude::*;
+use serde_json::Value;
+use std::error::Error;
+use std::sync::{Arc, OnceLock};
+
+#[derive(Clone, Debug)]
+pub struct PlotOptions {
+    pub width: u32,
+    pub height: u32,
+    /// Logarithmic loss axis (losses that fall by orders of magnitude).
+    pub log_y: bool,
+    /// Shade the min–max of the ranks' losses around the mean.
+    pub band: bool,
+    pub title: String,
+}
+
+impl Default for PlotOptions {
+    fn default() -> Self {
+        PlotOptions {
+            width: 720,
+            height: 300,
+            log_y: false,
+            band: true,
+            title: "loss".into(),
+        }
+    }
+}
+
+const TRAIN: RGBColor = RGBColor(0x15, 0x65, 0xc0);
+const VAL: RGBColor = RGBColor(0xc6, 0x28, 0x28);
+const ACC: RGBColor = RGBColor(0x2e, 0x7d, 0x32);
+
+/// The plot as an SVG document. Never fails: a drawing error becomes an SVG saying so.
+pub fn loss_svg(curves: &Curves, o: &PlotOptions) -> String {
+    let mut svg = String::new();
+    if let Err(e) = draw(&mut svg, curves, o) {
+        svg = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">\
+             <text x=\"10\" y=\"20\" font-family=\"sans-serif\" font-size=\"13\">loss plot failed: {}</text></svg>",
+            o.width,
+            o.height,
+            crate::html::escape(&e.to_string())
+        );
+    }
+    svg
+}
+
+/// A MIME bundle with the SVG, a PNG fallback and a text summary.
+pub fn loss_bundle(curves: &Curves, o: &PlotOptions) -> Bundle {
+    let svg = loss_svg(curves, o);
+    let mut b = Bundle::new();
+    if let Ok(png) = svg_to_png(&svg) {
+        b.insert(
+            "image/png".into(),
+            Value::String(base64::engine::general_purpose::STANDARD.encode(png)),
+        );
+    }
+    b.insert("image/svg+xml".into(), Value::String(svg));
+    b.insert("text/plain".into(), Value::String(summary(curves)));
+    b
+}
+
+/// One line saying what the plot shows (its text twin).
+pub fn summary(c: &Curves) -> String {
+    let mut parts = Vec::new();
+    match c.train.last() {
+        Some((step, loss)) => {
+            let min = c
+                .train
+                .points()
+                .iter()
+                .map(|p| p.1)
+                .fold(f64::INFINITY, f64::min);
+            parts.push(format!(
+                "train loss {} at step {step:.0} (lowest {})",
+                format_metric(loss),
+                format_metric(min)
+            ));
+        }
+        None => parts.push("no training steps yet".into()),
+    }
+    if let Some((_, l)) = c.val_loss.last() {
+        parts.push(format!("val loss {}", format_metric(l)));
+    }
+    if let Some((_, a)) = c.val_accuracy.last() {
+        parts.push(format!("val accuracy {}", format_metric(a)));
+    }
+    let (bad, first) = c.non_finite();
+    if bad > 0 {
+        parts.push(non_finite_note(bad, first));
+    }
+    parts.join(" · ")
+}
+
+fn non_finite_note(n: usize, first: Option<(f64, f64)>) -> String {
+    let at = first
+        .map(|(x, y)| format!(" (first: {y} at step {x:.0})"))
+        .unwrap_or_default();
+    format!("⚠ {n} non-finite loss value{}{at}", if n == 1 { "" } else { "s" })
+}
+
+/// Tick labels: at most 4 significant digits, no trailing zeros (`5`, `0.25`, `1.2e-5`).
+fn axis_label(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    if v.abs() < 1e-3 || v.abs() >= 1e5 {
+        return format!("{v:.1e}");
+    }
+    let digits = (3 - v.abs().log10().floor() as i32).clamp(0, 6) as usize;
+    let s = format!("{v:.digits$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// (min, max) of the values, widened so a flat or single-valued series still has a range.
+fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if !lo.is_finite() || !hi.is_finite() {
+        return None;
+    }
+    let pad = ((hi - lo) * 0.05).max(hi.abs().max(lo.abs()) * 0.01).max(1e-9);
+    Some((lo - pad, hi + pad))
+}
+
+fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Error>> {
+    let log = o.log_y;
+    // Log scale by drawing log10(loss) on a linear axis with 10^v labels; non-positive
+    // losses cannot be placed on it and are clamped to the smallest positive value shown.
+    let ty = |p: &(f64, f64)| -> (f64, f64) {
+        if log {
+            (p.0, p.1.max(1e-12).log10())
+        } else {
+            *p
+        }
+    };
+    let train: Vec<(f64, f64)> = c.train.for_plot().iter().map(ty).collect();
+    let with_band = o.band && c.world() > 1 && !c.band_lo.is_empty();
+    let (lo, hi): (Vec<(f64, f64)>, Vec<(f64, f64)>) = if with_band {
+        (
+            c.band_lo.for_plot().iter().map(ty).collect(),
+            c.band_hi.for_plot().iter().map(ty).collect(),
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let val: Vec<(f64, f64)> = c.val_loss.for_plot().iter().map(ty).collect();
+    let acc: Vec<(f64, f64)> = c.val_accuracy.for_plot();
+
+    let all = || train.iter().chain(&lo).chain(&hi).chain(&val);
+    let (x0, x1) = match span(all().chain(&acc).map(|p| p.0)) {
+        Some((a, b)) => (a.max(0.0), b),
+        None => (0.0, 1.0),
+    };
+    let (y0, y1) = span(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
+
+    let root = SVGBackend::with_string(out, (o.width, o.height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(8)
+        .caption(&o.title, ("sans-serif", 15))
+        .x_label_area_size(34)
+        .y_label_area_size(58)
+        .right_y_label_area_size(if acc.is_empty() { 8 } else { 52 })
+        .build_cartesian_2d(x0..x1, y0..y1)?
+        .set_secondary_coord(x0..x1, 0.0..1.0);
+    let y_fmt = |v: &f64| axis_label(if log { 10f64.powf(*v) } else { *v });
+    chart
+        .configure_mesh()
+        .light_line_style(BLACK.mix(0.06))
+        .bold_line_style(BLACK.mix(0.12))
+        .x_desc("step")
+        .y_desc(if log { "loss (log scale)" } else { "loss" })
+        .x_label_formatter(&|v| axis_label(v.round()))
+        .y_label_formatter(&y_fmt)
+        .label_style(("sans-serif", 12))
+        .draw()?;
+    if !acc.is_empty() {
+        chart
+            .configure_secondary_axes()
+            .y_desc("val accuracy")
+            .y_label_formatter(&|v| axis_label(*v))
+            .label_style(("sans-serif", 12))
+            .draw()?;
+    }
+
+    if with_band {
+        let ring: Vec<(f64, f64)> = hi.iter().chain(lo.iter().rev()).copied().collect();
+        chart
+            .draw_series(std::iter::once(Polygon::new(ring, TRAIN.mix(0.18).filled())))?
+            .label(format!("train loss min–max over {} ranks", c.world()))
+            .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 18, y + 5)], TRAIN.mix(0.18).filled()));
+    }
+    if !train.is_empty() {
+        let label = if c.world() > 1 {
+            format!("train loss (mean of {} ranks)", c.world())
+        } else {
+            "train loss".to_string()
+        };
+        chart
+            .draw_series(LineSeries::new(train.iter().copied(), TRAIN.stroke_width(2)))?
+            .label(label)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], TRAIN.stroke_width(2)));
+    }
+    if !val.is_empty() {
+        chart
+            .draw_series(LineSeries::new(val.iter().copied(), VAL.stroke_width(2)))?
+            .label("val loss")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], VAL.stroke_width(2)));
+        chart.draw_series(val.iter().map(|p| Circle::new(*p, 3, VAL.filled())))?;
+    }
+    if !acc.is_empty() {
+        chart
+            .draw_secondary_series(LineSeries::new(acc.iter().copied(), ACC.stroke_width(2)))?
+            .label("val accuracy (right axis)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ACC.stroke_width(2)));
+        chart.draw_secondary_series(acc.iter().map(|p| Circle::new(*p, 3, ACC.filled())))?;
+    }
+    if !(train.is_empty() && val.is_empty() && acc.is_empty()) {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", 12))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()?;
+    } else {
+        root.draw(&Text::new(
+            "waiting for the first training step…",
+            (o.width as i32 / 2 - 110, o.height as i32 / 2),
+            ("sans-serif", 14).into_font().color(&BLACK.mix(0.6)),
+        ))?;
+    }
+    let (bad, first) = c.non_finite();
+    if bad > 0 {
+        root.draw(&Text::new(
+            non_finite_note(bad, first),
+            (70, 28),
+            ("sans-serif", 13).into_font().color(&VAL),
+        ))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// System fonts, loaded once (a few ms to a few hundred ms), for the PNG's labels.
+fn fonts() -> Arc<resvg::usvg::fontdb::Database> {
+    static DB: OnceLock<Arc<resvg::usvg::fontdb::Database>> = OnceLock::new();
+    DB.get_or_init(|| {
+        let mut db = resvg::usvg::fontdb::Database::new();
+        db.load_system_fonts();
+        let families: Vec<String> = db
+            .faces()
+            .flat_map(|f| f.families.iter().map(|(n, _)| n.clone()))
+            .collect();
+        for want in ["DejaVu Sans", "Liberation Sans", "Noto Sans", "Arial", "Helvetica"] {
+            if families.iter().any(|f| f == want) {
+                db.set_sans_serif_family(want);
+                break;
+            }
+        }
+        Arc::new(db)
+    })
+    .clone()
+}
+
+/// Rasterises an SVG (labels need a system font; without one the PNG has no text).
+pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, String> {
+    let opt = resvg::usvg::Options {
+        fontdb: fonts(),
+        ..Default::default()
+    };
+    let tree = resvg::usvg::Tree::from_str(svg, &opt).map_err(|e| format!("bad SVG: {e}"))?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| "empty image".to_string())?;
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    pixmap.encode_png().map_err(|e| format!("PNG encoding failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn axis_labels_are_short() {
+        use super::axis_label;
+        assert_eq!(axis_label(5.0), "5");
+        assert_eq!(axis_label(0.25), "0.25");
+        assert_eq!(axis_label(1.23456), "1.235");
+        assert_eq!(axis_label(1200.0), "1200");
+        assert_eq!(axis_label(0.00001), "1.0e-5");
+    }
+}

@@ -1,0 +1,163 @@
+//! The metrics table: one row per epoch, like Hugging Face Trainer's notebook table.
+
+use crate::format::{format_duration, format_metric};
+use crate::html::escape;
+use std::collections::BTreeMap;
+
+/// Rows shown at most (the newest); the metrics DataFrame has them all.
+pub const MAX_ROWS: usize = 50;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EpochRow {
+    pub train_loss: Option<f64>,
+    pub train_accuracy: Option<f64>,
+    pub val_loss: Option<f64>,
+    pub val_accuracy: Option<f64>,
+    pub samples_per_second: Option<f64>,
+    /// Seconds since the run started when the epoch ended.
+    pub elapsed: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct MetricsTable {
+    rows: BTreeMap<u64, EpochRow>,
+}
+
+type Column = (&'static str, fn(&EpochRow) -> Option<String>);
+
+const COLUMNS: [Column; 6] = [
+    ("train loss", |r| r.train_loss.map(format_metric)),
+    ("train acc", |r| r.train_accuracy.map(format_metric)),
+    ("val loss", |r| r.val_loss.map(format_metric)),
+    ("val acc", |r| r.val_accuracy.map(format_metric)),
+    ("samples/s", |r| r.samples_per_second.map(|v| format!("{v:.1}"))),
+    ("time", |r| r.elapsed.map(format_duration)),
+];
+
+impl MetricsTable {
+    /// The row of a (zero-based) epoch, created on first use.
+    pub fn row_mut(&mut self, epoch: u64) -> &mut EpochRow {
+        self.rows.entry(epoch).or_default()
+    }
+    pub fn rows(&self) -> impl Iterator<Item = (u64, &EpochRow)> {
+        self.rows.iter().map(|(e, r)| (*e, r))
+    }
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Columns with at least one value, and the cells of the newest [`MAX_ROWS`] rows.
+    fn grid(&self) -> (Vec<&'static str>, Vec<Vec<String>>, usize) {
+        let used: Vec<&Column> = COLUMNS
+            .iter()
+            .filter(|(_, f)| self.rows.values().any(|r| f(r).is_some()))
+            .collect();
+        let skip = self.rows.len().saturating_sub(MAX_ROWS);
+        let cells = self
+            .rows
+            .iter()
+            .skip(skip)
+            .map(|(e, r)| {
+                std::iter::once(e.to_string())
+                    .chain(used.iter().map(|(_, f)| f(r).unwrap_or_else(|| "–".into())))
+                    .collect()
+            })
+            .collect();
+        let mut heads = vec!["epoch"];
+        heads.extend(used.iter().map(|(h, _)| *h));
+        (heads, cells, skip)
+    }
+
+    pub fn text(&self) -> String {
+        if self.rows.is_empty() {
+            return String::new();
+        }
+        let (heads, cells, skip) = self.grid();
+        let widths: Vec<usize> = (0..heads.len())
+            .map(|i| {
+                cells
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .chain(std::iter::once(heads[i].len()))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let fmt_row = |cols: &[String]| {
+            cols.iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:>w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
+        let mut out = vec![fmt_row(&heads.iter().map(|h| h.to_string()).collect::<Vec<_>>())];
+        if skip > 0 {
+            out.push(format!("… {skip} earlier epochs"));
+        }
+        out.extend(cells.iter().map(|r| fmt_row(r)));
+        out.join("\n")
+    }
+
+    pub fn html(&self) -> String {
+        if self.rows.is_empty() {
+            return String::new();
+        }
+        let (heads, cells, skip) = self.grid();
+        let td = "style=\"padding:2px 10px;text-align:right;font-variant-numeric:tabular-nums\"";
+        let mut h = String::from("<table class=\"trainbook-metrics\" style=\"border-collapse:collapse;margin:4px 0;font-size:12px\"><thead><tr>");
+        for head in &heads {
+            h.push_str(&format!("<th {td}>{}</th>", escape(head)));
+        }
+        h.push_str("</tr></thead><tbody>");
+        if skip > 0 {
+            h.push_str(&format!(
+                "<tr><td colspan=\"{}\" {td}>… {skip} earlier epochs</td></tr>",
+                heads.len()
+            ));
+        }
+        for row in &cells {
+            h.push_str("<tr>");
+            for c in row {
+                h.push_str(&format!("<td {td}>{}</td>", escape(c)));
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</tbody></table>");
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_columns_with_values_and_aligned_text() {
+        let mut t = MetricsTable::default();
+        assert_eq!(t.text(), "");
+        *t.row_mut(0) = EpochRow {
+            train_loss: Some(0.69),
+            val_loss: Some(0.65),
+            val_accuracy: Some(0.61),
+            elapsed: Some(62.0),
+            ..EpochRow::default()
+        };
+        t.row_mut(1).train_loss = Some(0.4);
+        let text = t.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "epoch  train loss  val loss  val acc    time");
+        assert_eq!(lines[1], "    0      0.6900    0.6500   0.6100  1m 02s");
+        assert_eq!(lines[2], "    1      0.4000         –        –       –");
+        assert!(!t.html().contains("samples/s") && t.html().contains("<th "));
+    }
+
+    #[test]
+    fn long_runs_show_the_newest_rows() {
+        let mut t = MetricsTable::default();
+        for e in 0..(MAX_ROWS as u64 + 5) {
+            t.row_mut(e).train_loss = Some(1.0);
+        }
+        assert!(t.text().contains("… 5 earlier epochs"));
+        assert_eq!(t.text().lines().count(), MAX_ROWS + 2);
+    }
+}
