@@ -14,12 +14,14 @@
 # h: Jupyter kernel latency, trainbook vs stock evcxr_jupyter 0.22 (bench/kernel_bench.py):
 #    start -> first result, trivial round trip, execute -> first training display;
 #    BENCH_KERNEL_ROUNDS (3) alternating rounds
+# w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
+#    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -73,6 +75,10 @@ if has g; then
     .bench-venv/bin/python bench/torch_resnet.py --workers 2 --global-batch-size 32 --image-size 64 \
       --steps "$steps" 2>/dev/null | tee -a "$out"
   done
+fi
+
+if has w; then
+  cargo bench -q -p trainbook-widgets --bench render
 fi
 
 python3 - "$out" <<'PY'

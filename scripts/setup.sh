@@ -13,9 +13,9 @@ if [ -z "${TRAINBOOK_CUDA:-}" ]; then
 fi
 export TRAINBOOK_CUDA
 
-# 1. System packages: a C++ toolchain, and gloo's headers for the c10d shim (headers only:
-#    libtorch carries its own gloo).
-apt_pkgs=(build-essential pkg-config libgloo-dev)
+# 1. System packages: a C++ toolchain, gloo's headers for the c10d shim (headers only:
+#    libtorch carries its own gloo), and a font for the labels of the loss plot's PNG.
+apt_pkgs=(build-essential pkg-config libgloo-dev fonts-dejavu-core)
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

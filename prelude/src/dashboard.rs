@@ -170,15 +170,17 @@ impl JobDashboard {
             metrics.push(("samples/s".into(), format!("{:.1}", r.samples_per_second)));
         }
         metrics.push(("steps".into(), r.steps.to_string()));
-        metrics.push((
-            "time".into(),
-            trainbook_widgets::format_duration(r.elapsed),
-        ));
-        let checkpoint = r
-            .best_checkpoint
-            .or(r.last_checkpoint)
-            .or_else(|| self.checkpoint.clone())
-            .map(|p| p.display().to_string());
+        metrics.push(("time".into(), trainbook_widgets::format_duration(r.elapsed)));
+        let last = r.last_checkpoint.or_else(|| self.checkpoint.clone());
+        let checkpoint = match (r.best_checkpoint, last) {
+            (Some(b), Some(l)) if b != l => Some(format!(
+                "{} (best validation loss; latest: {})",
+                b.display(),
+                l.display()
+            )),
+            (Some(p), _) | (None, Some(p)) => Some(p.display().to_string()),
+            (None, None) => None,
+        };
         d.outcome = Some(Outcome {
             metrics,
             checkpoint,

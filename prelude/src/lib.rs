@@ -10,8 +10,8 @@ pub mod check;
 pub mod checkpoint;
 pub mod classify;
 pub mod cli;
-pub mod ddp;
 pub mod dashboard;
+pub mod ddp;
 pub mod dedup;
 pub mod device;
 pub mod dist;
@@ -45,9 +45,9 @@ pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::DeviceRequest;
     pub use crate::job::{fit, launch, stop_all, Job, JobStatus, TrainResult, Update};
-    pub use trainbook_widgets::LogLevel;
     pub use crate::models::resnet::Arch;
     pub use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
     pub use crate::trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
     pub use anyhow::Result;
+    pub use trainbook_widgets::LogLevel;
 }

@@ -283,3 +283,62 @@ fn terminal_output_merges_repeats_across_workers() {
         .count();
     assert_eq!(all, 256);
 }
+
+#[test]
+fn terminal_shows_the_dashboard_summary_and_honours_log_levels() {
+    let args = [
+        "train",
+        "synthetic",
+        "--workers",
+        "2",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+    ];
+    // `TRAINBOOK_LOG=warn`: no ordinary worker lines, but the summary and table remain.
+    let out = trainbook(
+        &args,
+        &[("TRAINBOOK_LOG", "warn")],
+        Duration::from_secs(120),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("train epoch:["), "{stdout}");
+    assert!(
+        stderr.contains("✓ succeeded") && stderr.contains("100%"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("epoch  train loss  train acc  val loss  val acc"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("checkpoint: ") && stderr.contains("run directory: "),
+        "{stderr}"
+    );
+    // The flag wins over the environment; a bad level is one clear error before any worker.
+    let out = trainbook(
+        &[&args[..], &["--log-level", "info"]].concat(),
+        &[("TRAINBOOK_LOG", "warn")],
+        Duration::from_secs(120),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Epoch 1-val Loss"));
+    let out = trainbook(
+        &[&args[..], &["--log-level", "loud"]].concat(),
+        &[],
+        Duration::from_secs(30),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("use off, error, warn, info or debug"),
+        "{stderr}"
+    );
+    let out = trainbook(&args, &[("TRAINBOOK_LOG", "loud")], Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("TRAINBOOK_LOG=\"loud\""),
+        "{stderr}"
+    );
+}

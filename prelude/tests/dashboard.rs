@@ -44,15 +44,23 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
                 tx.send(Update::Log(Shown {
                     rank,
                     stream: Stream::Stdout,
-                    text: format!("step {step} loss {loss:.4} <with markup & a long tail {}>", "x".repeat(step as usize % 300)),
+                    text: format!(
+                        "step {step} loss {loss:.4} <with markup & a long tail {}>",
+                        "x".repeat(step as usize % 300)
+                    ),
                     repeats: None,
                     is_error: false,
                 }))
                 .unwrap();
                 sent += 2;
             }
-            if step % 5_000 == 0 {
-                for (name, v) in [("epoch_train_loss", 0.5), ("eval_loss", 0.6), ("eval_accuracy", 0.8), ("samples_per_second", 1e4)] {
+            if step.is_multiple_of(5_000) {
+                for (name, v) in [
+                    ("epoch_train_loss", 0.5),
+                    ("eval_loss", 0.6),
+                    ("eval_accuracy", 0.8),
+                    ("samples_per_second", 1e4),
+                ] {
                     tx.send(metric(0, step, epoch - 1, name, v)).unwrap();
                 }
             }
@@ -92,9 +100,15 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
     let produced_in = producer.join().unwrap();
 
     // It kept up with the flood: following ended within a moment of the last event.
-    assert!(took < produced_in + Duration::from_secs(2), "followed in {took:?}, produced in {produced_in:?}");
+    assert!(
+        took < produced_in + Duration::from_secs(2),
+        "followed in {took:?}, produced in {produced_in:?}"
+    );
     let bound = (took.as_secs_f64() / every.as_secs_f64()).ceil() as usize + 1;
-    assert!(drawn >= 2 && drawn <= bound, "{drawn} drawings in {took:?} (bound {bound})");
+    assert!(
+        drawn >= 2 && drawn <= bound,
+        "{drawn} drawings in {took:?} (bound {bound})"
+    );
     assert_eq!(drawn, sizes.len());
     let largest = *sizes.iter().max().unwrap();
     assert!(largest < MAX_BUNDLE_BYTES, "a drawing of {largest} bytes");
@@ -104,14 +118,111 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
     let bytes = serde_json::to_vec(&final_bundle).unwrap().len();
     assert!(bytes < MAX_BUNDLE_BYTES, "final view is {bytes} bytes");
     let d = view.dashboard();
-    assert_eq!(d.curves.train.last().map(|p| p.0 as u64), Some(total / (2 * RANKS as u64)));
+    assert_eq!(
+        d.curves.train.last().map(|p| p.0 as u64),
+        Some(total / (2 * RANKS as u64))
+    );
     assert!(d.logs.lines().count() <= DashboardOptions::default().log_lines);
-    assert_eq!(d.logs.hidden(), 100_000 - 10, "every line but the last 10 counted as hidden");
+    assert_eq!(
+        d.logs.hidden(),
+        100_000 - 10,
+        "every line but the last 10 counted as hidden"
+    );
     eprintln!("{drawn} drawings in {took:?}; largest {largest} bytes, final {bytes} bytes");
     let text = final_bundle["text/plain"].as_str().unwrap();
-    assert!(text.contains("more lines in /tmp/runs/flood/logs"), "{text}");
+    assert!(
+        text.contains("more lines in /tmp/runs/flood/logs"),
+        "{text}"
+    );
     assert!(text.contains("val acc"), "{text}");
     let html = final_bundle["text/html"].as_str().unwrap();
     assert!(html.contains("&lt;with markup &amp; a long tail"));
-    assert!(final_bundle.contains_key("image/png"), "a finished view carries the PNG");
+    assert!(
+        final_bundle.contains_key("image/png"),
+        "a finished view carries the PNG"
+    );
+}
+
+fn tiny(epochs: u64) -> trainbook::JobSpec {
+    use trainbook::Configure;
+    let runs = std::env::temp_dir().join("trainbook-dashboard-tests");
+    std::fs::create_dir_all(&runs).unwrap();
+    trainbook::JobSpec::new("synthetic")
+        .workers(2)
+        .preset("tiny")
+        .epochs(epochs)
+        .device(trainbook::DeviceRequest::Cpu)
+        .runs_root(runs)
+}
+
+/// A real two-worker job: the dashboard rebuilt from its history has the curve, the epoch
+/// rows and the result view.
+#[test]
+fn a_finished_jobs_dashboard_has_curve_table_and_result() {
+    let job = trainbook::launch(tiny(2)).unwrap();
+    let result = job.wait().unwrap();
+    let mut view = JobDashboard::with_history(&job).unwrap();
+    view.finish(&job);
+    let d = view.dashboard();
+    assert_eq!(
+        d.curves.train.last().map(|p| p.0 as u64),
+        Some(result.steps)
+    );
+    assert_eq!(
+        d.curves.val_accuracy.points().len(),
+        2,
+        "one validation point per epoch"
+    );
+    assert_eq!(d.table.rows().count(), 2);
+    let b = view.bundle();
+    let text = b["text/plain"].as_str().unwrap();
+    assert!(
+        text.contains("✓ succeeded") && text.contains("100%"),
+        "{text}"
+    );
+    // The best checkpoint (lowest validation loss), and the latest when that is another one.
+    let last = result.last_checkpoint.unwrap().display().to_string();
+    assert!(
+        text.contains("checkpoint: ") && text.contains(&last),
+        "{text}"
+    );
+    let html = b["text/html"].as_str().unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("<details>"),
+        "logs folded away on success"
+    );
+    assert!(b.contains_key("image/png"));
+}
+
+/// A rank that dies: the result view says failed, names the rank and keeps the logs open.
+#[test]
+fn a_failed_jobs_dashboard_shows_the_failing_ranks_error() {
+    let job = trainbook::launch(tiny(200)).unwrap();
+    let t0 = Instant::now();
+    while job.progress().is_none_or(|p| p.step < 3) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "training never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(job.pids()[1] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(job.wait().is_err());
+    let mut view = JobDashboard::with_history(&job).unwrap();
+    view.finish(&job);
+    let b = view.bundle();
+    let text = b["text/plain"].as_str().unwrap();
+    assert!(
+        text.contains("✗ failed") && text.contains("error: worker rank 1 failed"),
+        "{text}"
+    );
+    let html = b["text/html"].as_str().unwrap();
+    assert!(
+        html.contains("worker rank 1 failed") && !html.contains("<details>"),
+        "{html}"
+    );
 }

@@ -74,7 +74,10 @@ fn jobs_draw_live_views_and_an_interrupt_stops_them() {
     };
     assert!(updates >= 2, "only {updates} updates");
     assert!(last.contains("run directory:"), "{last}");
-    assert!(last.contains("val loss") && last.contains("val acc"), "final metrics missing: {last}");
+    assert!(
+        last.contains("val loss") && last.contains("val acc"),
+        "final metrics missing: {last}"
+    );
     assert!(last.contains("checkpoint: "), "{last}");
 
     // A long job, interrupted from the "kernel": stopped within 5 s, workers gone, and this

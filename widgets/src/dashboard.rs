@@ -58,7 +58,12 @@ pub struct Dashboard {
 }
 
 impl Dashboard {
-    pub fn new(title: impl Into<String>, world: usize, run_dir: impl Into<String>, options: DashboardOptions) -> Dashboard {
+    pub fn new(
+        title: impl Into<String>,
+        world: usize,
+        run_dir: impl Into<String>,
+        options: DashboardOptions,
+    ) -> Dashboard {
         let run_dir = run_dir.into();
         let mut logs = LogPanel::new(options.log_level, options.log_lines);
         logs.path = Some(format!("{run_dir}/logs"));
@@ -125,7 +130,12 @@ impl Dashboard {
 
     /// The whole view as HTML with the plot inline.
     pub fn html(&self) -> String {
-        self.html_with_svg(self.options.plot.then(|| loss_svg(&self.curves, &self.plot_options())).as_deref())
+        self.html_with_svg(
+            self.options
+                .plot
+                .then(|| loss_svg(&self.curves, &self.plot_options()))
+                .as_deref(),
+        )
     }
 
     fn html_with_svg(&self, svg: Option<&str>) -> String {
@@ -151,7 +161,10 @@ impl Dashboard {
                 h.push_str("</div>");
             }
             if let Some(c) = &o.checkpoint {
-                h.push_str(&format!("<div>checkpoint: <code>{}</code></div>", escape(c)));
+                h.push_str(&format!(
+                    "<div>checkpoint: <code>{}</code></div>",
+                    escape(c)
+                ));
             }
             if let Some(e) = &o.error {
                 h.push_str(&format!(
@@ -189,7 +202,10 @@ impl Dashboard {
     /// The MIME bundle to display: HTML and text while running; once finished, also a PNG of
     /// the final plot for front ends that show neither HTML nor SVG.
     pub fn bundle(&self) -> Bundle {
-        let svg = self.options.plot.then(|| loss_svg(&self.curves, &self.plot_options()));
+        let svg = self
+            .options
+            .plot
+            .then(|| loss_svg(&self.curves, &self.plot_options()));
         let mut b = Bundle::new();
         if self.status().is_finished() {
             if let Some(png) = svg.as_deref().and_then(|s| svg_to_png(s).ok()) {
@@ -199,7 +215,10 @@ impl Dashboard {
                 );
             }
         }
-        b.insert("text/html".into(), Value::String(self.html_with_svg(svg.as_deref())));
+        b.insert(
+            "text/html".into(),
+            Value::String(self.html_with_svg(svg.as_deref())),
+        );
         b.insert("text/plain".into(), Value::String(self.text()));
         b
     }

@@ -27,7 +27,10 @@ impl LogLine {
         let lower = self.text.trim_start().to_ascii_lowercase();
         if lower.contains("warn") {
             LogLevel::Warn
-        } else if lower.starts_with("debug") || lower.starts_with("[debug") || lower.starts_with("trace") {
+        } else if lower.starts_with("debug")
+            || lower.starts_with("[debug")
+            || lower.starts_with("trace")
+        {
             LogLevel::Debug
         } else {
             LogLevel::Info
@@ -165,7 +168,10 @@ impl LogPanel {
              background:rgba(127,127,127,0.08);font-size:12px;line-height:1.35;white-space:pre-wrap\">",
         );
         if let Some(n) = self.more_note() {
-            h.push_str(&format!("<span style=\"color:{GREY}\">… {}</span>\n", escape(&n)));
+            h.push_str(&format!(
+                "<span style=\"color:{GREY}\">… {}</span>\n",
+                escape(&n)
+            ));
         }
         for l in &self.lines {
             if let Some(r) = l.rank {
@@ -177,7 +183,10 @@ impl LogPanel {
                 _ => None,
             };
             match color {
-                Some(c) => h.push_str(&format!("<span style=\"color:{c}\">{}</span>", escape(&l.text))),
+                Some(c) => h.push_str(&format!(
+                    "<span style=\"color:{c}\">{}</span>",
+                    escape(&l.text)
+                )),
                 None => h.push_str(&escape(&l.text)),
             }
             if let Some(r) = &l.repeats {
@@ -214,7 +223,10 @@ mod tests {
             assert!(p.push(line(i % 2, &format!("line {i}"), false)));
         }
         let t = p.text();
-        assert!(t.starts_with("… 2 more lines in /runs/x/logs\n(rank 0) line 2"), "{t}");
+        assert!(
+            t.starts_with("… 2 more lines in /runs/x/logs\n(rank 0) line 2"),
+            "{t}"
+        );
         assert_eq!(p.lines().count(), 3);
     }
 
@@ -227,16 +239,31 @@ mod tests {
             ..line(0, "loss 0.4", false)
         });
         let h = p.html();
-        assert!(h.contains(&format!("<span style=\"color:{RED}\">RuntimeError: &lt;boom&gt;</span>")), "{h}");
-        assert!(h.contains("[repeated 7x across 2 workers: ranks 0-1]"), "{h}");
-        assert!(p.text().contains("(rank 0) loss 0.4 [repeated 7x"), "{}", p.text());
+        assert!(
+            h.contains(&format!(
+                "<span style=\"color:{RED}\">RuntimeError: &lt;boom&gt;</span>"
+            )),
+            "{h}"
+        );
+        assert!(
+            h.contains("[repeated 7x across 2 workers: ranks 0-1]"),
+            "{h}"
+        );
+        assert!(
+            p.text().contains("(rank 0) loss 0.4 [repeated 7x"),
+            "{}",
+            p.text()
+        );
     }
 
     #[test]
     fn levels_filter_like_rust_log() {
         assert_eq!("WARN".parse::<LogLevel>(), Ok(LogLevel::Warn));
         assert_eq!("trace".parse::<LogLevel>(), Ok(LogLevel::Debug));
-        assert!("loud".parse::<LogLevel>().unwrap_err().contains("use off, error, warn, info or debug"));
+        assert!("loud"
+            .parse::<LogLevel>()
+            .unwrap_err()
+            .contains("use off, error, warn, info or debug"));
         let mut p = LogPanel::new(LogLevel::Warn, 10);
         assert!(!p.push(line(0, "step 1 loss 0.5", false)));
         assert!(p.push(line(0, "UserWarning: slow path", false)));
@@ -247,6 +274,9 @@ mod tests {
         assert!(!off.push(line(0, "Error: x", true)));
         let mut long = LogPanel::new(LogLevel::Debug, 10);
         long.push(line(0, &"x".repeat(5000), false));
-        assert_eq!(long.lines().next().unwrap().text.chars().count(), MAX_LINE_CHARS + 1);
+        assert_eq!(
+            long.lines().next().unwrap().text.chars().count(),
+            MAX_LINE_CHARS + 1
+        );
     }
 }

@@ -104,7 +104,10 @@ fn non_finite_note(n: usize, first: Option<(f64, f64)>) -> String {
     let at = first
         .map(|(x, y)| format!(" (first: {y} at step {x:.0})"))
         .unwrap_or_default();
-    format!("⚠ {n} non-finite loss value{}{at}", if n == 1 { "" } else { "s" })
+    format!(
+        "⚠ {n} non-finite loss value{}{at}",
+        if n == 1 { "" } else { "s" }
+    )
 }
 
 /// Tick labels: at most 4 significant digits, no trailing zeros (`5`, `0.25`, `1.2e-5`).
@@ -132,7 +135,9 @@ fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     if !lo.is_finite() || !hi.is_finite() {
         return None;
     }
-    let pad = ((hi - lo) * 0.05).max(hi.abs().max(lo.abs()) * 0.01).max(1e-9);
+    let pad = ((hi - lo) * 0.05)
+        .max(hi.abs().max(lo.abs()) * 0.01)
+        .max(1e-9);
     Some((lo - pad, hi + pad))
 }
 
@@ -149,7 +154,8 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     };
     let train: Vec<(f64, f64)> = c.train.for_plot().iter().map(ty).collect();
     let with_band = o.band && c.world() > 1 && !c.band_lo.is_empty();
-    let (lo, hi): (Vec<(f64, f64)>, Vec<(f64, f64)>) = if with_band {
+    type Points = Vec<(f64, f64)>;
+    let (lo, hi): (Points, Points) = if with_band {
         (
             c.band_lo.for_plot().iter().map(ty).collect(),
             c.band_hi.for_plot().iter().map(ty).collect(),
@@ -200,9 +206,14 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     if with_band {
         let ring: Vec<(f64, f64)> = hi.iter().chain(lo.iter().rev()).copied().collect();
         chart
-            .draw_series(std::iter::once(Polygon::new(ring, TRAIN.mix(0.18).filled())))?
+            .draw_series(std::iter::once(Polygon::new(
+                ring,
+                TRAIN.mix(0.18).filled(),
+            )))?
             .label(format!("train loss min–max over {} ranks", c.world()))
-            .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 18, y + 5)], TRAIN.mix(0.18).filled()));
+            .legend(|(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 18, y + 5)], TRAIN.mix(0.18).filled())
+            });
     }
     if !train.is_empty() {
         let label = if c.world() > 1 {
@@ -211,7 +222,10 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
             "train loss".to_string()
         };
         chart
-            .draw_series(LineSeries::new(train.iter().copied(), TRAIN.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                train.iter().copied(),
+                TRAIN.stroke_width(2),
+            ))?
             .label(label)
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], TRAIN.stroke_width(2)));
     }
@@ -232,7 +246,11 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     if !(train.is_empty() && val.is_empty() && acc.is_empty()) {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(emptiest_corner(
+                all()
+                    .map(|p| ((p.0 - x0) / (x1 - x0), (p.1 - y0) / (y1 - y0)))
+                    .chain(acc.iter().map(|p| ((p.0 - x0) / (x1 - x0), p.1))),
+            ))
             .label_font(("sans-serif", 12))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.3))
@@ -256,6 +274,28 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     Ok(())
 }
 
+/// The corner where the legend hides the fewest points (coordinates scaled to 0..1).
+fn emptiest_corner(points: impl Iterator<Item = (f64, f64)>) -> SeriesLabelPosition {
+    // The legend covers about 45% of the width and 35% of the height.
+    let (w, h) = (0.45, 0.35);
+    let mut counts = [0usize; 4]; // upper right, upper left, lower left, lower right
+    for (x, y) in points {
+        let (right, left, top, bottom) = (x >= 1.0 - w, x <= w, y >= 1.0 - h, y <= h);
+        counts[0] += (right && top) as usize;
+        counts[1] += (left && top) as usize;
+        counts[2] += (left && bottom) as usize;
+        counts[3] += (right && bottom) as usize;
+    }
+    let best = (0..4).min_by_key(|&i| counts[i]).unwrap_or(0);
+    [
+        SeriesLabelPosition::UpperRight,
+        SeriesLabelPosition::UpperLeft,
+        SeriesLabelPosition::LowerLeft,
+        SeriesLabelPosition::LowerRight,
+    ][best]
+        .clone()
+}
+
 /// System fonts, loaded once (a few ms to a few hundred ms), for the PNG's labels.
 fn fonts() -> Arc<resvg::usvg::fontdb::Database> {
     static DB: OnceLock<Arc<resvg::usvg::fontdb::Database>> = OnceLock::new();
@@ -266,7 +306,13 @@ fn fonts() -> Arc<resvg::usvg::fontdb::Database> {
             .faces()
             .flat_map(|f| f.families.iter().map(|(n, _)| n.clone()))
             .collect();
-        for want in ["DejaVu Sans", "Liberation Sans", "Noto Sans", "Arial", "Helvetica"] {
+        for want in [
+            "DejaVu Sans",
+            "Liberation Sans",
+            "Noto Sans",
+            "Arial",
+            "Helvetica",
+        ] {
             if families.iter().any(|f| f == want) {
                 db.set_sans_serif_family(want);
                 break;
@@ -292,7 +338,9 @@ pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, String> {
         resvg::tiny_skia::Transform::default(),
         &mut pixmap.as_mut(),
     );
-    pixmap.encode_png().map_err(|e| format!("PNG encoding failed: {e}"))
+    pixmap
+        .encode_png()
+        .map_err(|e| format!("PNG encoding failed: {e}"))
 }
 
 #[cfg(test)]

@@ -74,7 +74,10 @@ impl ProgressView {
     /// (ETA only while running).
     pub fn line(&self) -> String {
         if self.total_steps == 0 && self.step == 0 {
-            return format!("waiting for workers · elapsed {}", format_duration(self.elapsed));
+            return format!(
+                "waiting for workers · elapsed {}",
+                format_duration(self.elapsed)
+            );
         }
         let mut l = progress_line(
             self.epoch,
@@ -135,7 +138,11 @@ impl ProgressView {
 
 /// `[██████░░░░]` for 0.6 at width 10.
 pub fn text_bar(fraction: f64, width: usize) -> String {
-    let f = if fraction.is_finite() { fraction.clamp(0.0, 1.0) } else { 0.0 };
+    let f = if fraction.is_finite() {
+        fraction.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
     let full = (f * width as f64).round() as usize;
     format!("[{}{}]", "█".repeat(full), "░".repeat(width - full))
 }
@@ -157,7 +164,10 @@ mod tests {
             loss: Some(0.41),
         };
         let t = p.text();
-        assert!(t.starts_with("● running [██████░░░░░░░░░░░░░░]  30% epoch 1/2 · step 30/100"), "{t}");
+        assert!(
+            t.starts_with("● running [██████░░░░░░░░░░░░░░]  30% epoch 1/2 · step 30/100"),
+            "{t}"
+        );
         assert!(t.contains("ETA") && t.contains("elapsed 10.0s"), "{t}");
         assert!(p.html().contains("width:30.0%") && p.html().contains("step 30/100"));
         p.status = Status::Failed;
@@ -171,6 +181,10 @@ mod tests {
     fn before_the_first_step_it_says_so() {
         let p = ProgressView::default();
         assert_eq!(p.fraction(), None);
-        assert!(p.text().contains("starting waiting for workers"), "{}", p.text());
+        assert!(
+            p.text().contains("starting waiting for workers"),
+            "{}",
+            p.text()
+        );
     }
 }

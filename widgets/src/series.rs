@@ -37,7 +37,11 @@ pub fn downsample_minmax(points: &[(f64, f64)], max_points: usize) -> Vec<(f64, 
                 imax = i;
             }
         }
-        let (a, b) = if imin <= imax { (imin, imax) } else { (imax, imin) };
+        let (a, b) = if imin <= imax {
+            (imin, imax)
+        } else {
+            (imax, imin)
+        };
         out.push(bucket[a]);
         if b != a {
             out.push(bucket[b]);
@@ -144,7 +148,10 @@ impl Curves {
         if self.train_committed.is_some_and(|last| step <= last) {
             return; // already drawn
         }
-        let slots = self.pending.entry(step).or_insert_with(|| vec![None; world]);
+        let slots = self
+            .pending
+            .entry(step)
+            .or_insert_with(|| vec![None; world]);
         if let Some(slot) = slots.get_mut(rank.min(world - 1)) {
             *slot = Some(loss);
         }
@@ -197,7 +204,11 @@ impl Curves {
             }
         }
         if let Some(a) = accuracy {
-            if self.val_accuracy.last().is_none_or(|(x, _)| x < step as f64) {
+            if self
+                .val_accuracy
+                .last()
+                .is_none_or(|(x, _)| x < step as f64)
+            {
                 self.val_accuracy.push(step as f64, a);
             }
         }

@@ -30,7 +30,9 @@ const COLUMNS: [Column; 6] = [
     ("train acc", |r| r.train_accuracy.map(format_metric)),
     ("val loss", |r| r.val_loss.map(format_metric)),
     ("val acc", |r| r.val_accuracy.map(format_metric)),
-    ("samples/s", |r| r.samples_per_second.map(|v| format!("{v:.1}"))),
+    ("samples/s", |r| {
+        r.samples_per_second.map(|v| format!("{v:.1}"))
+    }),
     ("time", |r| r.elapsed.map(format_duration)),
 ];
 
@@ -90,7 +92,9 @@ impl MetricsTable {
                 .collect::<Vec<_>>()
                 .join("  ")
         };
-        let mut out = vec![fmt_row(&heads.iter().map(|h| h.to_string()).collect::<Vec<_>>())];
+        let mut out = vec![fmt_row(
+            &heads.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+        )];
         if skip > 0 {
             out.push(format!("… {skip} earlier epochs"));
         }

@@ -1,6 +1,8 @@
 //! The loss plot against real SVG parsing and real rasterisation.
 
-use trainbook_widgets::{downsample_minmax, loss_svg, svg_to_png, Curves, PlotOptions, MAX_PLOT_POINTS};
+use trainbook_widgets::{
+    downsample_minmax, loss_svg, svg_to_png, Curves, PlotOptions, MAX_PLOT_POINTS,
+};
 
 /// A two-rank run: losses falling with noise and one spike, three validation epochs.
 fn run(steps: u64) -> Curves {
@@ -29,7 +31,10 @@ fn polylines(svg: &str) -> Vec<(String, usize)> {
         .map(|n| {
             (
                 n.attribute("stroke").unwrap_or("").to_string(),
-                n.attribute("points").unwrap_or("").split_whitespace().count(),
+                n.attribute("points")
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .count(),
             )
         })
         .collect()
@@ -51,14 +56,32 @@ fn svg_parses_and_holds_train_val_and_accuracy_series() {
     let train: Vec<_> = lines.iter().filter(|(c, _)| c == "#1565C0").collect();
     let val: Vec<_> = lines.iter().filter(|(c, _)| c == "#C62828").collect();
     let acc: Vec<_> = lines.iter().filter(|(c, _)| c == "#2E7D32").collect();
-    assert!(train.iter().any(|(_, n)| *n == 300), "train line with 300 points: {lines:?}");
-    assert!(val.iter().any(|(_, n)| *n == 3), "val loss with 3 epochs: {lines:?}");
-    assert!(acc.iter().any(|(_, n)| *n == 3), "val accuracy with 3 epochs: {lines:?}");
+    assert!(
+        train.iter().any(|(_, n)| *n == 300),
+        "train line with 300 points: {lines:?}"
+    );
+    assert!(
+        val.iter().any(|(_, n)| *n == 3),
+        "val loss with 3 epochs: {lines:?}"
+    );
+    assert!(
+        acc.iter().any(|(_, n)| *n == 3),
+        "val accuracy with 3 epochs: {lines:?}"
+    );
     let t = texts(&svg);
-    for label in ["step", "loss", "val accuracy", "train loss (mean of 2 ranks)", "val loss"] {
+    for label in [
+        "step",
+        "loss",
+        "val accuracy",
+        "train loss (mean of 2 ranks)",
+        "val loss",
+    ] {
         assert!(t.contains(label), "label {label:?} missing from {t}");
     }
-    assert!(svg.contains("<polygon"), "the min–max band across ranks is drawn");
+    assert!(
+        svg.contains("<polygon"),
+        "the min–max band across ranks is drawn"
+    );
 }
 
 #[test]
@@ -68,17 +91,31 @@ fn zero_one_and_a_million_points_render() {
     let mut one = Curves::new(1);
     one.train_loss(0, 1, 0.7);
     let svg = loss_svg(&one, &PlotOptions::default());
-    assert!(polylines(&svg).iter().any(|(c, n)| c == "#1565C0" && *n == 1), "{svg}");
+    assert!(
+        polylines(&svg)
+            .iter()
+            .any(|(c, n)| c == "#1565C0" && *n == 1),
+        "{svg}"
+    );
 
     let big = run(1_000_000);
-    assert_eq!(big.train.points().len() <= trainbook_widgets::series::DEFAULT_SERIES_CAPACITY, true);
+    assert!(big.train.points().len() <= trainbook_widgets::series::DEFAULT_SERIES_CAPACITY);
     let svg = loss_svg(&big, &PlotOptions::default());
     let lines = polylines(&svg);
     let longest = lines.iter().map(|(_, n)| *n).max().unwrap();
     assert!(longest <= MAX_PLOT_POINTS, "{longest} points drawn");
-    assert!(svg.len() < 200_000, "SVG of a 10^6-step run is {} bytes", svg.len());
+    assert!(
+        svg.len() < 200_000,
+        "SVG of a 10^6-step run is {} bytes",
+        svg.len()
+    );
     // The spike at step 500,000 (loss > 5) survives storage compaction and down-sampling.
-    let max = big.train.for_plot().iter().map(|p| p.1).fold(f64::MIN, f64::max);
+    let max = big
+        .train
+        .for_plot()
+        .iter()
+        .map(|p| p.1)
+        .fold(f64::MIN, f64::max);
     assert!(max > 5.0, "spike lost: max drawn loss {max}");
 }
 
@@ -97,18 +134,35 @@ fn non_finite_losses_are_flagged_not_drawn() {
     c.flush();
     assert_eq!(c.non_finite().0, 3);
     let svg = loss_svg(&c, &PlotOptions::default());
-    assert!(!svg.contains("NaN") || texts(&svg).contains("NaN"), "no NaN coordinates");
+    assert!(
+        !svg.contains("NaN") || texts(&svg).contains("NaN"),
+        "no NaN coordinates"
+    );
     let t = texts(&svg);
-    assert!(t.contains("3 non-finite loss values (first: NaN at step 2)"), "{t}");
+    assert!(
+        t.contains("3 non-finite loss values (first: NaN at step 2)"),
+        "{t}"
+    );
     assert!(trainbook_widgets::plot::summary(&c).contains("⚠ 3 non-finite"));
-    let log = loss_svg(&c, &PlotOptions { log_y: true, ..PlotOptions::default() });
+    let log = loss_svg(
+        &c,
+        &PlotOptions {
+            log_y: true,
+            ..PlotOptions::default()
+        },
+    );
     assert!(texts(&log).contains("loss (log scale)"));
 }
 
 #[test]
 fn downsampling_keeps_each_buckets_min_and_max() {
     let points: Vec<(f64, f64)> = (0..10_000)
-        .map(|i| (i as f64, ((i * 7919) % 1000) as f64 + if i == 4321 { 1e6 } else { 0.0 }))
+        .map(|i| {
+            (
+                i as f64,
+                ((i * 7919) % 1000) as f64 + if i == 4321 { 1e6 } else { 0.0 },
+            )
+        })
         .collect();
     let max_points = 100;
     let out = downsample_minmax(&points, max_points);
@@ -124,8 +178,15 @@ fn downsampling_keeps_each_buckets_min_and_max() {
         let hi = bucket.iter().map(|p| p.1).fold(f64::MIN, f64::max);
         let x0 = bucket[0].0;
         let x1 = bucket[bucket.len() - 1].0;
-        let kept: Vec<f64> = out.iter().filter(|p| p.0 >= x0 && p.0 <= x1).map(|p| p.1).collect();
-        assert!(kept.contains(&lo) && kept.contains(&hi), "bucket {b}: {kept:?} lacks {lo} or {hi}");
+        let kept: Vec<f64> = out
+            .iter()
+            .filter(|p| p.0 >= x0 && p.0 <= x1)
+            .map(|p| p.1)
+            .collect();
+        assert!(
+            kept.contains(&lo) && kept.contains(&hi),
+            "bucket {b}: {kept:?} lacks {lo} or {hi}"
+        );
     }
     assert!(out.iter().any(|p| p.1 >= 1e6), "the spike survives");
     assert_eq!(downsample_minmax(&points[..5], max_points).len(), 5);
