@@ -30,8 +30,9 @@ test: build
 	$(CARGO) test --release $(FEATURES) -- --test-threads=1
 	@scripts/test-kernel.sh
 
+# notebooks/bert.ipynb, executed headless; prints where the executed copy is.
 demo: build
-	target/release/trainbook train bert --workers 2 --epochs 1
+	@scripts/demo.sh
 
 bench: build
 	@scripts/bench.sh

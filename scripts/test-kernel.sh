@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The kernel's tests drive the real kernel through Jupyter's own client (jupyter_client,
-# nbconvert) from the project venv, where `make build` installed the kernelspec.
+# nbconvert) from the project venv, where `make build` installed the kernelspec; the notebook
+# tests execute notebooks/*.ipynb headless through it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/kernel "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/kernel tests/notebooks "$@"

@@ -1,6 +1,10 @@
 //! Inference with a trained checkpoint, in the calling process (the notebook kernel or a
 //! script): `TextClassifier::load(dir)?.predict(&["the food was great"])`,
 //! `ImageClassifier::load(dir)?.predict(&["ant.jpg"])`.
+//!
+//! Generic public methods only convert their arguments and call a private non-generic one: a
+//! generic body is compiled into its caller, and a notebook cell, linked against the prelude
+//! library, can reach only the library's exported symbols, not private helpers.
 
 use std::path::{Path, PathBuf};
 
@@ -45,7 +49,10 @@ impl TextClassifier {
     }
 
     pub fn load_on(dir: impl AsRef<Path>, device: Device) -> Result<Self> {
-        let dir = dir.as_ref();
+        Self::load_dir(dir.as_ref(), device)
+    }
+
+    fn load_dir(dir: &Path, device: Device) -> Result<Self> {
         let has_weights = ["model.safetensors", "pytorch_model.bin"]
             .iter()
             .any(|f| dir.join(f).exists());
@@ -148,7 +155,10 @@ struct ImageConfig {
 
 impl ImageClassifier {
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref();
+        Self::load_dir(dir.as_ref())
+    }
+
+    fn load_dir(dir: &Path) -> Result<Self> {
         let cfg_file = dir.join("config.json");
         let config: ImageConfig = std::fs::read(&cfg_file)
             .ok()
@@ -189,10 +199,14 @@ impl ImageClassifier {
     /// Classifies image files (any format the `image` crate reads), with the evaluation
     /// transform the model was validated with.
     pub fn predict<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Vec<Prediction>> {
+        let paths: Vec<&Path> = paths.iter().map(|p| p.as_ref()).collect();
+        self.predict_paths(&paths)
+    }
+
+    fn predict_paths(&self, paths: &[&Path]) -> Result<Vec<Prediction>> {
         use crate::vision::transforms::{eval_transform, Normalize};
         let mut images = Vec::with_capacity(paths.len());
-        for p in paths {
-            let p = p.as_ref();
+        for &p in paths {
             let img = image::open(p)
                 .with_context(|| format!("cannot read image {}", p.display()))?
                 .to_rgb8();

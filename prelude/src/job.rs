@@ -137,6 +137,12 @@ pub struct TrainResult {
 }
 
 impl TrainResult {
+    /// One row per epoch: train loss/accuracy, eval loss/accuracy, samples/s, time (see
+    /// [`crate::metrics::per_epoch`]); `metrics_df` has every step.
+    pub fn epochs(&self) -> Result<polars::prelude::DataFrame> {
+        crate::metrics::per_epoch(&self.metrics_df)
+    }
+
     /// The summary the CLI prints with `--json`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({

@@ -43,11 +43,13 @@ pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
 pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
-    pub use crate::device::DeviceRequest;
+    pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::job::{fit, launch, stop_all, Job, JobStatus, TrainResult, Update};
     pub use crate::models::resnet::Arch;
     pub use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
     pub use crate::trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
     pub use anyhow::Result;
+    // Tables (metrics, data previews) are polars DataFrames; notebook variables need the name.
+    pub use polars::prelude::DataFrame;
     pub use trainbook_widgets::LogLevel;
 }

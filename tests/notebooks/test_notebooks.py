@@ -1,0 +1,121 @@
+"""notebooks/*.ipynb executed headless with tiny parameters through the real trainbook kernel
+(nbclient, via scripts/notebook.py, as `make demo` does), then checked cell by cell.
+
+Run by `make test` (scripts/test-kernel.sh) after `make build` installed the kernelspec.
+"""
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "scripts" / "notebook.py"
+NOTEBOOKS = ["bert", "resnet"]
+# Enough steps for several live redraws, seconds of training on 2 CPU cores.
+TINY = ['preset=Some("tiny")', "epochs=Some(2)"]
+
+
+def notebook_tool(*args, timeout=900):
+    return subprocess.run(
+        [sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def execute(name, out_dir, params):
+    out = out_dir / f"{name}.ipynb"
+    runs = out_dir / "runs"
+    args = ["execute", str(ROOT / "notebooks" / f"{name}.ipynb"), str(out), "--timeout", "600"]
+    for p in params + [f'runs_root=Some("{runs}")']:
+        args += ["-p", p]
+    proc = notebook_tool(*args)
+    assert out.exists(), proc.stderr
+    return proc, nbformat.read(out, as_version=4)
+
+
+def cell_with(nb, needle):
+    cells = [c for c in nb.cells if c.cell_type == "code" and needle in c.source]
+    assert len(cells) == 1, f"expected one cell with {needle!r}"
+    return cells[0]
+
+
+def text_of(cell):
+    parts = []
+    for o in cell.outputs:
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif o.output_type in ("execute_result", "display_data"):
+            parts.append(o.data.get("text/plain", ""))
+    return "".join(parts)
+
+
+def errors(nb):
+    return [
+        (c.source.splitlines()[0], o.get("ename"), o.get("evalue"))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "error"
+    ]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_without_outputs_and_has_a_parameters_cell(name):
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    proc = notebook_tool("check-stripped", str(path))
+    assert proc.returncode == 0, proc.stderr
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "trainbook"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and "let num_workers: usize = 2;" in tagged[0].source
+    # The reference's call shape: a training cell that fits with num_workers workers.
+    assert "trainer.fit()?" in cell_with(nb, "trainer.fit()").source
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_headless_and_keeps_the_final_dashboard(name, tmp_path):
+    proc, nb = execute(name, tmp_path, TINY)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"-> {tmp_path / (name + '.ipynb')}" in proc.stdout
+    assert errors(nb) == []
+    # Every code cell ran, in order.
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1))
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and 'let preset: Option<&str> = Some("tiny");' in injected[0].source
+
+    # The training cell holds exactly one dashboard, in its final (result) state.
+    train = cell_with(nb, "trainer.fit()")
+    dashboards = [o for o in train.outputs if o.output_type == "display_data"]
+    assert len(dashboards) == 1, [o.output_type for o in train.outputs]
+    d = dashboards[0].data
+    assert {"text/html", "text/plain", "image/png"} <= set(d), sorted(d)
+    assert "succeeded" in d["text/plain"] and "checkpoint: " in d["text/plain"]
+    assert "<svg" in d["text/html"] and "val loss" in d["text/html"]
+    assert len(d["image/png"]) > 1000
+
+    # Results: a finite final loss and one table row per epoch.
+    results = text_of(cell_with(nb, "result.epochs()?"))
+    assert "Succeeded after" in results, results
+    losses = [float(v) for v in re.findall(r"eval_loss: (\S+)", results)]
+    assert losses and all(math.isfinite(v) for v in losses), results
+    assert "shape: (2," in results, results  # two epochs
+
+    # The checkpoint predicts without the workers.
+    predictions = text_of(cell_with(nb, "predict("))
+    assert "loaded " in predictions or "true class" in predictions, predictions
+    assert re.search(r"\w \(\d\.\d{3}\)", predictions), predictions  # "label (score)"
+
+
+def test_a_parameter_the_notebook_does_not_bind_is_an_error(tmp_path):
+    proc = notebook_tool(
+        "params", str(ROOT / "notebooks" / "bert.ipynb"), str(tmp_path / "x.ipynb"), "-p", "epoch=Some(1)"
+    )
+    assert proc.returncode != 0
+    assert "parameter 'epoch' is not bound" in proc.stderr and "epochs" in proc.stderr
+    assert not (tmp_path / "x.ipynb").exists()
