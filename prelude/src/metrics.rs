@@ -111,7 +111,14 @@ mod tests {
     use super::*;
 
     fn row(epoch: u64, name: &str, value: f64, time: f64) -> MetricRow {
-        MetricRow { rank: 0, step: epoch * 10, epoch, name: name.into(), value, time }
+        MetricRow {
+            rank: 0,
+            step: epoch * 10,
+            epoch,
+            name: name.into(),
+            value,
+            time,
+        }
     }
 
     #[test]
@@ -128,9 +135,15 @@ mod tests {
         let names: Vec<String> = t.get_column_names().iter().map(|c| c.to_string()).collect();
         assert_eq!(names, ["epoch", "train_loss", "eval_loss", "time"]);
         assert_eq!(t.height(), 2);
-        let eval: Vec<Option<f64>> = t.column("eval_loss").unwrap().f64().unwrap().into_iter().collect();
+        let eval: Vec<Option<f64>> = t
+            .column("eval_loss")
+            .unwrap()
+            .f64()
+            .unwrap()
+            .iter()
+            .collect();
         assert_eq!(eval, [Some(0.7), Some(0.45)]);
-        let time: Vec<Option<f64>> = t.column("time").unwrap().f64().unwrap().into_iter().collect();
+        let time: Vec<Option<f64>> = t.column("time").unwrap().f64().unwrap().iter().collect();
         assert_eq!(time, [Some(3.0), Some(6.0)]);
     }
 
