@@ -29,6 +29,7 @@ build: setup
 test: build
 	$(CARGO) test --release $(FEATURES) -- --test-threads=1
 	@scripts/test-kernel.sh
+	@scripts/test-browser.sh
 
 # notebooks/bert.ipynb, executed headless; prints where the executed copy is.
 demo: build

@@ -4,13 +4,20 @@
 # libraries a CPU build needs (plus the CUDA runtime stubs libtorch_cpu.so links to), so rustc's
 # linker never pulls libtorch_cuda on a CPU machine. With TRAINBOOK_CUDA=1 (a CUDA machine with
 # the nvidia-* wheels installed) lib/ also holds libtorch_cuda and the CUDA libraries it needs.
+#   TRAINBOOK_TORCH_PYTHON=PY  take the torch that interpreter imports instead of the venv's (a
+#                              container's own torch, e.g. /usr/local/lib/python3.10/dist-packages)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${TRAINBOOK_VENV:-$root/.venv}
 out=${LIBTORCH:-$root/.libtorch}
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-torch=$site/torch
-[ -f "$torch/lib/libtorch_cpu.so" ] || { echo "error: $torch/lib/libtorch_cpu.so not found: run scripts/setup-venv.sh first" >&2; exit 1; }
+want=${TRAINBOOK_TORCH_PYTHON:-$venv/bin/python}
+py=$(command -v "$want") || { echo "error: Python $want not found: run scripts/setup.sh first" >&2; exit 1; }
+case $py in /*) ;; *) py=$PWD/$py ;; esac
+# The torch package that Python imports, located without importing it (from /, so nothing in the
+# current directory can shadow it); its site directory also holds the nvidia-* wheels.
+torch=$(cd / && "$py" -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.submodule_search_locations[0] if s else "")') || torch=""
+site=$(dirname "$torch")
+[ -n "$torch" ] && [ -f "$torch/lib/libtorch_cpu.so" ] || { echo "error: no torch with lib/libtorch_cpu.so in $py: run scripts/setup.sh first" >&2; exit 1; }
 
 mkdir -p "$out/lib"
 ln -sfn "$torch/include" "$out/include"
@@ -31,5 +38,5 @@ else
   rm -f "$out"/lib/libtorch_cuda.so "$out"/lib/libc10_cuda.so "$out/cuda-includes" "$out/cuda"
 fi
 # torch-sys reads the version from this file when present (the wheel keeps it in torch/version.py).
-v=$("$venv/bin/python" -c 'import re,sys; s=open(sys.argv[1]).read(); print(re.search(r"__version__ = .([0-9.]+)", s).group(1))' "$torch/version.py")
+v=$("$py" -c 'import re,sys; s=open(sys.argv[1]).read(); print(re.search(r"__version__ = .([0-9.]+)", s).group(1))' "$torch/version.py")
 echo "$v" > "$out/build-version"

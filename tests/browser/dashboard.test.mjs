@@ -1,0 +1,511 @@
+// Real-browser test of the live dashboard: JupyterLab + the trainbook kernel + headless Chromium.
+// Runs notebooks/bert.ipynb (tiny parameters) with "Run All Cells" and checks from the DOM that
+// the training cell holds exactly one dashboard that redraws in place, then the final view.
+// Entry point: scripts/test-browser.sh (checks prerequisites, installs node_modules).
+// Environment: TRAINBOOK_ARTIFACTS (screenshots, logs; default target/test-artifacts/browser),
+// CHROMIUM (default /usr/bin/chromium), TRAINBOOK_BROWSER_TIMEOUT (seconds, default 900),
+// TRAINBOOK_BROWSER_KEEP=1 keeps the temporary directory.
+
+import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+const VENV = path.join(ROOT, '.venv');
+const NOTEBOOK = path.join(ROOT, 'notebooks', 'bert.ipynb');
+const ARTIFACTS = path.resolve(
+  process.env.TRAINBOOK_ARTIFACTS || path.join(ROOT, 'target', 'test-artifacts', 'browser'),
+);
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const TOTAL_S = Number(process.env.TRAINBOOK_BROWSER_TIMEOUT || 900);
+const KERNEL = 'trainbook';
+const NB_NAME = 'bert.ipynb';
+// Tiny preset, but enough steps (~15 s of training on 2 cores) for many 0.5 s redraws.
+const PARAMS = ['preset=Some("tiny")', 'epochs=Some(3)', 'train_rows=Some(2000)'];
+const EPOCHS = 3;
+// Identifies the training cell by its source.
+const TRAIN_NEEDLE = 'trainer.fit()';
+const SAMPLE_MS = 250;
+
+const t0 = Date.now();
+const since = () => ((Date.now() - t0) / 1000).toFixed(1);
+const log = (...a) => console.log(`[${since()}s]`, ...a);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+class TestFailure extends Error {}
+function check(cond, msg, detail) {
+  if (!cond) {
+    const e = new TestFailure(msg);
+    e.detail = detail;
+    throw e;
+  }
+}
+
+// ---- state shared with cleanup -------------------------------------------------------------
+const token = randomBytes(24).toString('hex');
+// Every process the server starts (kernel, compilers, workers) inherits this, so leftovers can
+// be found by it after shutdown and nothing else is ever touched.
+const MARK = `TRAINBOOK_BROWSER_TEST=${randomBytes(8).toString('hex')}`;
+let tmp;
+let server; // ChildProcess of `jupyter lab`
+let serverExit = null; // {code, signal} once it exited
+let base; // http://127.0.0.1:PORT
+let browser;
+let page;
+const serverLog = []; // tail of the server's (and kernel's) stdout/stderr
+let serverLogFile;
+
+// ---- small helpers -------------------------------------------------------------------------
+
+/** Polls `fn` until it returns a truthy value; every wait has a deadline. */
+async function waitFor(what, seconds, fn, intervalMs = 500) {
+  const end = Date.now() + seconds * 1000;
+  let last;
+  for (;;) {
+    if (serverExit) throw new TestFailure(`JupyterLab exited (${JSON.stringify(serverExit)}) while waiting for ${what}`);
+    try {
+      const v = await fn();
+      if (v) return v;
+      last = undefined;
+    } catch (e) {
+      if (e instanceof TestFailure) throw e;
+      last = e;
+    }
+    if (Date.now() > end) {
+      throw new TestFailure(`timed out after ${seconds} s waiting for ${what}${last ? `: ${last.message}` : ''}`);
+    }
+    await sleep(intervalMs);
+  }
+}
+
+async function api(p, { method = 'GET', body, timeoutMs = 10000 } = {}) {
+  const res = await fetch(base + p, {
+    method,
+    headers: { Authorization: `token ${token}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal: AbortSignal.timeout(timeoutMs),
+  });
+  if (!res.ok) throw new Error(`${method} ${p}: HTTP ${res.status}`);
+  const text = await res.text();
+  return text ? JSON.parse(text) : null;
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.unref();
+    s.on('error', reject);
+    // Port 0: the OS picks a free one; JupyterLab may still retry upwards if it was taken.
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+function writeJson(file, value) {
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  fs.writeFileSync(file, JSON.stringify(value, null, 2));
+}
+
+/** Processes carrying this run's marker, as [{pid, comm}]. */
+function markedProcesses() {
+  const found = [];
+  for (const d of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const env = fs.readFileSync(`/proc/${d}/environ`, 'latin1');
+      if (env.split('\0').includes(MARK)) {
+        // argv names the program (`comm` is cut at 15 characters); for scripts, the script.
+        const argv = fs.readFileSync(`/proc/${d}/cmdline`, 'latin1').split('\0').map((a) => path.basename(a));
+        found.push({ pid: Number(d), comm: (/^python/.test(argv[0]) && argv[1] ? argv[1] : argv[0]) || '?' });
+      }
+    } catch {
+      // gone or not ours to read
+    }
+  }
+  return found;
+}
+
+// ---- phases --------------------------------------------------------------------------------
+
+function prepareNotebook(dir, runsRoot) {
+  check(fs.existsSync(NOTEBOOK), `${NOTEBOOK} not found`);
+  const out = path.join(dir, NB_NAME);
+  const args = ['scripts/notebook.py', 'params', NOTEBOOK, out];
+  for (const p of [...PARAMS, `runs_root=Some(${JSON.stringify(runsRoot)})`]) args.push('-p', p);
+  const r = spawnSync(path.join(VENV, 'bin', 'python'), args, { cwd: ROOT, encoding: 'utf8', timeout: 60000 });
+  check(r.status === 0, `scripts/notebook.py params failed (${r.status ?? r.signal}): ${r.stderr}`);
+  const nb = JSON.parse(fs.readFileSync(out, 'utf8'));
+  check(nb.metadata?.kernelspec?.name === KERNEL, `notebook's kernelspec is ${JSON.stringify(nb.metadata?.kernelspec)}, expected ${KERNEL}`);
+  const trainCells = nb.cells.filter((c) => c.cell_type === 'code' && [].concat(c.source).join('').includes(TRAIN_NEEDLE));
+  check(trainCells.length === 1, `expected one code cell containing ${TRAIN_NEEDLE}, found ${trainCells.length}`);
+  return out;
+}
+
+async function spawnServer(jdir, nbdir) {
+  for (const d of ['config', 'data', 'runtime', 'settings', 'workspaces']) fs.mkdirSync(path.join(jdir, d), { recursive: true });
+  const settings = path.join(jdir, 'settings');
+  // All cells stay attached to the DOM (the default windowing may detach off-screen cells),
+  // and no news/update toast covers the page.
+  writeJson(path.join(settings, '@jupyterlab/notebook-extension/tracker.jupyterlab-settings'), { windowingMode: 'none' });
+  writeJson(path.join(settings, '@jupyterlab/apputils-extension/notification.jupyterlab-settings'), {
+    fetchNews: 'false',
+    checkForUpdates: false,
+  });
+  const env = {
+    ...process.env,
+    // Isolated from the user's Jupyter set-up: only the venv's kernelspecs, no saved workspace.
+    JUPYTER_CONFIG_DIR: path.join(jdir, 'config'),
+    JUPYTER_DATA_DIR: path.join(jdir, 'data'),
+    JUPYTER_RUNTIME_DIR: path.join(jdir, 'runtime'),
+    JUPYTERLAB_SETTINGS_DIR: settings,
+    JUPYTERLAB_WORKSPACES_DIR: path.join(jdir, 'workspaces'),
+    JUPYTER_TOKEN: token, // not on the command line, so not visible in `ps`
+    [MARK.split('=')[0]]: MARK.split('=')[1],
+  };
+  const port = await freePort();
+  const args = [
+    'lab', '--no-browser', '--ip=127.0.0.1', `--port=${port}`, '--ServerApp.port_retries=20',
+    `--ServerApp.root_dir=${nbdir}`, '--ServerApp.terminals_enabled=False',
+    // Safety net if this process is SIGKILLed: the server stops by itself once idle.
+    '--MappingKernelManager.cull_idle_timeout=1200', '--MappingKernelManager.cull_interval=60',
+    '--ServerApp.shutdown_no_activity_timeout=300',
+  ];
+  // Containers often run as root; the server refuses that unless told.
+  if (process.getuid?.() === 0) args.push('--allow-root');
+  serverLogFile = fs.createWriteStream(path.join(ARTIFACTS, 'jupyterlab.log'));
+  // Own process group, so a last-resort kill reaches the server and nothing of ours else.
+  server = spawn(path.join(VENV, 'bin', 'jupyter'), args, { cwd: nbdir, env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  server.on('exit', (code, signal) => { serverExit = { code, signal }; });
+  for (const s of [server.stdout, server.stderr]) {
+    s.setEncoding('utf8');
+    s.on('data', (chunk) => {
+      serverLogFile.write(chunk);
+      serverLog.push(...chunk.split('\n').filter(Boolean));
+      if (serverLog.length > 400) serverLog.splice(0, serverLog.length - 400);
+    });
+  }
+}
+
+async function waitForServer(jdir) {
+  // The real port is in the server's info file (it moves up if the chosen port was taken).
+  const runtime = path.join(jdir, 'runtime');
+  const info = await waitFor('JupyterLab to start', 90, () => {
+    const f = fs.readdirSync(runtime).find((n) => /^jpserver-\d+\.json$/.test(n));
+    return f && JSON.parse(fs.readFileSync(path.join(runtime, f), 'utf8'));
+  });
+  base = `http://127.0.0.1:${info.port}`;
+  await waitFor('the server API', 60, () => api('/api/status'));
+  const specs = await api('/api/kernelspecs');
+  check(specs.kernelspecs?.[KERNEL], `no "${KERNEL}" kernelspec in ${VENV} (have: ${Object.keys(specs.kernelspecs || {}).join(', ')}); run \`make build\` (scripts/install-kernel.sh)`);
+  log(`JupyterLab ${base} (pid ${server.pid}), kernel ${KERNEL}: ${specs.kernelspecs[KERNEL].spec.argv[0]}`);
+}
+
+/** One consistent view of the notebook, taken inside the page in a single task. */
+function snapshotInPage(needle) {
+  const hash = (s) => {
+    let h = 5381;
+    for (let i = 0; i < s.length; i++) h = ((h * 33) ^ s.charCodeAt(i)) >>> 0;
+    return h.toString(16);
+  };
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell.jp-CodeCell')].map((c, index) => {
+    const area = c.querySelector('.jp-OutputArea');
+    const source = c.querySelector('.jp-InputArea-editor')?.textContent ?? '';
+    return {
+      index,
+      node: c,
+      source,
+      prompt: (c.querySelector('.jp-InputArea-prompt')?.textContent ?? '').trim(),
+      outputs: area ? area.querySelectorAll(':scope > .jp-OutputArea-child').length : 0,
+      errors: c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').length,
+      text: area ? area.innerText.slice(0, 3000) : '',
+    };
+  });
+  const train = cells.find((c) => c.source.includes(needle));
+  let dash = null;
+  if (train) {
+    const roots = train.node.querySelectorAll('.trainbook-dashboard');
+    const d = roots[0];
+    if (d) {
+      const progress = d.querySelector('.trainbook-progress');
+      const svg = d.querySelector('.trainbook-plot svg');
+      const shapes = svg ? [...svg.querySelectorAll('polyline, polygon, path')] : [];
+      const geometry = shapes.map((e) => e.getAttribute('points') ?? e.getAttribute('d') ?? '').join('|');
+      // The result view's final metrics: a flex row of label/value pairs (no class of its own).
+      const metricsRow = [...d.children].find((e) => e.tagName === 'DIV' && !e.className && e.style.display === 'flex');
+      const metrics = metricsRow ? [...metricsRow.children].map((m) => [m.children[0]?.textContent.trim(), m.children[1]?.textContent.trim()]) : [];
+      const codes = [...d.querySelectorAll('div > code')].map((e) => ({ label: e.parentElement.textContent.split(':')[0].trim(), text: e.textContent }));
+      dash = {
+        count: roots.length,
+        status: (progress?.querySelector('span')?.textContent ?? '').replace(/^\S+\s+/, ''),
+        progress: (progress?.innerText ?? '').replace(/\s+/g, ' ').trim(),
+        plot: svg ? hash(geometry) : null,
+        plotShapes: shapes.length,
+        // Points of the longest line: grows as training-loss points arrive.
+        plotPoints: Math.max(0, ...shapes.filter((e) => e.tagName === 'polyline').map((e) => (e.getAttribute('points') || '').trim().split(/\s+/).length)),
+        metrics,
+        tableRows: d.querySelectorAll('table.trainbook-metrics tbody tr').length,
+        checkpoint: codes.find((c) => c.label === 'checkpoint')?.text ?? null,
+        runDir: codes.find((c) => c.label === 'run directory')?.text ?? null,
+        foldedLogs: d.querySelector('details .trainbook-logs') !== null,
+        text: d.innerText,
+      };
+    }
+  }
+  return {
+    cells: cells.map(({ node, ...rest }) => ({ ...rest, source: rest.source.slice(0, 80) })),
+    train: train ? { index: train.index, prompt: train.prompt, outputs: train.outputs, errors: train.errors } : null,
+    dash,
+    kernelStatus: document.querySelector('.jp-Notebook-ExecutionIndicator')?.getAttribute('data-status') ?? null,
+  };
+}
+
+const snapshot = () => page.evaluate(snapshotInPage, TRAIN_NEEDLE);
+const stepOf = (progress) => Number(/step (\d+)/.exec(progress || '')?.[1] ?? NaN);
+
+async function shot(name) {
+  const file = path.join(ARTIFACTS, name);
+  await page.screenshot({ path: file, timeout: 15000 });
+  log(`screenshot ${file}`);
+}
+
+async function notebookSession() {
+  const sessions = await api('/api/sessions');
+  return sessions.find((s) => s.path === NB_NAME || s.path?.endsWith(`/${NB_NAME}`));
+}
+
+async function run() {
+  fs.mkdirSync(ARTIFACTS, { recursive: true });
+  // Stale artifacts from an earlier run would mislead.
+  for (const f of ['training.png', 'final.png', 'failure.png', 'samples.json', 'bert.executed.ipynb', 'jupyterlab.log']) {
+    fs.rmSync(path.join(ARTIFACTS, f), { force: true });
+  }
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'trainbook-browser-'));
+  const nbdir = path.join(tmp, 'notebooks');
+  const runsRoot = path.join(tmp, 'runs');
+  fs.mkdirSync(nbdir);
+  // The server starts while the notebook is prepared: both take seconds.
+  await spawnServer(path.join(tmp, 'jupyter'), nbdir);
+  prepareNotebook(nbdir, runsRoot);
+  log(`notebook ${path.join(nbdir, NB_NAME)} with ${PARAMS.join(' ')}`);
+  await waitForServer(path.join(tmp, 'jupyter'));
+
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    timeout: 60000,
+    // /dev/shm is small in containers; no GPU here.
+    args: ['--disable-dev-shm-usage', '--disable-gpu'],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.setDefaultTimeout(30000);
+  page.on('pageerror', (e) => log(`page error: ${e.message}`));
+
+  await page.goto(`${base}/lab/tree/${NB_NAME}?token=${token}`, { timeout: 60000 });
+  await page.locator('.jp-NotebookPanel .jp-Notebook .jp-Cell').first().waitFor({ timeout: 90000 });
+
+  // The notebook's metadata names the kernel, so JupyterLab starts it without asking.
+  const session = await waitFor('the trainbook kernel to be idle', 180, async () => {
+    const s = await notebookSession();
+    return s?.kernel && s.kernel.execution_state === 'idle' && s;
+  });
+  check(session.kernel.name === KERNEL, `the notebook runs kernel "${session.kernel.name}", expected "${KERNEL}"`);
+  await waitFor('the kernel to show as idle in the page', 60, async () => (await snapshot()).kernelStatus === 'idle');
+  log(`kernel ${session.kernel.name} ${session.kernel.id} idle`);
+
+  // Run All from the menu, as a user would.
+  await page.locator('#jp-MainMenu .lm-MenuBar-item', { hasText: /^Run$/ }).click();
+  await page.locator('.lm-Menu .lm-Menu-item', { hasText: /^Run All Cells/ }).click();
+  log('Run > Run All Cells');
+
+  const samples = [];
+  let training = null; // samples while the dashboard says "running"
+  let shotTaken = false;
+  let firstDashAt = null;
+  let processesSeen = [];
+  const end = Date.now() + 600 * 1000;
+  let s;
+  for (;;) {
+    s = await snapshot();
+    s.t = Number(since());
+    const d = s.dash;
+    samples.push({ t: s.t, prompt: s.train?.prompt, outputs: s.train?.outputs, dashboards: d?.count ?? 0, status: d?.status, progress: d?.progress, plot: d?.plot, plotPoints: d?.plotPoints });
+    const errored = s.cells.filter((c) => c.errors > 0);
+    check(errored.length === 0, `error output in cell ${errored[0]?.index}: ${errored[0]?.text}`, s);
+    if (d) {
+      if (firstDashAt === null) {
+        firstDashAt = s.t;
+        log(`dashboard appeared: ${d.progress}`);
+        await page.locator('.trainbook-dashboard').first().scrollIntoViewIfNeeded().catch(() => {});
+      }
+      // In place: from its first appearance the training cell holds exactly one output, the dashboard.
+      check(s.train.outputs === 1 && d.count === 1, `training cell has ${s.train.outputs} outputs and ${d.count} dashboards at ${s.t}s, expected 1 and 1`, s);
+      check(d.status !== 'failed' && d.status !== 'stopped', `the job ${d.status}: ${d.text}`, s);
+      if (d.status === 'running') {
+        training ??= [];
+        training.push(s);
+        if (processesSeen.length === 0) processesSeen = markedProcesses();
+        const distinct = new Set(training.map((x) => x.dash.plot)).size;
+        if (!shotTaken && distinct >= 3) {
+          shotTaken = true;
+          await shot('training.png');
+        }
+      }
+    } else if (firstDashAt !== null) {
+      check(false, `the dashboard disappeared from the training cell at ${s.t}s`, s);
+    }
+    const allRan = s.cells.length > 0 && s.cells.every((c) => /^\[\d+\]:$/.test(c.prompt));
+    if (allRan && d?.status === 'succeeded' && s.kernelStatus === 'idle') {
+      const sess = await notebookSession();
+      if (sess?.kernel?.execution_state === 'idle') break;
+    }
+    if (allRan && !d) check(false, 'every cell ran but the training cell shows no dashboard', s);
+    if (Date.now() > end) check(false, 'timed out after 600 s waiting for the notebook to finish', s);
+    await sleep(SAMPLE_MS);
+  }
+  writeJson(path.join(ARTIFACTS, 'samples.json'), samples);
+  log(`all ${s.cells.length} code cells ran; ${samples.length} samples, ${training?.length ?? 0} while running`);
+
+  // ---- the dashboard updated in place while training ----
+  check(training && training.length >= 4, `too few samples while the job was running (${training?.length ?? 0}); the run is too short to observe`, samples);
+  const plots = training.filter((x) => x.dash.plot !== null);
+  const distinctPlots = new Set(plots.map((x) => x.dash.plot));
+  check(distinctPlots.size >= 3, `the plot changed only ${distinctPlots.size - 1} times while running (want >= 2)`, samples);
+  // Compare from the first sample that has a step (before it: "waiting for workers").
+  const first = plots.find((x) => Number.isFinite(stepOf(x.dash.progress)));
+  const later = plots.find((x) => x.t - first.t >= 2 && x.dash.plot !== first.dash.plot && stepOf(x.dash.progress) > stepOf(first.dash.progress));
+  check(later, `no two running samples >= 2 s apart with different plot and step (first at ${first?.t}s: ${first?.dash.progress})`, samples);
+  log(`in place: ${first.t}s "${first.dash.progress}" (${first.dash.plotPoints} points) -> ${later.t}s "${later.dash.progress}" (${later.dash.plotPoints} points); ${distinctPlots.size} plot states, always 1 output`);
+  check(shotTaken, 'no screenshot taken during training');
+
+  // ---- the final view ----
+  const d = s.dash;
+  check(d.status === 'succeeded', `final status ${d.status}`, s);
+  check(d.progress.includes('100%'), `final progress is not 100%: ${d.progress}`, s);
+  check(d.checkpoint?.startsWith(runsRoot), `final view names no checkpoint under ${runsRoot}: ${d.checkpoint}`, s);
+  check(d.runDir?.startsWith(runsRoot), `final view names no run directory under ${runsRoot}: ${d.runDir}`, s);
+  check(d.tableRows === EPOCHS, `metrics table has ${d.tableRows} rows, expected ${EPOCHS} (one per epoch)`, s);
+  check(d.plot && d.plot !== first.dash.plot, 'the final view has no plot, or the first running one', s);
+  check(d.foldedLogs, 'a succeeded run should fold its worker logs into <details>', s);
+  const acc = d.metrics.find(([k]) => /accuracy/.test(k));
+  check(acc && Number(acc[1]) >= 0 && Number(acc[1]) <= 1, `final metrics show no accuracy in [0, 1]: ${JSON.stringify(d.metrics)}`, s);
+  check(s.train.outputs === 1, `training cell ends with ${s.train.outputs} outputs`, s);
+  log(`final view: ${d.progress}; ${d.metrics.map(([k, v]) => `${k} ${v}`).join(', ')}; ${d.tableRows} epoch rows; checkpoint ${d.checkpoint}`);
+  await page.locator('.trainbook-dashboard').first().scrollIntoViewIfNeeded().catch(() => {});
+  await shot('final.png');
+
+  // ---- the notebook model as saved by JupyterLab: no error outputs, one display in the training cell ----
+  const before = (await api(`/api/contents/${NB_NAME}?content=0`)).last_modified;
+  await page.locator('.jp-NotebookPanel .jp-Notebook').first().click({ position: { x: 5, y: 5 } }).catch(() => {});
+  await page.keyboard.press('Control+s');
+  const saved = await waitFor('JupyterLab to save the notebook', 30, async () => {
+    const m = await api(`/api/contents/${NB_NAME}?content=1`);
+    return m.last_modified !== before && m.content;
+  });
+  fs.writeFileSync(path.join(ARTIFACTS, 'bert.executed.ipynb'), JSON.stringify(saved, null, 1));
+  const code = saved.cells.filter((c) => c.cell_type === 'code');
+  const bad = code.flatMap((c) => c.outputs.filter((o) => o.output_type === 'error' || (o.output_type === 'stream' && o.name === 'stderr')));
+  check(bad.length === 0, `saved notebook has error outputs: ${JSON.stringify(bad).slice(0, 2000)}`);
+  check(code.every((c) => Number.isInteger(c.execution_count)), 'saved notebook has code cells that did not run');
+  const trainCell = code.find((c) => [].concat(c.source).join('').includes(TRAIN_NEEDLE));
+  check(trainCell.outputs.length === 1 && trainCell.outputs[0].output_type === 'display_data', `saved training cell outputs: ${trainCell.outputs.map((o) => o.output_type).join(', ')}`);
+  const html = [].concat(trainCell.outputs[0].data['text/html']).join('');
+  check(html.includes('trainbook-dashboard') && html.includes('succeeded'), 'saved training output is not the finished dashboard');
+  log(`saved notebook: ${code.length} code cells, no error outputs, training cell = 1 display_data (final dashboard)`);
+  log(`processes under the server during training: ${processesSeen.map((p) => p.comm).join(', ')}`);
+}
+
+// ---- cleanup: kernels through the API, then the server, then anything left with our marker ----
+let cleaned = false;
+async function cleanup() {
+  if (cleaned) return [];
+  cleaned = true;
+  const problems = [];
+  if (browser) await browser.close().catch(() => {});
+  if (server && !serverExit && base) {
+    try {
+      for (const s of await api('/api/sessions')) await api(`/api/sessions/${s.id}`, { method: 'DELETE', timeoutMs: 30000 });
+      for (const k of await api('/api/kernels')) await api(`/api/kernels/${k.id}`, { method: 'DELETE', timeoutMs: 30000 });
+      await api('/api/shutdown', { method: 'POST', timeoutMs: 30000 }).catch(() => {});
+    } catch (e) {
+      problems.push(`shutting down through the API failed: ${e.message}`);
+    }
+  }
+  if (server) {
+    const exited = async (s) => { const end = Date.now() + s * 1000; while (!serverExit && Date.now() < end) await sleep(200); return !!serverExit; };
+    for (const [sig, wait] of [[null, 20], ['SIGTERM', 10], ['SIGKILL', 5]]) {
+      if (sig) {
+        problems.push(`JupyterLab did not exit; sent ${sig}`);
+        try { process.kill(-server.pid, sig); } catch {}
+      }
+      if (await exited(wait)) break;
+    }
+  }
+  // Kernel, compilers and workers must be gone too.
+  let left = markedProcesses();
+  for (let i = 0; i < 50 && left.length; i++) {
+    await sleep(200);
+    left = markedProcesses();
+  }
+  if (left.length) {
+    problems.push(`orphaned processes after shutdown: ${left.map((p) => `${p.pid} ${p.comm}`).join(', ')}; killed`);
+    for (const p of left) try { process.kill(p.pid, 'SIGKILL'); } catch {}
+  }
+  serverLogFile?.end();
+  if (tmp && process.env.TRAINBOOK_BROWSER_KEEP !== '1') fs.rmSync(tmp, { recursive: true, force: true });
+  else if (tmp) log(`kept ${tmp}`);
+  return problems;
+}
+
+async function main() {
+  let failure = null;
+  const watchdog = setTimeout(() => {
+    failure ??= new TestFailure(`the whole test exceeded ${TOTAL_S} s`);
+    finish(failure);
+  }, TOTAL_S * 1000);
+  for (const sig of ['SIGINT', 'SIGTERM']) process.once(sig, () => finish(new TestFailure(`interrupted (${sig})`)));
+  try {
+    await run();
+  } catch (e) {
+    failure = e;
+  }
+  clearTimeout(watchdog);
+  await finish(failure);
+}
+
+let finishing = false;
+async function finish(failure) {
+  if (finishing) return;
+  finishing = true;
+  if (failure) {
+    console.error(`\nFAIL: ${failure.message}`);
+    if (!(failure instanceof TestFailure)) console.error(failure.stack);
+    if (page) {
+      await page.screenshot({ path: path.join(ARTIFACTS, 'failure.png'), timeout: 10000 }).catch(() => {});
+      const s = await snapshot().catch(() => failure.detail);
+      if (s?.cells) {
+        console.error('\n--- cell outputs ---');
+        for (const c of s.cells) {
+          // 40 lines a cell is enough to see an error; the plot's axis labels would flood it.
+          const lines = c.text ? c.text.split('\n') : ['(no output)'];
+          const shown = lines.slice(0, 40).concat(lines.length > 40 ? [`... ${lines.length - 40} more lines`] : []);
+          console.error(`cell ${c.index} ${c.prompt} ${c.source}\n${shown.map((l) => `    ${l}`).join('\n')}`);
+        }
+      }
+    }
+    console.error(`\n--- JupyterLab log (last 60 lines; all in ${path.join(ARTIFACTS, 'jupyterlab.log')}) ---`);
+    console.error(serverLog.slice(-60).join('\n'));
+  }
+  const problems = await cleanup();
+  for (const p of problems) console.error(`cleanup: ${p}`);
+  const ok = !failure && problems.length === 0;
+  console.log(`${ok ? 'PASS' : 'FAIL'} browser dashboard test in ${since()} s; artifacts in ${ARTIFACTS}`);
+  process.exit(ok ? 0 : 1);
+}
+
+main();

@@ -1,0 +1,153 @@
+"""The Dockerfile cannot be built here (no Docker engine), so CI pins it another way: it is linted,
+every RUN in it is one of the scripts below, and each of those scripts runs here, against the
+project venv's torch standing in for the image's (and a fake interpreter for an image whose torch
+trainbook does not pair with).
+
+Scripts the Dockerfile runs (scripts/lint-dockerfile.sh checks this list is complete):
+  scripts/container-build.sh  preflight, jupyter, build
+  scripts/install-rust.sh
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+
+
+def run(*argv, env=None, timeout=600):
+    full = dict(os.environ)
+    full.pop("TRAINBOOK_TORCH", None)
+    full.update(env or {})
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [str(a) for a in argv], cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout
+    )
+    p.seconds = time.monotonic() - t0
+    return p
+
+
+@pytest.fixture
+def gaudi_python(tmp_path):
+    """An interpreter whose torch is a Gaudi image's (2.7.1a0+git..., Gaudi 1.22): the real Python
+    with a torch package on its path that only carries version.py, as torch-pair.sh reads it."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('needs the Gaudi runtime')\n")
+    (site / "torch" / "version.py").write_text("__version__ = '2.7.1a0+git5a6c5b5'\n")
+    py = tmp_path / "python3"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return py
+
+
+def test_dockerfile_lints_clean_and_runs_only_tested_scripts():
+    p = run("scripts/lint-dockerfile.sh")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"hadolint \d+\.\d+", p.stdout)
+    assert "4 RUN steps, each one tested script of scripts/" in p.stdout
+
+
+def test_lint_catches_a_dockerfile_that_drifts(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "not-executable.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM debian:12\n"
+        "RUN apt-get update && apt-get install -y --no-install-recommends curl=7.88.1-10\n"
+        "RUN scripts/not-executable.sh\n"
+        "RUN scripts/gone.sh\n"
+        "COPY missing.txt /opt/\n"
+    )
+    p = run("scripts/lint-dockerfile.sh", tmp_path / "Dockerfile")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert "line 2: RUN must run one script of scripts/" in out
+    assert "line 3: scripts/not-executable.sh is not executable" in out
+    assert "line 4: scripts/gone.sh does not exist" in out
+    assert "line 5: COPY source missing.txt does not exist" in out
+    assert ".dockerignore must list target" in out
+
+
+def test_torch_pair_accepts_the_pinned_torch_and_lists_the_pairs():
+    p = run("scripts/torch-pair.sh", "--python", VENV_PY)
+    assert p.returncode == 0, p.stderr
+    assert re.match(r"torch 2\.13\.0( \(2\.13\.0\+\w+\))? in .* <-> tch 0\.26\.0: supported", p.stdout), p.stdout
+    rows = run("scripts/torch-pair.sh", "--list")
+    assert rows.returncode == 0, rows.stderr
+    assert re.search(r"^2\.13\.0 +0\.26\.0 +supported", rows.stdout, re.M), rows.stdout
+    # Every Gaudi image's torch has a row, with the tch made for it or the nearest one.
+    assert re.search(r"^2\.11\.0 +0\.24\.0 +known, not verified +1\.24\.1", rows.stdout, re.M), rows.stdout
+    assert re.search(r"^2\.7\.1 +none +nearest: tch 0\.20\.0 \(torch 2\.7\.0\) +1\.22\.x", rows.stdout, re.M), rows.stdout
+
+
+def test_torch_pair_explains_a_mismatch(gaudi_python):
+    p = run("scripts/torch-pair.sh", "--python", gaudi_python)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "found:     torch 2.7.1 (2.7.1a0+git5a6c5b5)" in p.stderr
+    assert "tch 0.20.0 is built for torch 2.7.0" in p.stderr
+    assert "TRAINBOOK_TORCH=wheel" in p.stderr
+    exact = run("scripts/torch-pair.sh", "--torch", "2.11.0")
+    assert exact.returncode == 2
+    assert "tch 0.24.0 is the release built for torch 2.11.0" in exact.stderr
+    bad = run("scripts/torch-pair.sh", "--torch", "latest")
+    assert bad.returncode == 1 and "cannot read a version from 'latest'" in bad.stderr
+
+
+def test_container_mode_fails_at_preflight_in_seconds(gaudi_python):
+    p = run("scripts/container-build.sh", "--python", gaudi_python, "preflight",
+            env={"TRAINBOOK_TORCH": "container"})
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "error: trainbook cannot be built against this torch." in p.stderr
+    assert p.seconds < 30, f"preflight took {p.seconds:.1f} s"
+
+
+def test_auto_mode_falls_back_to_the_wheel_and_says_why(gaudi_python):
+    p = run("scripts/container-build.sh", "--python", gaudi_python, "preflight")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "WARNING: TRAINBOOK_TORCH=auto falls back to trainbook's own CPU torch" in p.stderr
+    assert "the image's torch 2.7.1 (2.7.1a0+git5a6c5b5)" in p.stderr
+    check = run("scripts/container-build.sh", "--check", "--python", gaudi_python, "build")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "check passed (wheel)" in check.stderr
+
+
+def test_unknown_mode_and_step_are_clear_errors():
+    p = run("scripts/container-build.sh", "preflight", env={"TRAINBOOK_TORCH": "hpu"})
+    assert p.returncode == 1 and "TRAINBOOK_TORCH must be auto, container or wheel, not 'hpu'" in p.stderr
+    p = run("scripts/container-build.sh", "compile")
+    assert p.returncode == 1 and "unknown argument compile" in p.stderr
+
+
+def test_install_rust_pins_the_toolchain_the_crates_need():
+    p = run("scripts/install-rust.sh", "--check")
+    assert p.returncode == 0, p.stderr
+    pin = re.search(r"^TOOLCHAIN=(\S+)", (ROOT / "scripts/install-rust.sh").read_text(), re.M).group(1)
+    assert f"rustc {pin} and cargo are installed" in p.stderr
+    # The pin satisfies every crate's rust-version.
+    version = lambda s: tuple(int(x) for x in s.split("."))
+    for toml in [ROOT / "Cargo.toml", *ROOT.glob("*/Cargo.toml"), *ROOT.glob("*/*/Cargo.toml")]:
+        for need in re.findall(r'^rust-version\s*=\s*"([0-9.]+)"', toml.read_text(), re.M):
+            assert version(pin) >= version(need), f"{toml}: rust-version {need} > pinned {pin}"
+
+
+def test_container_steps_run_against_the_venv_torch(tmp_path):
+    """The image's steps for real, with the venv's Python standing in for the image's: its torch is
+    trainbook's pair, so auto picks container mode. `build` reruns set-up and make build (warm: no
+    compile), installs the kernelspec into that Python's prefix and runs a two-worker check."""
+    env = {"TRAINBOOK_RUNS": str(tmp_path / "runs")}
+    p = run("scripts/container-build.sh", "--python", VENV_PY, "preflight", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "LIBTORCH will point at it" in p.stderr
+    p = run("scripts/container-build.sh", "--python", VENV_PY, "jupyter", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = run("scripts/container-build.sh", "--python", VENV_PY, "build", env=env, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "trainbook built (container torch 2.13.0)" in p.stderr
+    spec = ROOT / ".venv" / "share" / "jupyter" / "kernels" / "trainbook" / "kernel.json"
+    assert spec.is_file()
