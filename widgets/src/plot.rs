@@ -246,11 +246,15 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     if !(train.is_empty() && val.is_empty() && acc.is_empty()) {
         chart
             .configure_series_labels()
-            .position(emptiest_corner(
-                all()
-                    .map(|p| ((p.0 - x0) / (x1 - x0), (p.1 - y0) / (y1 - y0)))
-                    .chain(acc.iter().map(|p| ((p.0 - x0) / (x1 - x0), p.1))),
-            ))
+            .position({
+                let scale = |p: &(f64, f64)| ((p.0 - x0) / (x1 - x0), (p.1 - y0) / (y1 - y0));
+                let mut lines: Vec<Points> = [&train, &lo, &hi, &val]
+                    .map(|s| s.iter().map(scale).collect())
+                    .into();
+                // Accuracy is drawn on the right axis, already 0..1.
+                lines.push(acc.iter().map(|p| ((p.0 - x0) / (x1 - x0), p.1)).collect());
+                emptiest_corner(&lines.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            })
             .label_font(("sans-serif", 12))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.3))
@@ -274,19 +278,52 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     Ok(())
 }
 
-/// The corner where the legend hides the fewest points (coordinates scaled to 0..1).
-fn emptiest_corner(points: impl Iterator<Item = (f64, f64)>) -> SeriesLabelPosition {
+/// The corner where the legend hides the least of the lines (coordinates scaled to 0..1).
+/// Every series weighs the same whatever its number of points: a 3-point validation line
+/// crossing a corner matters as much as 2,000 training steps, so each line is resampled at
+/// evenly spaced x positions before counting.
+fn emptiest_corner(series: &[&[(f64, f64)]]) -> SeriesLabelPosition {
     // The legend covers about 45% of the width and 35% of the height.
     let (w, h) = (0.45, 0.35);
-    let mut counts = [0usize; 4]; // upper right, upper left, lower left, lower right
-    for (x, y) in points {
-        let (right, left, top, bottom) = (x >= 1.0 - w, x <= w, y >= 1.0 - h, y <= h);
-        counts[0] += (right && top) as usize;
-        counts[1] += (left && top) as usize;
-        counts[2] += (left && bottom) as usize;
-        counts[3] += (right && bottom) as usize;
+    const SAMPLES: usize = 128;
+    let mut cover = [0f64; 4]; // upper right, upper left, lower left, lower right
+    for line in series.iter().filter(|l| !l.is_empty()) {
+        let (first, last) = (line[0].0, line[line.len() - 1].0);
+        let n = if line.len() == 1 || last <= first {
+            1
+        } else {
+            SAMPLES
+        };
+        let mut seg = 0;
+        for i in 0..n {
+            let x = if n == 1 {
+                first
+            } else {
+                first + (last - first) * i as f64 / (n - 1) as f64
+            };
+            while seg + 2 < line.len() && line[seg + 1].0 < x {
+                seg += 1;
+            }
+            let y = match (line.get(seg), line.get(seg + 1)) {
+                (Some(a), Some(b)) if b.0 > a.0 => {
+                    a.1 + (b.1 - a.1) * ((x - a.0) / (b.0 - a.0)).clamp(0.0, 1.0)
+                }
+                (Some(a), _) => a.1,
+                _ => continue,
+            };
+            if !y.is_finite() {
+                continue;
+            }
+            let (right, left, top, bottom) = (x >= 1.0 - w, x <= w, y >= 1.0 - h, y <= h);
+            let wt = 1.0 / n as f64;
+            cover[0] += wt * (right && top) as u8 as f64;
+            cover[1] += wt * (left && top) as u8 as f64;
+            cover[2] += wt * (left && bottom) as u8 as f64;
+            cover[3] += wt * (right && bottom) as u8 as f64;
+        }
     }
-    let best = (0..4).min_by_key(|&i| counts[i]).unwrap_or(0);
+    // Ties keep the earlier corner: upper right is where readers look first.
+    let best = (0..4).fold(0, |b, i| if cover[i] < cover[b] - 1e-9 { i } else { b });
     [
         SeriesLabelPosition::UpperRight,
         SeriesLabelPosition::UpperLeft,
@@ -345,6 +382,35 @@ pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
+    use plotters::prelude::SeriesLabelPosition as P;
+
+    fn name(p: P) -> &'static str {
+        match p {
+            P::UpperRight => "upper right",
+            P::UpperLeft => "upper left",
+            P::LowerLeft => "lower left",
+            P::LowerRight => "lower right",
+            _ => "other",
+        }
+    }
+
+    #[test]
+    fn legend_avoids_a_sparse_line_as_much_as_a_dense_one() {
+        use super::emptiest_corner;
+        // A dense training curve that falls from the top left to the bottom right, and a
+        // 3-point validation accuracy line across the top right: the legend must not cover it,
+        // although the dense curve alone would leave the top right emptiest.
+        let train: Vec<(f64, f64)> = (0..2000)
+            .map(|i| (i as f64 / 1999.0, 0.9 - 0.8 * i as f64 / 1999.0))
+            .collect();
+        let acc = [(0.33, 0.8), (0.66, 0.9), (1.0, 0.95)];
+        assert_eq!(name(emptiest_corner(&[&train])), "upper right");
+        assert_eq!(name(emptiest_corner(&[&train, &acc])), "lower left");
+        // Nothing drawn yet, or one point: the usual corner.
+        assert_eq!(name(emptiest_corner(&[&[]])), "upper right");
+        assert_eq!(name(emptiest_corner(&[&[(0.9, 0.9)]])), "upper left");
+    }
+
     #[test]
     fn axis_labels_are_short() {
         use super::axis_label;
