@@ -6,9 +6,9 @@
 #     --net=host --ipc=host trainbook            (Jupyter Notebook on port 8888)
 # Every RUN is one script of this repository that CI runs too (tests/docker/test_dockerfile.py),
 # so the image cannot drift from what is tested. TRAINBOOK_TORCH picks the torch trainbook is
-# built against: auto (the image's own when it is trainbook's pair, else trainbook's CPU wheel,
-# with a warning), container (the image's own or fail at once), wheel. Pairs:
-# scripts/torch-pair.sh --list, and the README. The default image is the one Ray's Gaudi guides
+# built against: auto (the image's own when trainbook builds with it, switching to the tch release
+# made for it, else trainbook's CPU wheel, with a warning), container (the image's own or fail at
+# once), wheel. Pairs: scripts/torch-pair.sh --list, and the README. The default image is the one Ray's Gaudi guides
 # (notebooks/) use.
 ARG GAUDI_IMAGE=vault.habana.ai/gaudi-docker/1.20.0/ubuntu22.04/habanalabs/pytorch-installer-2.6.0:latest
 FROM ${GAUDI_IMAGE}

@@ -38,7 +38,7 @@ case $py in /*) ;; *) py=$PWD/$py ;; esac
 if [ "$mode" = auto ]; then
   pair=0
   scripts/torch-pair.sh --quiet --python "$py" >/dev/null 2>&1 || pair=$?
-  if [ "$pair" = 0 ]; then
+  if [ "$pair" = 0 ] || [ "$pair" = 3 ]; then
     mode=container
   else
     mode=wheel
@@ -46,6 +46,8 @@ if [ "$mode" = auto ]; then
   fi
 fi
 torch_pin=$(sed -n 's/^TORCH_VERSION=\([0-9.]*\).*/\1/p' scripts/setup.sh)
+tch_pin=$(scripts/torch-pair.sh --buildable | awk -v t="$torch_pin" '$1 == t { print $2; exit }')
+tch_use=$tch_pin torch_use=$torch_pin
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
@@ -65,21 +67,27 @@ preflight() {
     return 0
   fi
   say "TRAINBOOK_TORCH=container: checking the image's torch ($py)"
-  local rc=0
-  scripts/torch-pair.sh --python "$py" || rc=$?
-  [ "$rc" = 0 ] || exit "$rc"
+  local rc=0 said
+  said=$(scripts/torch-pair.sh --python "$py") || rc=$?
+  [ -z "$said" ] || say "$said"
+  [ "$rc" = 0 ] || [ "$rc" = 3 ] || exit "$rc"
+  # The tch to build with (the pin, or the pair made for the image's torch) and its torch.
+  tch_use=$(sed -n 's/.* <-> tch \([0-9.]*\):.*/\1/p' <<<"$said")
+  torch_use=$(scripts/torch-pair.sh --buildable | awk -v c="$tch_use" '$2 == c { print $1; exit }')
+  [ -n "$torch_use" ] || die "cannot tell which torch tch '$tch_use' is for (scripts/torch-pair.sh --buildable)"
   local l=$scratch/libtorch
   rm -rf "$l"
   TRAINBOOK_TORCH_PYTHON=$py LIBTORCH=$l scripts/libtorch-layout.sh
   [ -f "$l/include/torch/csrc/distributed/c10d/ProcessGroupGloo.hpp" ] ||
     die "the image's torch has no c10d headers (torch/include/torch/csrc/distributed): trainbook's collectives need them"
-  [ "$(cat "$l/build-version")" = "$torch_pin" ] || die "LIBTORCH layout reports torch $(cat "$l/build-version"), not $torch_pin"
+  [ "$(cat "$l/build-version")" = "$torch_use" ] || die "LIBTORCH layout reports torch $(cat "$l/build-version"), not $torch_use"
   # trainbook's C++ shim and torch-sys compile with the new libstdc++ ABI; a torch built with the
   # old one would fail to link. Its symbols say which: new-ABI std::string lives in __cxx11.
   local abi
   abi=$("$py" -c 'import sys; print(1 if b"__cxx11" in open(sys.argv[1], "rb").read() else 0)' "$(readlink -f "$l/lib/libc10.so")")
   [ "$abi" = 1 ] || die "the image's torch is built with the old C++ ABI (_GLIBCXX_USE_CXX11_ABI=0); trainbook needs the new one: use TRAINBOOK_TORCH=wheel"
   say "the image's torch has c10d headers, libtorch_cpu.so and the C++11 ABI: LIBTORCH will point at it"
+  [ "$tch_use" = "$tch_pin" ] || say "trainbook will build with tch $tch_use, the release made for torch $torch_use (scripts/use-tch.sh)"
 }
 
 jupyter() {
@@ -107,6 +115,7 @@ build() {
     [ -x scripts/setup.sh ] && [ -f Makefile ] || die "scripts/setup.sh or the Makefile is missing"
     local env=""
     [ "$mode" = container ] && env="TRAINBOOK_TORCH_PYTHON=$py "
+    scripts/use-tch.sh "$tch_use" --check
     say "would run: ${env}scripts/setup.sh && ${env}make build"
     say "would run: target/release/trainbook-kernel install --prefix $prefix"
     say "would run: target/release/trainbook check --workers 2 --device cpu"
@@ -118,6 +127,8 @@ build() {
   # setup.sh and the Makefile's own setup step build .libtorch; in container mode
   # libtorch-layout.sh then takes the image's torch.
   if [ "$mode" = container ]; then export TRAINBOOK_TORCH_PYTHON=$py; else unset TRAINBOOK_TORCH_PYTHON; fi
+  # The image's pair in container mode, else the pin (also undoes an earlier switch).
+  scripts/use-tch.sh "$tch_use"
   # setup.sh makes .venv with python3's venv module, which Ubuntu ships separately.
   if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     say "installing python3-venv (setup.sh creates .venv with it)"
@@ -125,8 +136,8 @@ build() {
   fi
   scripts/setup.sh   # first: it installs build-essential, and with it make
   make build
-  if [ "$mode" = container ] && [ "$(cat .libtorch/build-version)" != "$torch_pin" ]; then
-    die ".libtorch does not point at the image's torch $torch_pin"
+  if [ "$mode" = container ] && [ "$(cat .libtorch/build-version)" != "$torch_use" ]; then
+    die ".libtorch does not point at the image's torch $torch_use"
   fi
   say "installing the trainbook kernelspec for $py's Jupyter ($prefix/share/jupyter)"
   target/release/trainbook-kernel install --prefix "$prefix"

@@ -2,7 +2,10 @@
 # Which tch release goes with a Python interpreter's torch, and whether trainbook builds with it.
 #   scripts/torch-pair.sh [--python PY] [--torch VERSION] [--quiet]
 #   scripts/torch-pair.sh --list          the pairs table (also in the README)
+#   scripts/torch-pair.sh --buildable     "torch tch" for each pair trainbook builds with
 # Exit 0: the torch is the one trainbook pins (tch in Cargo.toml, torch in scripts/setup.sh).
+# Exit 3: another pair trainbook builds with after `scripts/use-tch.sh TCH` (printed as
+#         "... <-> tch TCH: built with trainbook ..."); the container build does that itself.
 # Exit 2: another torch; the message names the tch release made for it and the way forward.
 # Exit 1: no torch found, or a usage error.
 # torch is never imported (an import needs the GPU/HPU runtime libraries; a build does not):
@@ -30,6 +33,11 @@ PAIRS="
 2.1.0 0.14.0
 2.0.0 0.13.0
 "
+# Pairs other than the pin that trainbook has been built with and whose tests passed (date):
+# the container build switches to them with scripts/use-tch.sh. CI builds only the pin.
+BUILT="
+2.11.0 0.24.0 2026-11-23
+"
 # Why the "-" rows have no tch: crates.io has no tch 0.21 (tch-rs's changelog names it for torch
 # 2.8, but it was never published) and no tch 0.25 (nothing between 2.11 and 2.13).
 declare -A NONE_WHY=(
@@ -52,13 +60,14 @@ GAUDI="
 2.1.1 1.14.x
 "
 
-usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
-py=python3 torch_arg="" list=0 quiet=0
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+py=python3 torch_arg="" list=0 quiet=0 buildable=0
 while [ $# -gt 0 ]; do
   case $1 in
     --python) py=${2:?--python needs a path}; shift 2 ;;
     --torch) torch_arg=${2:?--torch needs a version}; shift 2 ;;
     --list) list=1; shift ;;
+    --buildable) buildable=1; shift ;;
     -q|--quiet) quiet=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "torch-pair: unknown argument $1" >&2; usage >&2; exit 1 ;;
@@ -76,11 +85,24 @@ tch_for() { awk -v t="$1" '$1 == t { print $2; exit }' <<<"$PAIRS"; }
 # The row for the same minor: "torch tch", or "".
 row_for_minor() { awk -v m="$1" '{ split($1, v, "."); if (v[1] "." v[2] == m) { print; exit } }' <<<"$PAIRS"; }
 gaudi_for() { awk -v t="$1" '$1 == t { print $2; exit }' <<<"$GAUDI"; }
+# "tch date" when trainbook was built with this torch's own tch, or "".
+built_for() { awk -v t="$1" '$1 == t { print $2, $3; exit }' <<<"$BUILT"; }
 
 # A table that does not list the pinned pair is out of date: say so instead of guessing.
-if [ "$(tch_for "$torch_pin")" != "$tch_pin" ]; then
-  echo "torch-pair: the pairs table in scripts/torch-pair.sh does not list tch $tch_pin for torch $torch_pin (the pins in Cargo.toml and scripts/setup.sh): update it" >&2
+# Cargo.toml may have been switched to another built pair by scripts/use-tch.sh (the container
+# build does that); the pin that counts is the one made for scripts/setup.sh's torch.
+cargo_tch=$tch_pin
+tch_pin=$(tch_for "$torch_pin")
+if [ -z "$tch_pin" ] || [ "$tch_pin" = - ] ||
+   { [ "$cargo_tch" != "$tch_pin" ] && ! awk -v c="$cargo_tch" '$2 == c { f = 1 } END { exit !f }' <<<"$BUILT"; }; then
+  echo "torch-pair: the pairs table in scripts/torch-pair.sh does not list tch $cargo_tch for torch $torch_pin (the pins in Cargo.toml and scripts/setup.sh): update it" >&2
   exit 1
+fi
+
+if [ "$buildable" = 1 ]; then
+  echo "$torch_pin $tch_pin"
+  awk 'NF { print $1, $2 }' <<<"$BUILT"
+  exit 0
 fi
 
 if [ "$list" = 1 ]; then
@@ -89,6 +111,7 @@ if [ "$list" = 1 ]; then
     [ -n "$t" ] || continue
     if [ "$c" = - ]; then c="none"; s="no tch release"; t="$t.x"
     elif [ "$t" = "$torch_pin" ]; then s="supported (built and tested)"
+    elif b=$(built_for "$t") && [ -n "$b" ]; then s="built with trainbook ${b#* }"
     else s="known, not verified"; fi
     printf '%-8s %-7s %-34s %s\n' "$t" "$c" "$s" "$(gaudi_for "$t")"
   done <<<"$PAIRS"
@@ -141,6 +164,14 @@ if [ "$release" = "$torch_pin" ]; then
   exit 0
 fi
 
+b=$(built_for "$release")
+if [ -n "$b" ]; then
+  [ "$quiet" = 1 ] || echo "$shown $where <-> tch ${b%% *}: built with trainbook (tests passed ${b#* }, not in CI); switch with scripts/use-tch.sh ${b%% *}"
+  exit 3
+fi
+
+buildable_torches() { { echo "$torch_pin"; awk 'NF { print $1 }' <<<"$BUILT"; } | paste -sd' '; }
+
 # Mismatch: what tch release exists for this torch, and what to do instead.
 if [ -n "$tch" ]; then
   made="tch $tch is the release built for torch $release (known, not verified with trainbook)"
@@ -158,13 +189,15 @@ cat >&2 <<EOF
 error: trainbook cannot be built against this torch.
   found:     $shown $where
   tch for it: $made
-  trainbook: tch $tch_pin with torch $torch_pin only (the pair it is built and tested with;
-             scripts/torch-pair.sh --list shows every known pair)
+  trainbook: tch $tch_pin with torch $torch_pin (built and tested in CI), and the other pairs it
+             was built with for torch $(buildable_torches | cut -d' ' -f2- | sed 's/ /, /g')
+             (scripts/torch-pair.sh --list shows every known pair)
   way forward:
     - build against trainbook's own torch $torch_pin CPU wheel in a venv instead:
       TRAINBOOK_TORCH=wheel (docker build --build-arg TRAINBOOK_TORCH=wheel ...). trainbook then
       runs on the CPU; the image's own torch stays as it is for Python code.
-    - or use a Gaudi image whose torch is $torch_pin.
+    - or use a Gaudi image whose torch is one of $(buildable_torches) (the container
+      build switches tch itself: scripts/use-tch.sh).
     LIBTORCH_BYPASS_VERSION_CHECK does not help: trainbook's bindings and C++ shim are compiled
     against torch $torch_pin's API.
 EOF

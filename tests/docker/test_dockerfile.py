@@ -4,12 +4,13 @@ project venv's torch standing in for the image's (and a fake interpreter for an 
 trainbook does not pair with).
 
 Scripts the Dockerfile runs (scripts/lint-dockerfile.sh checks this list is complete):
-  scripts/container-build.sh  preflight, jupyter, build
+  scripts/container-build.sh  preflight, jupyter, build (which runs scripts/use-tch.sh)
   scripts/install-rust.sh
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -47,6 +48,39 @@ def gaudi_python(tmp_path):
     return py
 
 
+@pytest.fixture
+def gaudi_124_python(tmp_path):
+    """An interpreter whose torch is Gaudi 1.24.1's (2.11.0a0+git...), with real headers and
+    libraries (the venv's, standing in: the layout checks need files, not their version) and the
+    version file of 2.11."""
+    torch = tmp_path / "site" / "torch"
+    torch.mkdir(parents=True)
+    venv_torch = next((ROOT / ".venv" / "lib").glob("python3*/site-packages/torch"))
+    for d in ("include", "lib"):
+        (torch / d).symlink_to(venv_torch / d)
+    (torch / "__init__.py").write_text("raise ImportError('needs the Gaudi runtime')\n")
+    (torch / "version.py").write_text("__version__ = '2.11.0a0+git7a6c5b5'\n")
+    py = tmp_path / "python3"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH={torch.parent} exec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return py
+
+
+def source_copy(dest):
+    """The repository's files (tracked and new, not ignored) copied to dest: a tree that
+    scripts may change without touching this checkout."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    return dest
+
+
 def test_dockerfile_lints_clean_and_runs_only_tested_scripts():
     p = run("scripts/lint-dockerfile.sh")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -82,7 +116,8 @@ def test_torch_pair_accepts_the_pinned_torch_and_lists_the_pairs():
     assert rows.returncode == 0, rows.stderr
     assert re.search(r"^2\.13\.0 +0\.26\.0 +supported", rows.stdout, re.M), rows.stdout
     # Every Gaudi image's torch has a row, with the tch made for it or the nearest one.
-    assert re.search(r"^2\.11\.0 +0\.24\.0 +known, not verified +1\.24\.1", rows.stdout, re.M), rows.stdout
+    assert re.search(r"^2\.11\.0 +0\.24\.0 +built with trainbook 2026-11-23 +1\.24\.1", rows.stdout, re.M), rows.stdout
+    assert re.search(r"^2\.10\.0 +0\.23\.0 +known, not verified +1\.24\.0", rows.stdout, re.M), rows.stdout
     assert re.search(r"^2\.7\.1 +none +nearest: tch 0\.20\.0 \(torch 2\.7\.0\) +1\.22\.x", rows.stdout, re.M), rows.stdout
 
 
@@ -92,9 +127,10 @@ def test_torch_pair_explains_a_mismatch(gaudi_python):
     assert "found:     torch 2.7.1 (2.7.1a0+git5a6c5b5)" in p.stderr
     assert "tch 0.20.0 is built for torch 2.7.0" in p.stderr
     assert "TRAINBOOK_TORCH=wheel" in p.stderr
-    exact = run("scripts/torch-pair.sh", "--torch", "2.11.0")
+    assert "a Gaudi image whose torch is one of 2.13.0 2.11.0" in p.stderr
+    exact = run("scripts/torch-pair.sh", "--torch", "2.10.0")
     assert exact.returncode == 2
-    assert "tch 0.24.0 is the release built for torch 2.11.0" in exact.stderr
+    assert "tch 0.23.0 is the release built for torch 2.10.0" in exact.stderr
     bad = run("scripts/torch-pair.sh", "--torch", "latest")
     assert bad.returncode == 1 and "cannot read a version from 'latest'" in bad.stderr
 
@@ -151,3 +187,38 @@ def test_container_steps_run_against_the_venv_torch(tmp_path):
     assert "trainbook built (container torch 2.13.0)" in p.stderr
     spec = ROOT / ".venv" / "share" / "jupyter" / "kernels" / "trainbook" / "kernel.json"
     assert spec.is_file()
+
+
+def test_a_gaudi_torch_with_a_built_pair_switches_tch(gaudi_124_python):
+    """Gaudi 1.24.1's torch 2.11 has its own tch (0.24.0), which trainbook builds with: auto
+    and container mode both build against the image's torch after switching the pin."""
+    pair = run("scripts/torch-pair.sh", "--python", gaudi_124_python)
+    assert pair.returncode == 3, pair.stdout + pair.stderr
+    assert "<-> tch 0.24.0: built with trainbook" in pair.stdout
+    for mode in ("auto", "container"):
+        p = run("scripts/container-build.sh", "--check", "--python", gaudi_124_python, "build",
+                env={"TRAINBOOK_TORCH": mode})
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+        assert "trainbook will build with tch 0.24.0, the release made for torch 2.11.0" in out
+        assert "would pin tch and torch-sys to =0.24.0 in Cargo.toml (now 0.26.0)" in out
+        assert "check passed (container)" in out
+
+
+def test_use_tch_switches_the_pins_and_relocks(tmp_path):
+    tree = source_copy(tmp_path / "tree")
+    p = run(tree / "scripts/use-tch.sh", "0.24.0", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    toml, lock = (tree / "Cargo.toml").read_text(), (tree / "Cargo.lock").read_text()
+    assert 'tch = "=0.24.0"' in toml and 'torch-sys = "=0.24.0"' in toml
+    assert 'name = "tch"\nversion = "0.24.0"' in lock
+    assert 'name = "torch-sys"\nversion = "0.24.0"' in lock
+    again = run(tree / "scripts/use-tch.sh", "0.24.0")
+    assert again.returncode == 0 and "tch 0.24.0 is already the pin" in again.stderr
+    # Back to the pin: the files are as committed again.
+    back = run(tree / "scripts/use-tch.sh", "0.26.0", timeout=300)
+    assert back.returncode == 0, back.stderr
+    assert (tree / "Cargo.toml").read_text() == (ROOT / "Cargo.toml").read_text()
+    assert (tree / "Cargo.lock").read_text() == (ROOT / "Cargo.lock").read_text()
+    bad = run(tree / "scripts/use-tch.sh", "0.20.0")
+    assert bad.returncode == 1 and "tch 0.20.0 is not one trainbook builds with" in bad.stderr
