@@ -7,8 +7,9 @@
 #     --check    do every step that changes nothing (CI runs this against the project venv):
 #                the toolchain, the torch pair, the LIBTORCH layout (built in a temporary
 #                directory), the C++ ABI, then print what would run
-#   TRAINBOOK_TORCH=auto       (default) the image's own torch when it is the one trainbook pins,
-#                              else trainbook's own CPU wheel, with a warning that says why
+#   TRAINBOOK_TORCH=auto       (default) the image's own torch when trainbook builds with it
+#                              (scripts/torch-pair.sh exit 0 or 3), else trainbook's own CPU
+#                              wheel, with a warning that says why
 #   TRAINBOOK_TORCH=container  the image's own torch, or fail at preflight (scripts/torch-pair.sh
 #                              --list shows the pairs)
 #   TRAINBOOK_TORCH=wheel      trainbook's own CPU torch wheel in .venv (what make build does)
@@ -42,7 +43,7 @@ if [ "$mode" = auto ]; then
     mode=container
   else
     mode=wheel
-    auto_why="the image's torch is not the one trainbook pins (scripts/torch-pair.sh --python $py says why)"
+    auto_why="trainbook does not build with the image's torch (scripts/torch-pair.sh --python $py says why)"
   fi
 fi
 torch_pin=$(sed -n 's/^TORCH_VERSION=\([0-9.]*\).*/\1/p' scripts/setup.sh)
@@ -51,8 +52,8 @@ tch_use=$tch_pin torch_use=$torch_pin
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-# Which torch trainbook builds against. container: the image's torch must be trainbook's pair
-# (fails here, in seconds, instead of deep inside torch-sys' build script); its layout is built
+# Which torch trainbook builds against. container: the image's torch must be one trainbook
+# builds with (fails here, in seconds, instead of deep inside torch-sys' build script); its layout is built
 # in a scratch directory to prove it has what the build needs. wheel: only report the image's.
 preflight() {
   if [ -n "${auto_why:-}" ]; then

@@ -15,7 +15,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 # torch release -> the tch release whose torch-sys expects exactly it (TORCH_VERSION in
 # torch-sys/build.rs of the crate published on crates.io). "-": no tch release for that minor.
-# Rows other than trainbook's own pin are known releases, not verified with trainbook.
+# Rows other than trainbook's own pin and BUILT below are known releases, not verified with it.
 PAIRS="
 2.13.0 0.26.0
 2.12 -
@@ -74,10 +74,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# trainbook's own pin, read where it is set so this script cannot disagree with the build.
-tch_pin=$(sed -n 's/^tch *= *"=\([0-9][0-9.]*\)".*/\1/p' "$root/Cargo.toml" | head -n1)
+# trainbook's own pins, read where they are set so this script cannot disagree with the build.
+cargo_tch=$(sed -n 's/^tch *= *"=\([0-9][0-9.]*\)".*/\1/p' "$root/Cargo.toml" | head -n1)
 torch_pin=$(sed -n 's/^TORCH_VERSION=\([0-9][0-9.]*\).*/\1/p' "$root/scripts/setup.sh" | head -n1)
-[ -n "$tch_pin" ] && [ -n "$torch_pin" ] || {
+[ -n "$cargo_tch" ] && [ -n "$torch_pin" ] || {
   echo "torch-pair: cannot read the pins (tch = \"=X\" in Cargo.toml, TORCH_VERSION= in scripts/setup.sh)" >&2; exit 1; }
 
 # tch for an exact torch release, or "" when the table has none.
@@ -91,7 +91,6 @@ built_for() { awk -v t="$1" '$1 == t { print $2, $3; exit }' <<<"$BUILT"; }
 # A table that does not list the pinned pair is out of date: say so instead of guessing.
 # Cargo.toml may have been switched to another built pair by scripts/use-tch.sh (the container
 # build does that); the pin that counts is the one made for scripts/setup.sh's torch.
-cargo_tch=$tch_pin
 tch_pin=$(tch_for "$torch_pin")
 if [ -z "$tch_pin" ] || [ "$tch_pin" = - ] ||
    { [ "$cargo_tch" != "$tch_pin" ] && ! awk -v c="$cargo_tch" '$2 == c { f = 1 } END { exit !f }' <<<"$BUILT"; }; then

@@ -24,9 +24,10 @@ done
 scripts/torch-pair.sh --buildable | awk '{print $2}' | grep -qx "$want" ||
   die "tch $want is not one trainbook builds with (scripts/torch-pair.sh --list: 'supported' or 'built with trainbook')"
 
+# The tch version Cargo.lock holds.
+locked_tch() { awk '/^name = "tch"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock; }
 have=$(sed -n 's/^tch *= *"=\([0-9][0-9.]*\)".*/\1/p' Cargo.toml | head -n1)
-locked=$(awk '/^name = "tch"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
-if [ "$have" = "$want" ] && [ "$locked" = "$want" ]; then
+if [ "$have" = "$want" ] && [ "$(locked_tch)" = "$want" ]; then
   say "tch $want is already the pin"
   exit 0
 fi
@@ -38,6 +39,5 @@ tmp=$(mktemp "$root/Cargo.toml.XXXXXX")
 sed -e "s/^tch *= *\"=[0-9.]*\"/tch = \"=$want\"/" -e "s/^torch-sys *= *\"=[0-9.]*\"/torch-sys = \"=$want\"/" Cargo.toml >"$tmp"
 mv "$tmp" Cargo.toml
 cargo update -p tch -p torch-sys
-locked=$(awk '/^name = "tch"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
-[ "$locked" = "$want" ] || die "Cargo.lock has tch $locked after the update, not $want"
+[ "$(locked_tch)" = "$want" ] || die "Cargo.lock has tch $(locked_tch) after the update, not $want"
 say "tch and torch-sys pinned to $want (was $have)"

@@ -1,7 +1,9 @@
 """The Dockerfile cannot be built here (no Docker engine), so CI pins it another way: it is linted,
-every RUN in it is one of the scripts below, and each of those scripts runs here, against the
-project venv's torch standing in for the image's (and a fake interpreter for an image whose torch
-trainbook does not pair with).
+every RUN in it is one of the scripts below, and each of those scripts runs here for real against
+the project venv's Python and torch in the image's place. No Gaudi image is reachable here, so
+the Gaudi torch versions are played by the real Python with a torch package whose version.py is
+the Gaudi build's: the scripts read exactly that file (they never import torch), and where they
+also need headers and libraries, the venv's are linked in.
 
 Scripts the Dockerfile runs (scripts/lint-dockerfile.sh checks this list is complete):
   scripts/container-build.sh  preflight, jupyter, build (which runs scripts/use-tch.sh)
@@ -34,36 +36,33 @@ def run(*argv, env=None, timeout=600):
     return p
 
 
-@pytest.fixture
-def gaudi_python(tmp_path):
-    """An interpreter whose torch is a Gaudi image's (2.7.1a0+git..., Gaudi 1.22): the real Python
-    with a torch package on its path that only carries version.py, as torch-pair.sh reads it."""
-    site = tmp_path / "site"
-    (site / "torch").mkdir(parents=True)
-    (site / "torch" / "__init__.py").write_text("raise ImportError('needs the Gaudi runtime')\n")
-    (site / "torch" / "version.py").write_text("__version__ = '2.7.1a0+git5a6c5b5'\n")
-    py = tmp_path / "python3"
-    py.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
-    py.chmod(0o755)
-    return py
-
-
-@pytest.fixture
-def gaudi_124_python(tmp_path):
-    """An interpreter whose torch is Gaudi 1.24.1's (2.11.0a0+git...), with real headers and
-    libraries (the venv's, standing in: the layout checks need files, not their version) and the
-    version file of 2.11."""
+def python_with_torch(tmp_path, version, with_libraries=False):
+    """The real Python, with a torch package on its path whose version.py is `version` (a Gaudi
+    build's); with_libraries links in the venv's headers and libraries for the layout checks."""
     torch = tmp_path / "site" / "torch"
     torch.mkdir(parents=True)
-    venv_torch = next((ROOT / ".venv" / "lib").glob("python3*/site-packages/torch"))
-    for d in ("include", "lib"):
-        (torch / d).symlink_to(venv_torch / d)
+    if with_libraries:
+        venv_torch = next((ROOT / ".venv" / "lib").glob("python3*/site-packages/torch"))
+        for d in ("include", "lib"):
+            (torch / d).symlink_to(venv_torch / d)
     (torch / "__init__.py").write_text("raise ImportError('needs the Gaudi runtime')\n")
-    (torch / "version.py").write_text("__version__ = '2.11.0a0+git7a6c5b5'\n")
+    (torch / "version.py").write_text(f"__version__ = '{version}'\n")
     py = tmp_path / "python3"
     py.write_text(f'#!/bin/sh\nPYTHONPATH={torch.parent} exec {sys.executable} "$@"\n')
     py.chmod(0o755)
     return py
+
+
+@pytest.fixture
+def gaudi_python(tmp_path):
+    """Gaudi 1.22's torch (2.7.1a0+git...): no tch release pairs with it."""
+    return python_with_torch(tmp_path, "2.7.1a0+git5a6c5b5")
+
+
+@pytest.fixture
+def gaudi_124_python(tmp_path):
+    """Gaudi 1.24.1's torch (2.11.0a0+git...), which trainbook builds with via tch 0.24.0."""
+    return python_with_torch(tmp_path, "2.11.0a0+git7a6c5b5", with_libraries=True)
 
 
 def source_copy(dest):
