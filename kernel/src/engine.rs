@@ -6,7 +6,8 @@
 //! interrupts and shutdown never wait for it (see `kernel.rs`).
 
 use crate::iopub::Publisher;
-use crate::prelude::{INIT_CODE, Prelude};
+use crate::prelude::{Prelude, init_code};
+use crate::verdict;
 use anyhow::{Context, Result};
 use evcxr::{CommandContext, EvalCallbacks, EvalContext, EvalContextOutputs};
 use serde_json::{Map, Value};
@@ -190,7 +191,7 @@ fn run(
         ));
     };
     let init = |ctx: &mut CommandContext, publisher: &Publisher| {
-        if has_prelude && let Err(e) = ctx.execute(INIT_CODE) {
+        if has_prelude && let Err(e) = ctx.execute(&init_code()) {
             report(publisher, &e);
         }
     };
@@ -218,7 +219,9 @@ fn run(
                 let interrupted = state.interrupted.load(Ordering::SeqCst) == id;
                 let killed = state.killed.load(Ordering::SeqCst) == id;
                 let restarted = matches!(result, Err(evcxr::Error::SubprocessTerminated(_)));
-                let outcome = to_outcome(&code, result, interrupted, killed);
+                let outcome = to_outcome(&code, result, interrupted, killed, || {
+                    ctx.last_source().ok()
+                });
                 if restarted {
                     // evcxr has started a fresh process; give it the prelude and kernel link.
                     init(&mut ctx, &publisher);
@@ -367,7 +370,7 @@ fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
     Some(format!("{}: {ty}{}", &code[..at], &code[at..]))
 }
 
-/// evcxr's context with the cell flags set and, when there is a prelude, [`INIT_CODE`] run
+/// evcxr's context with the cell flags set and, when there is a prelude, [`init_code`] run
 /// (the same compile that applies the flags). A failed init is returned, not fatal.
 fn create_context(
     setup: &ChildSetup,
@@ -375,6 +378,7 @@ fn create_context(
     let exe = std::env::current_exe().context("cannot locate this executable")?;
     let mut cmd = Command::new(exe);
     cmd.env(trainbook_channel::SOCKET_ENV, &setup.channel_socket)
+        .env(crate::verdict::CELL_PROCESS_ENV, "1")
         // anyhow errors would otherwise carry a backtrace (evcxr sets RUST_BACKTRACE=1).
         .env("RUST_LIB_BACKTRACE", "0");
     if let Some(p) = &setup.prelude {
@@ -409,7 +413,7 @@ fn create_context(
     let mut init_error = None;
     if let Some(p) = &setup.prelude {
         state.set_build_env("CARGO_ENCODED_RUSTFLAGS", &p.encoded_rustflags());
-        if let Err(e) = eval.eval_with_state(INIT_CODE, state.clone()) {
+        if let Err(e) = eval.eval_with_state(&init_code(), state.clone()) {
             init_error = Some(e);
         }
     }
@@ -421,11 +425,13 @@ fn create_context(
     Ok((CommandContext::with_eval_context(eval), outputs, init_error))
 }
 
+/// `generated`: the source evcxr compiled for the cell, to place a panic on a cell line.
 fn to_outcome(
     code: &str,
     result: Result<evcxr::EvalOutputs, evcxr::Error>,
     interrupted: bool,
     killed: bool,
+    generated: impl FnOnce() -> Option<String>,
 ) -> Outcome {
     let error = |ename: &str, evalue: String| Outcome::Error {
         ename: ename.into(),
@@ -446,12 +452,15 @@ fn to_outcome(
              was kept"
                 .into(),
         ),
-        Ok(out) => Outcome::Ok {
-            data: out
-                .content_by_mime_type
-                .into_iter()
-                .map(|(k, v)| (k, Value::String(v)))
-                .collect(),
+        Ok(mut out) => match out.content_by_mime_type.remove(verdict::MIME) {
+            Some(report) => failed_cell(code, verdict::parse(&report), generated),
+            None => Outcome::Ok {
+                data: out
+                    .content_by_mime_type
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            },
         },
         Err(evcxr::Error::CompilationErrors(errors)) => compile_error(code, &errors),
         Err(evcxr::Error::SubprocessTerminated(msg)) => error(
@@ -463,6 +472,115 @@ fn to_outcome(
         ),
         Err(e) => error("Error", e.to_string()),
     }
+}
+
+/// A cell whose `?` returned an error or that panicked: an error reply that names the message
+/// and, where it can be told, the cell line that failed.
+fn failed_cell(
+    code: &str,
+    failure: Option<verdict::Failure>,
+    generated: impl FnOnce() -> Option<String>,
+) -> Outcome {
+    let Some(f) = failure else {
+        let evalue = "the cell failed (its message is printed above)".to_string();
+        return Outcome::Error {
+            ename: "Error".into(),
+            traceback: vec![format!("\x1b[0;31mError\x1b[0m: {evalue}")],
+            evalue,
+        };
+    };
+    let (ename, place) = match f.kind {
+        verdict::FailureKind::Error => ("Error", question_mark_lines(code)),
+        verdict::FailureKind::Panic => {
+            let line = (f.file.as_deref() == Some("src/lib.rs"))
+                .then(|| f.line.and_then(|l| cell_line_of(code, &generated()?, l)))
+                .flatten();
+            ("Panic", line.into_iter().collect())
+        }
+    };
+    let message = if f.message.is_empty() {
+        match f.kind {
+            verdict::FailureKind::Error => "a `?` in the cell returned an error".to_string(),
+            verdict::FailureKind::Panic => "the cell panicked".to_string(),
+        }
+    } else {
+        f.message
+    };
+    let mut traceback: Vec<String> = message
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i == 0 {
+                format!("\x1b[0;31m{ename}\x1b[0m: {l}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let lines: Vec<&str> = code.lines().collect();
+    match place.as_slice() {
+        [n] => traceback.push(format!("  at cell line {n}: {}", lines[n - 1].trim())),
+        [] => match (f.kind, f.file, f.line) {
+            (verdict::FailureKind::Panic, Some(file), Some(line)) if file != "src/lib.rs" => {
+                traceback.push(format!("  at {file}:{line}"))
+            }
+            _ => {}
+        },
+        many => traceback.push(format!(
+            "  at one of the `?` on cell lines {}",
+            many.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+    Outcome::Error {
+        ename: ename.into(),
+        evalue: message,
+        traceback,
+    }
+}
+
+/// The 1-based cell lines that hold a `?` operator (outside strings, chars and comments).
+fn question_mark_lines(code: &str) -> Vec<usize> {
+    let mut lines = Vec::new();
+    let (mut in_str, mut in_block) = (false, 0usize);
+    for (n, line) in code.lines().enumerate() {
+        let b = line.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            match (b[i], b.get(i + 1).copied()) {
+                (b'\\', _) if in_str => i += 1,
+                (b'"', _) if in_block == 0 => in_str = !in_str,
+                (b'/', Some(b'*')) if !in_str => {
+                    in_block += 1;
+                    i += 1;
+                }
+                (b'*', Some(b'/')) if in_block > 0 => {
+                    in_block -= 1;
+                    i += 1;
+                }
+                (b'/', Some(b'/')) if !in_str && in_block == 0 => break,
+                // A char literal such as '?' or '"'.
+                (b'\'', _) if !in_str && in_block == 0 && b.get(i + 2) == Some(&b'\'') => i += 2,
+                (b'?', _) if !in_str && in_block == 0 && lines.last() != Some(&(n + 1)) => {
+                    lines.push(n + 1)
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+    lines
+}
+
+/// The cell line that evcxr's generated source has at `line` (1-based), matched by its text.
+fn cell_line_of(code: &str, generated: &str, line: u32) -> Option<usize> {
+    let text = generated.lines().nth(line.checked_sub(1)? as usize)?.trim();
+    if text.is_empty() {
+        return None;
+    }
+    code.lines().position(|l| l.trim() == text).map(|i| i + 1)
 }
 
 /// rustc's diagnostics drawn over the cell's own code (not evcxr's generated wrapper).
@@ -635,6 +753,45 @@ mod tests {
                 "let job = launch(s)?;\nlet mut n = 1; let t: u8 = 2; let (a, b) = p;"
             ),
             ["job", "n"]
+        );
+    }
+
+    #[test]
+    fn finds_the_lines_with_a_question_mark() {
+        let code = "let a = f()?;\nlet s = \"why?\"; // ok?\nlet c = '?';\n/* x? */ g()?.h()?;";
+        assert_eq!(question_mark_lines(code), [1, 4]);
+    }
+
+    #[test]
+    fn a_panic_is_placed_on_the_cell_line_with_the_same_text() {
+        let generated = "fn x() {\n    let v = None::<u32>.unwrap();\n}";
+        let code = "let w = 1;\nlet v = None::<u32>.unwrap();";
+        assert_eq!(cell_line_of(code, generated, 2), Some(2));
+        assert_eq!(cell_line_of(code, generated, 9), None);
+    }
+
+    #[test]
+    fn a_failed_cell_is_an_error_that_names_its_line() {
+        let failure = verdict::Failure {
+            kind: verdict::FailureKind::Error,
+            message: "No such file or directory (os error 2)".into(),
+            file: None,
+            line: None,
+        };
+        let code = "let n = 1;\nstd::fs::read(\"/nonexistent\")?;";
+        let Outcome::Error {
+            ename,
+            evalue,
+            traceback,
+        } = failed_cell(code, Some(failure), || None)
+        else {
+            panic!("not an error")
+        };
+        assert_eq!(ename, "Error");
+        assert_eq!(evalue, "No such file or directory (os error 2)");
+        assert_eq!(
+            traceback.last().unwrap(),
+            "  at cell line 2: std::fs::read(\"/nonexistent\")?;"
         );
     }
 

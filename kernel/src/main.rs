@@ -9,6 +9,7 @@ mod iopub;
 mod kernel;
 mod prelude;
 mod procs;
+mod verdict;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -70,6 +71,10 @@ struct InstallArgs {
 }
 
 fn main() {
+    // As the cell process: report failed cells (see verdict.rs) before evcxr takes over.
+    if std::env::var_os(verdict::CELL_PROCESS_ENV).is_some() {
+        verdict::install();
+    }
     // When evcxr starts this executable as its cell process, this call never returns.
     evcxr::runtime_hook();
     let cli = Cli::parse();

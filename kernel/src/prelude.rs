@@ -13,9 +13,16 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
 /// Code every kernel runs once its Rust process is up (and again after that process restarts):
-/// the prelude import and the kernel link, in one cell (each cell is a compile).
-pub const INIT_CODE: &str = r#"use trainbook::prelude::*;
-if let Err(e) = trainbook::notebook::attach() { eprintln!("trainbook: live displays are off: {e:#}"); }"#;
+/// the prelude import, the kernel link and the panic hook that reports failed cells, in one
+/// cell (each cell is a compile).
+pub fn init_code() -> String {
+    format!(
+        "use trainbook::prelude::*;\n\
+         if let Err(e) = trainbook::notebook::attach() {{ eprintln!(\"trainbook: live displays are off: {{e:#}}\"); }}\n\
+         {}",
+        crate::verdict::PANIC_HOOK_CODE
+    )
+}
 
 /// The files a notebook cell links against.
 #[derive(Clone, Debug)]

@@ -194,6 +194,61 @@ def test_compile_error_is_an_error_reply_with_rustc_message(kernel):
     assert result_text(msgs) == "42"
 
 
+def error_of(msgs):
+    errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
+    assert len(errors) == 1, [m["msg_type"] for m in msgs]
+    return errors[0]
+
+
+def test_a_question_mark_error_is_an_error_reply_naming_the_line(kernel):
+    _, kc = kernel
+    reply, _ = run(kc, "let kept_before_error = 7;")
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, 'let n = 1;\nlet data = std::fs::read("/nonexistent/trainbook")?;\nlet lost = 2;')
+    assert reply["status"] == "error", reply
+    assert reply["ename"] == "Error"
+    assert "No such file or directory" in reply["evalue"], reply
+    err = error_of(msgs)
+    assert err["evalue"] == reply["evalue"]
+    assert any('at cell line 2: let data = std::fs::read("/nonexistent/trainbook")?;' in line
+               for line in err["traceback"]), err["traceback"]
+    # Earlier variables survive; the kernel goes on answering ok.
+    reply, msgs = run(kc, "kept_before_error + 1")
+    assert reply["status"] == "ok" and result_text(msgs) == "8", (reply, stream_text(msgs))
+
+
+def test_a_panic_is_an_error_reply_with_its_message_and_line(kernel):
+    _, kc = kernel
+    reply, msgs = run(kc, "let a = 1;\nlet v = None::<u32>.unwrap();")
+    assert reply["status"] == "error", reply
+    assert reply["ename"] == "Panic"
+    assert "called `Option::unwrap()` on a `None` value" in reply["evalue"], reply
+    assert any("at cell line 2: let v = None::<u32>.unwrap();" in line
+               for line in error_of(msgs)["traceback"]), error_of(msgs)
+    # A panic on another thread, joined by the cell, does not fail the cell.
+    reply, msgs = run(kc, 'std::thread::spawn(|| panic!("in a thread")).join().is_err()')
+    assert reply["status"] == "ok" and result_text(msgs) == "true", (reply, stream_text(msgs))
+
+
+def test_trainbook_errors_fail_the_cell_with_their_message(kernel):
+    _, kc = kernel
+    reply, _ = run(kc, 'BertTrainer::new().preset("nope").fit()?;')
+    assert reply["status"] == "error", reply
+    assert "unknown preset 'nope'" in reply["evalue"] and "use " in reply["evalue"], reply
+    reply, _ = run(kc, "let r = BertTrainer::new().workers(0).fit()?;")
+    assert reply["status"] == "error", reply
+    assert "workers" in reply["evalue"], reply
+    # A failed training run (the workers' loss diverges) fails the cell, naming the rank.
+    reply, msgs = run(
+        kc,
+        'JobSpec::new("synthetic").preset("tiny").workers(2).optimizer(OptimizerKind::Sgd)'
+        f'.lr(1e6).epochs(5).runs_root("{RUNS}").fit()?;',
+        timeout=300,
+    )
+    assert reply["status"] == "error", (reply, stream_text(msgs))
+    assert "worker rank" in reply["evalue"] and "loss became" in reply["evalue"], reply
+
+
 def test_completeness_and_completion(kernel):
     _, kc = kernel
     kc.is_complete("fn f() {")
@@ -365,26 +420,36 @@ def test_sigkill_of_the_kernel_leaves_no_worker():
     km.cleanup_resources()
 
 
-def test_nbconvert_executes_a_rust_notebook(tmp_path):
+def nbconvert(tmp_path, name, sources):
+    """Writes a notebook of `sources` and runs `jupyter nbconvert --execute` on it."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Rust (trainbook)", "language": "rust"}
-    nb.cells = [
-        nbformat.v4.new_code_cell("let a = 20;"),
-        nbformat.v4.new_code_cell("let b = a * 2;"),
-        nbformat.v4.new_code_cell("b + 2"),
-    ]
-    src = tmp_path / "three.ipynb"
-    nbformat.write(nb, src)
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
+    nbformat.write(nb, tmp_path / f"{name}.ipynb")
     jupyter = Path(sys.executable).parent / "jupyter"
-    out = subprocess.run(
-        [str(jupyter), "nbconvert", "--to", "notebook", "--execute", str(src),
-         "--output", "three.out.ipynb", "--ExecutePreprocessor.timeout=300"],
+    return subprocess.run(
+        [str(jupyter), "nbconvert", "--to", "notebook", "--execute", str(tmp_path / f"{name}.ipynb"),
+         "--output", f"{name}.out.ipynb", "--ExecutePreprocessor.timeout=300"],
         capture_output=True, text=True, timeout=400,
     )
+
+
+def test_nbconvert_executes_a_rust_notebook(tmp_path):
+    out = nbconvert(tmp_path, "three", ["let a = 20;", "let b = a * 2;", "b + 2"])
     assert out.returncode == 0, out.stderr[-3000:]
     done = nbformat.read(tmp_path / "three.out.ipynb", as_version=4)
     outputs = done.cells[2].outputs
     assert outputs and outputs[0]["data"]["text/plain"] == "42", outputs
+
+
+def test_nbconvert_fails_on_a_failing_cell(tmp_path):
+    out = nbconvert(tmp_path, "failing", [
+        "let a = 20;",
+        'let r = BertTrainer::new().preset("nope").fit()?;',
+        'println!("never reached");',
+    ])
+    assert out.returncode != 0, out.stderr[-3000:]
+    assert "unknown preset 'nope'" in out.stderr, out.stderr[-3000:]
 
 
 def test_trainbook_kernel_install_registers_a_kernelspec_jupyter_lists(tmp_path):

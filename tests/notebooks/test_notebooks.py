@@ -119,3 +119,32 @@ def test_a_parameter_the_notebook_does_not_bind_is_an_error(tmp_path):
     assert proc.returncode != 0
     assert "parameter 'epoch' is not bound" in proc.stderr and "epochs" in proc.stderr
     assert not (tmp_path / "x.ipynb").exists()
+
+
+def test_a_failing_training_cell_fails_the_headless_run(tmp_path):
+    """A notebook whose training cell fails stops there, and both headless runners exit
+    non-zero: scripts/notebook.py (as `make demo` runs it) and `jupyter nbconvert --execute`."""
+    bad = ['preset=Some("nope")', "epochs=Some(1)", f'runs_root=Some("{tmp_path / "runs"}")']
+    args = ["execute", str(ROOT / "notebooks" / "bert.ipynb"), str(tmp_path / "bad.ipynb")]
+    for p in bad:
+        args += ["-p", p]
+    proc = notebook_tool(*args)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "a cell failed" in proc.stderr and "unknown preset 'nope'" in proc.stderr, proc.stderr
+    nb = nbformat.read(tmp_path / "bad.ipynb", as_version=4)
+    failed = errors(nb)
+    assert len(failed) == 1 and "unknown preset 'nope'" in failed[0][2], failed
+    # Nothing after the failing cell ran.
+    assert cell_with(nb, "result.epochs()?").execution_count is None
+
+    # The same notebook through nbconvert's own command line.
+    args[0] = "params"
+    assert notebook_tool(*args).returncode == 0
+    jupyter = Path(sys.executable).parent / "jupyter"
+    out = subprocess.run(
+        [str(jupyter), "nbconvert", "--to", "notebook", "--execute", str(tmp_path / "bad.ipynb"),
+         "--output", "bad.out.ipynb", "--ExecutePreprocessor.timeout=600"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert out.returncode != 0, out.stderr[-3000:]
+    assert "unknown preset 'nope'" in out.stderr, out.stderr[-3000:]
