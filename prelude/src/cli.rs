@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::dashboard::JobDashboard;
 use crate::device::DeviceRequest;
-use crate::job::{self, JobStatus, Update};
-use crate::models::resnet::Arch;
+use crate::job::{JobStatus, Update};
+use crate::spec::Arch;
 use crate::spec::{
     Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule, TextOptions, VisionOptions,
 };
@@ -237,7 +237,9 @@ impl TrainArgs {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");
         }
         spec.dedup.window = Duration::from_secs_f64(self.dedup_window);
-        spec.view.log_level = self.log_level;
+        spec.extensions
+            .get_mut::<crate::run::ViewOptions>()
+            .log_level = self.log_level;
         Ok(spec)
     }
 }
@@ -247,9 +249,9 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
         Command::Recipes => {
-            for (name, about) in crate::recipes::RECIPES {
-                println!("{name:<12} {about}");
-                for (p, about) in crate::recipes::presets(name) {
+            for r in crate::recipes::REGISTRY.entries() {
+                println!("{:<12} {}", r.name, r.description);
+                for (p, about) in r.presets {
                     println!("  --preset {p:<10} {about}");
                 }
             }
@@ -257,10 +259,10 @@ pub fn main() -> i32 {
         }
         Command::Kernel { args } => kernel(&args),
         Command::Check { workers, device } => {
-            let spec = JobSpec::new(crate::recipes::CHECK)
+            let spec = JobSpec::new(crate::engine::recipe::CHECK)
                 .workers(workers)
                 .device(device);
-            match job::fit(spec) {
+            match crate::run::fit(spec) {
                 Ok(r) => {
                     for l in job_logs(&r) {
                         println!("{l}");
@@ -307,7 +309,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
             let _ = j.stop();
         }
     });
-    let job = job::launch(spec)?;
+    let job = crate::run::launch(spec)?;
     let interrupted_early = {
         let mut g = current.lock().unwrap_or_else(|e| e.into_inner());
         g.1 = Some(job.clone());

@@ -41,7 +41,7 @@ impl JobDashboard {
             title,
             spec.workers,
             job.run_dir().display().to_string(),
-            spec.view.dashboard()?,
+            crate::run::view_options(spec).dashboard()?,
         );
         d.dash.progress.status = status(job.status());
         Ok(d)

@@ -1,42 +1,31 @@
 //! trainbook: data-parallel training from notebooks and the command line.
 //!
-//! `launch(spec)` starts one worker process per device; the workers keep their models in
-//! lock-step through PyTorch's c10d collectives and stream events (logs, metrics, progress,
-//! checkpoints) back to this process, which de-duplicates logs and hands everything to the
-//! caller through a [`Job`] handle.
+//! This crate is what cells and the CLI use. It puts together three layers whose dependencies
+//! run one way: `trainbook-engine` (jobs, workers, collectives, the training loop; no UI, no
+//! concrete recipe), `trainbook-recipes` (BERT, ResNet, synthetic and their data), and here the
+//! trainers (`train_bert`, `BertTrainer`...), the CLI and the notebook view, which subscribes to
+//! jobs. [`launch`] hands the engine the recipe registry and shows the job.
 
-pub mod assets;
-pub mod check;
-pub mod checkpoint;
-pub mod classify;
 pub mod cli;
 pub mod dashboard;
-pub mod ddp;
-pub mod dedup;
-pub mod device;
-pub mod dist;
-pub mod events;
-pub mod job;
-pub mod launch;
-pub mod metrics;
-pub mod models;
 pub mod notebook;
-pub mod optim;
-pub mod precision;
-pub mod recipes;
-pub mod sampler;
-pub mod spec;
-pub mod text;
-pub mod train;
+pub mod run;
 pub mod trainers;
-pub mod vision;
-pub mod worker;
+
+/// The engine's whole API (the facade re-exports what notebooks and scripts need).
+pub use trainbook_engine as engine;
+pub use trainbook_engine::{dedup, device, events, job, metrics, spec};
+pub use trainbook_recipes::{assets, classify, models, text, vision};
+
+/// trainbook's recipes and their registry.
+pub mod recipes {
+    pub use trainbook_recipes::{bert, resnet, synthetic, REGISTRY};
+}
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{DeviceKind, DeviceRequest};
-pub use job::{
-    fit, launch, running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update,
-};
+pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
+pub use run::{fit, launch, Show, Train, View, ViewOptions};
 pub use spec::{Configure, JobSpec, OptimizerKind, TrainConfig};
 pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 
@@ -44,9 +33,9 @@ pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::{DeviceKind, DeviceRequest};
-    pub use crate::job::{fit, launch, stop_all, Job, JobStatus, TrainResult, Update};
-    pub use crate::models::resnet::Arch;
-    pub use crate::spec::{Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
+    pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
+    pub use crate::run::{fit, launch, Show, Train, View};
+    pub use crate::spec::{Arch, Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
     pub use crate::trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
     pub use anyhow::Result;
     // Tables (metrics, data previews) are polars DataFrames; notebook variables need the name.

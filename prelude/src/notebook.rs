@@ -6,7 +6,7 @@
 //! of the notebook survives. Outside the kernel none of this does anything.
 
 use crate::dashboard::JobDashboard;
-use crate::job::{self, Job, Update};
+use crate::job::{self, Job, JobView, Update};
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -46,33 +46,27 @@ fn install_handlers(link: &'static Link) {
     });
 }
 
-/// Jobs whose live view has not yet delivered its final state (job id → done flag).
-type Pending = std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<ViewDone>>>;
-static PENDING_VIEWS: std::sync::OnceLock<Pending> = std::sync::OnceLock::new();
-
+/// Set once a live view has sent the finished job's state to the kernel. Attached to the job as
+/// its [`JobView`], so `Job::wait` keeps the waiting cell running until the final view has
+/// arrived: headless runs (nbclient) only apply updates that arrive during some cell.
 #[derive(Default)]
 struct ViewDone {
     done: std::sync::Mutex<bool>,
     cv: std::sync::Condvar,
 }
 
-fn pending(
-) -> std::sync::MutexGuard<'static, std::collections::HashMap<u64, std::sync::Arc<ViewDone>>> {
-    PENDING_VIEWS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+impl ViewDone {
+    fn set(&self) {
+        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
 }
 
-/// Blocks (up to `timeout`) until a finished job's live view has sent its final state to the
-/// kernel. `Job::wait` calls it, so the cell that waits is still running when the final view
-/// arrives: headless runs (nbclient) only apply updates that arrive during some cell.
-pub(crate) fn settle(job_id: u64, timeout: Duration) {
-    let Some(flag) = pending().get(&job_id).cloned() else {
-        return;
-    };
-    let guard = flag.done.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = flag.cv.wait_timeout_while(guard, timeout, |done| !*done);
+impl JobView for ViewDone {
+    fn settle(&self, timeout: Duration) {
+        let guard = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.cv.wait_timeout_while(guard, timeout, |done| !*done);
+    }
 }
 
 /// The live dashboard is redrawn at most this often (the plot costs a few ms to draw, and
@@ -115,24 +109,25 @@ fn show_live(job: &Job) -> Result<()> {
     let mut view = JobDashboard::with_history(job)?;
     let id = job.id();
     let flag = std::sync::Arc::new(ViewDone::default());
-    pending().insert(id, flag.clone());
     let display = link.display(view.bundle());
-    let job = job.clone();
+    let watched = job.clone();
+    let done = flag.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("trainbook-view-{id}"))
         .spawn(move || {
             follow(&mut view, &updates, REDRAW_EVERY, |b| display.update(b));
-            view.finish(&job);
+            view.finish(&watched);
             display.update(view.bundle());
             // The final view must reach the notebook even if the process exits next.
             display.flush(Duration::from_secs(2));
-            *flag.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
-            flag.cv.notify_all();
-            pending().remove(&id);
+            done.set();
         });
-    if let Err(e) = spawned {
-        pending().remove(&id);
-        anyhow::bail!("cannot start the view thread: {e}");
+    // Attached only once its thread runs, so a job never waits on a view that cannot finish.
+    match spawned {
+        Ok(_) => job.attach_view(flag),
+        Err(e) => {
+            anyhow::bail!("cannot start the view thread: {e}");
+        }
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use crate::job::TrainResult;
+use crate::run::Train;
 use crate::spec::{Configure, JobSpec, Padding};
 
 /// Trains BERT sequence classification with `num_workers` data-parallel workers and the
@@ -113,7 +114,7 @@ trainer!(
 );
 
 impl ResnetTrainer {
-    pub fn arch(mut self, a: crate::models::resnet::Arch) -> Self {
+    pub fn arch(mut self, a: crate::spec::Arch) -> Self {
         self.spec.train.vision.arch = Some(a);
         self
     }

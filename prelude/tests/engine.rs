@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use trainbook::launch::process_alive;
+use trainbook::engine::launch::process_alive;
 use trainbook::{Configure, JobSpec, JobStatus, OptimizerKind};
 
 fn runs_root() -> std::path::PathBuf {

@@ -6,8 +6,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
-use trainbook::launch::process_alive;
-use trainbook::{Configure, JobSpec, JobStatus};
+use trainbook::engine::launch::process_alive;
+use trainbook::{Configure, JobSpec, JobStatus, Train};
 use trainbook_channel::{decode, ToKernel};
 
 fn tiny() -> JobSpec {

@@ -597,7 +597,7 @@ mod tests {
     /// The digits set written by scripts/fetch-data.sh, when it is there: counts and decoding.
     #[test]
     fn fetched_digits_when_present() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.data/datasets/digits");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.data/datasets/digits");
         if !root.join(".complete").exists() {
             eprintln!("skipping: {} not fetched", root.display());
             return;

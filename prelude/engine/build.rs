@@ -1,5 +1,6 @@
 //! Builds the c10d shim against the same libtorch as torch-sys, and bakes an rpath to that
-//! libtorch into every binary of this package so nothing needs LD_LIBRARY_PATH.
+//! libtorch into the engine's own test binaries; packages with binaries get the same through
+//! `link_binaries.rs`, from the directory exported here.
 
 use std::env;
 use std::path::PathBuf;
@@ -92,6 +93,9 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // Read by link_binaries.rs in the packages that depend on this one.
+    println!("cargo:libtorch_lib={}", lib_dir.display());
+    println!("cargo:cuda={}", if cuda { 1 } else { 0 });
     println!(
         "cargo:rustc-env=TRAINBOOK_LIBTORCH_LIB={}",
         lib_dir.display()

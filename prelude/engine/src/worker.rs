@@ -7,6 +7,7 @@ use anyhow::{anyhow, Context, Result};
 use crate::device::DeviceKind;
 use crate::dist::{InitOptions, ProcessGroup};
 use crate::events::{Emitter, Event};
+use crate::recipe::Registry;
 use crate::spec::JobSpec;
 use crate::train::{self, WorkerContext};
 
@@ -29,8 +30,8 @@ fn watch_parent() {
         });
 }
 
-/// Entry point of `trainbook-worker`; returns the process exit code.
-pub fn main() -> i32 {
+/// Entry point of `trainbook-worker`, which injects its recipes; returns the process exit code.
+pub fn main(recipes: &Registry) -> i32 {
     watch_parent();
     let rank: usize = std::env::var("RANK")
         .ok()
@@ -45,7 +46,7 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    match run(rank, &events) {
+    match run(rank, &events, recipes) {
         Ok(()) => {
             events.flush(Duration::from_secs(5));
             0
@@ -60,7 +61,7 @@ pub fn main() -> i32 {
     }
 }
 
-fn run(rank: usize, events: &Emitter) -> Result<()> {
+fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
     let config = env("TRAINBOOK_CONFIG")?;
     let spec: JobSpec = serde_json::from_slice(
         &std::fs::read(&config).with_context(|| format!("reading {config}"))?,
@@ -91,7 +92,7 @@ fn run(rank: usize, events: &Emitter) -> Result<()> {
         Duration::from_secs(spec.collective_timeout_secs),
     )?;
     let pg = ProcessGroup::new(&init)?;
-    if spec.recipe == crate::recipes::CHECK {
+    if spec.recipe == crate::recipe::CHECK {
         crate::check::run(&pg, tdev, events)?;
         events.send(Event::Done {
             rank,
@@ -99,7 +100,7 @@ fn run(rank: usize, events: &Emitter) -> Result<()> {
         });
         return Ok(());
     }
-    if spec.recipe == crate::recipes::BENCH_ALLREDUCE {
+    if spec.recipe == crate::recipe::BENCH_ALLREDUCE {
         let num = |k: &str, d: u64| {
             std::env::var(k)
                 .ok()
@@ -120,7 +121,7 @@ fn run(rank: usize, events: &Emitter) -> Result<()> {
         return Ok(());
     }
     let log = |line: String| events.log(line);
-    let (mut recipe, hyper) = crate::recipes::build(&spec.recipe, &spec.train, tdev, &log)?;
+    let (mut recipe, hyper) = recipes.build(&spec.recipe, &spec.train, tdev, &log)?;
     let ctx = WorkerContext {
         rank,
         world_size: pg.world_size(),

@@ -8,7 +8,7 @@ pub fn data_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
+                .join("../..")
                 .join(".data")
         });
     std::fs::canonicalize(&dir).unwrap_or(dir)

@@ -20,6 +20,7 @@ use crate::dist::RendezvousServer;
 use crate::events::{self, Collector, Event, WorkerSummary};
 use crate::launch::{self, Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use crate::metrics::{self, MetricRow};
+use crate::recipe::Registry;
 use crate::spec::JobSpec;
 
 /// Lines of each rank kept for error reports.
@@ -199,7 +200,19 @@ struct Shared {
     finished: Condvar,
     stop_requested: AtomicBool,
     subscribers: Mutex<Vec<mpsc::Sender<Update>>>,
+    views: Mutex<Vec<Arc<dyn JobView>>>,
 }
+
+/// Something that shows a job as it runs (the notebook's live dashboard). [`Job::wait`] gives
+/// every attached view a few seconds to draw the job's final state before it returns, so the
+/// waiting cell receives that state; the engine calls nothing else of it.
+pub trait JobView: Send + Sync {
+    /// Returns once the view has drawn the finished job, or after `timeout`.
+    fn settle(&self, timeout: Duration);
+}
+
+/// How long [`Job::wait`] waits for views to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -245,9 +258,9 @@ pub fn stop_all() -> usize {
     jobs.len()
 }
 
-/// Starts a job and returns at once; see [`Job::wait`].
-pub fn launch(spec: JobSpec) -> Result<Job> {
-    spec.validate()?;
+/// Starts a job and returns at once; see [`Job::wait`]. The recipe is looked up in `recipes`.
+pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
+    spec.validate(recipes)?;
     let device = device::resolve(spec.device, spec.workers)?;
     let program = launch::worker_binary()?;
     let run_dir = create_run_dir(&spec)?;
@@ -326,6 +339,7 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
         finished: Condvar::new(),
         stop_requested: AtomicBool::new(false),
         subscribers: Mutex::new(Vec::new()),
+        views: Mutex::new(Vec::new()),
     });
     REGISTRY
         .lock()
@@ -365,14 +379,7 @@ pub fn launch(spec: JobSpec) -> Result<Job> {
     spawned_rx
         .recv()
         .map_err(|_| anyhow!("the job driver thread died while starting workers"))??;
-    let job = Job { shared };
-    crate::notebook::show_job(&job);
-    Ok(job)
-}
-
-/// Launches and waits: the blocking form of [`launch`].
-pub fn fit(spec: JobSpec) -> Result<TrainResult> {
-    launch(spec)?.wait()
+    Ok(Job { shared })
 }
 
 enum Incoming {
@@ -735,14 +742,17 @@ impl Job {
         metrics::to_dataframe(&rows)
     }
 
-    /// Displays the job's dashboard (progress, loss plot, metrics table, logs): live in the
-    /// trainbook kernel, updating in place until the job ends; as text elsewhere.
-    pub fn show(&self) -> Result<()> {
-        crate::notebook::show(self)
+    /// Attaches a view that [`Job::wait`] lets settle before it returns (see [`JobView`]).
+    pub fn attach_view(&self, view: Arc<dyn JobView>) {
+        self.shared
+            .views
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(view);
     }
 
     /// Every metric row reported so far, in arrival order.
-    pub(crate) fn metric_rows(&self) -> Vec<MetricRow> {
+    pub fn metric_rows(&self) -> Vec<MetricRow> {
         self.shared.lock().metrics.clone()
     }
 
@@ -817,7 +827,12 @@ impl Job {
     /// or says the job was stopped. [`Job::result`] has the details either way.
     pub fn wait(&self) -> Result<TrainResult> {
         self.wait_finished(Duration::MAX);
-        crate::notebook::settle(self.id(), Duration::from_secs(3));
+        let views =
+            std::mem::take(&mut *self.shared.views.lock().unwrap_or_else(|e| e.into_inner()));
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        for v in views {
+            v.settle(deadline.saturating_duration_since(Instant::now()));
+        }
         let result = self.result()?;
         match result.status {
             JobStatus::Succeeded => Ok(result),

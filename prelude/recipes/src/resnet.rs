@@ -20,12 +20,12 @@ use anyhow::{bail, Result};
 use tch::nn;
 use tch::{Device, Tensor};
 
-use super::{Hyper, Recipe, Split};
 use crate::models::resnet::{self, Arch};
-use crate::spec::{OptimizerKind, TrainConfig};
 use crate::vision::folder::{find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, Normalize};
+use trainbook_engine::recipe::{Hyper, Recipe, Split};
+use trainbook_engine::spec::{OptimizerKind, TrainConfig};
 
 const IMAGENET: Normalize = Normalize::IMAGENET;
 
@@ -68,7 +68,7 @@ fn preset(name: &str) -> Result<Preset> {
             // A decaying learning rate: with a constant 1e-3 the val accuracy wanders between
             // 0.95 and 0.96 from epoch to epoch (measured); the decay settles it.
             hyper: Hyper {
-                schedule: crate::optim::Schedule::Linear,
+                schedule: trainbook_engine::optim::Schedule::Linear,
                 warmup_ratio: 0.05,
                 ..Hyper::new(name, 4, 32, 1e-3, OptimizerKind::Adamw)
             },

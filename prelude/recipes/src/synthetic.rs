@@ -10,9 +10,9 @@ use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use tch::{nn, Device, Kind, Tensor};
 
-use super::{Hyper, Recipe, Split};
 use crate::models::bert::{BertClassifier, BertConfig};
-use crate::spec::{OptimizerKind, TrainConfig};
+use trainbook_engine::recipe::{Hyper, Recipe, Split};
+use trainbook_engine::spec::{OptimizerKind, TrainConfig};
 
 const VOCAB: i64 = 128;
 const SEQ: i64 = 16;
@@ -66,6 +66,18 @@ pub struct Synthetic {
     eval: Data,
 }
 
+/// Presets (the registry's table and the error below read this one list).
+pub const PRESETS: &[(&str, &str)] = &[
+    (
+        "tiny",
+        "a 2-layer hidden-64 BERT on 1,024 generated sequences: seconds, for tests and CI",
+    ),
+    (
+        "bench",
+        "a 4-layer hidden-256 BERT on 4,096 sequences, for throughput measurements",
+    ),
+];
+
 struct Preset {
     hyper: Hyper,
     train_len: usize,
@@ -99,7 +111,14 @@ fn preset(name: &str) -> Result<Preset> {
             hidden: 256,
             layers: 4,
         },
-        other => bail!("unknown preset '{other}' for recipe synthetic: use tiny or bench"),
+        other => bail!(
+            "unknown preset '{other}' for recipe synthetic: use {}",
+            PRESETS
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     })
 }
 

@@ -11,7 +11,6 @@ use crate::dedup::DedupConfig;
 use crate::device::DeviceRequest;
 pub use crate::optim::Schedule;
 pub use crate::precision::Precision;
-pub use crate::text::tokenizer::Padding;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -38,6 +37,68 @@ impl std::str::FromStr for OptimizerKind {
             "adamw" => Ok(Self::Adamw),
             o => bail!("unknown optimizer '{o}': use sgd or adamw"),
         }
+    }
+}
+
+/// How a batch is padded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Padding {
+    /// Every sequence to `max_length` (Transformers' `padding="max_length"`, the reference's).
+    #[default]
+    MaxLength,
+    /// To the longest sequence of each batch (less work for short texts).
+    Dynamic,
+}
+
+impl std::str::FromStr for Padding {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "max_length" | "max" => Ok(Self::MaxLength),
+            "dynamic" | "longest" => Ok(Self::Dynamic),
+            o => bail!("unknown padding '{o}': use max-length or dynamic"),
+        }
+    }
+}
+
+impl std::fmt::Display for Padding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::MaxLength => "max-length",
+            Self::Dynamic => "dynamic",
+        })
+    }
+}
+
+/// The network of an image-classification recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+}
+
+impl std::str::FromStr for Arch {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
+            "resnet18" | "18" => Ok(Self::Resnet18),
+            "resnet34" | "34" => Ok(Self::Resnet34),
+            "resnet50" | "50" => Ok(Self::Resnet50),
+            o => bail!("unknown architecture '{o}': use resnet18, resnet34 or resnet50"),
+        }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Resnet18 => "resnet18",
+            Self::Resnet34 => "resnet34",
+            Self::Resnet50 => "resnet50",
+        })
     }
 }
 
@@ -85,7 +146,7 @@ pub struct TrainConfig {
 /// How an image-classification recipe builds its model and input pipeline.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VisionOptions {
-    pub arch: Option<crate::models::resnet::Arch>,
+    pub arch: Option<Arch>,
     /// Side of the square input in pixels (the reference's 224).
     pub image_size: Option<u32>,
     /// Threads per worker that decode and augment images ahead of the training loop.
@@ -124,55 +185,67 @@ pub struct JobSpec {
     pub env: Vec<(String, String)>,
     #[serde(skip)]
     pub dedup: DedupConfig,
-    /// What the live dashboard (notebook) and the terminal show.
+    /// Options of the caller's own layers, such as how the facade's views show the job; the
+    /// engine only carries them.
     #[serde(skip)]
-    pub view: ViewOptions,
+    pub extensions: Extensions,
 }
 
-/// What a job's live view shows; see the `show_*`/`log_level` builder methods.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ViewOptions {
-    pub plot: bool,
-    pub logs: bool,
-    /// `None`: `$TRAINBOOK_LOG`, else `info`.
-    pub log_level: Option<trainbook_widgets::LogLevel>,
-    pub log_scale: bool,
+/// Typed values a caller attaches to a job spec (one per type), for options the engine carries
+/// but does not read.
+#[derive(Default)]
+pub struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn Extension>>);
+
+trait Extension: std::any::Any + Send + Sync {
+    fn clone_box(&self) -> Box<dyn Extension>;
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
-impl Default for ViewOptions {
-    fn default() -> Self {
-        ViewOptions {
-            plot: true,
-            logs: true,
-            log_level: None,
-            log_scale: false,
-        }
+impl<T: std::any::Any + Clone + Send + Sync> Extension for T {
+    fn clone_box(&self) -> Box<dyn Extension> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
-/// Environment variable with the default log level of live views (`off`, `error`, `warn`,
-/// `info`, `debug`), like `RUST_LOG`.
-pub const LOG_LEVEL_ENV: &str = "TRAINBOOK_LOG";
+impl Extensions {
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.0
+            .get(&std::any::TypeId::of::<T>())
+            .and_then(|v| (**v).as_any().downcast_ref())
+    }
 
-impl ViewOptions {
-    /// The widgets' options, with the log level from `$TRAINBOOK_LOG` when none was set.
-    pub fn dashboard(&self) -> Result<trainbook_widgets::DashboardOptions> {
-        let log_level = match self.log_level {
-            Some(l) => l,
-            None => match std::env::var(LOG_LEVEL_ENV) {
-                Ok(v) => v
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("{LOG_LEVEL_ENV}={v:?}: {e}"))?,
-                Err(_) => trainbook_widgets::LogLevel::Info,
-            },
-        };
-        Ok(trainbook_widgets::DashboardOptions {
-            plot: self.plot,
-            logs: self.logs,
-            log_level,
-            log_y: self.log_scale,
-            ..Default::default()
-        })
+    /// The value of type `T`, inserted as `T::default()` when there is none.
+    pub fn get_mut<T: Default + Clone + Send + Sync + 'static>(&mut self) -> &mut T {
+        self.0
+            .entry(std::any::TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()))
+            .as_any_mut()
+            .downcast_mut()
+            .expect("extensions are keyed by their type")
+    }
+}
+
+impl Clone for Extensions {
+    fn clone(&self) -> Self {
+        Extensions(
+            self.0
+                .iter()
+                .map(|(k, v)| (*k, (**v).clone_box()))
+                .collect(),
+        )
+    }
+}
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Extensions({})", self.0.len())
     }
 }
 
@@ -181,15 +254,6 @@ impl ViewOptions {
 pub trait Configure: Sized {
     fn job_spec(&mut self) -> &mut JobSpec;
     fn into_spec(self) -> JobSpec;
-
-    /// Runs the job to the end (see [`crate::job::fit`]).
-    fn fit(self) -> Result<crate::job::TrainResult> {
-        crate::job::fit(self.into_spec())
-    }
-    /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
-    fn launch(self) -> Result<crate::job::Job> {
-        crate::job::launch(self.into_spec())
-    }
 
     /// Number of worker processes (one per device).
     fn workers(mut self, n: usize) -> Self {
@@ -320,27 +384,6 @@ pub trait Configure: Sized {
         self.job_spec().dedup.window = w;
         self
     }
-    /// Draw the loss plot in the live view (default on).
-    fn show_plot(mut self, on: bool) -> Self {
-        self.job_spec().view.plot = on;
-        self
-    }
-    /// Show worker logs in the live view (default on).
-    fn show_logs(mut self, on: bool) -> Self {
-        self.job_spec().view.logs = on;
-        self
-    }
-    /// Which worker lines the live view and the terminal show: `LogLevel::Warn` keeps
-    /// warnings and errors only (default: `$TRAINBOOK_LOG`, else `info`).
-    fn log_level(mut self, level: trainbook_widgets::LogLevel) -> Self {
-        self.job_spec().view.log_level = Some(level);
-        self
-    }
-    /// Logarithmic loss axis in the plot.
-    fn log_scale(mut self, on: bool) -> Self {
-        self.job_spec().view.log_scale = on;
-        self
-    }
     /// Extra environment variable for the workers.
     fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
         self.job_spec().env.push((k.into(), v.into()));
@@ -371,12 +414,13 @@ impl JobSpec {
             collective_timeout_secs: 300,
             env: Vec::new(),
             dedup: DedupConfig::default(),
-            view: ViewOptions::default(),
+            extensions: Extensions::default(),
         }
     }
 
-    /// Checks what can be checked before any process starts.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks what can be checked before any process starts, recipe and preset names against
+    /// `recipes`.
+    pub fn validate(&self, recipes: &crate::recipe::Registry) -> Result<()> {
         if self.workers == 0 {
             bail!("num_workers is 0: a job needs at least one worker (e.g. --workers 2)");
         }
@@ -386,19 +430,10 @@ impl JobSpec {
                 self.workers
             );
         }
-        crate::recipes::check_name(&self.recipe)?;
-        self.view.dashboard()?;
+        recipes.check_name(&self.recipe)?;
         // Checked here too (workers check again) so a typo fails before any process starts.
-        let presets = crate::recipes::presets(&self.recipe);
-        if let (Some(p), false) = (&self.train.preset, presets.is_empty()) {
-            if !presets.iter().any(|(n, _)| n == p) {
-                let names: Vec<&str> = presets.iter().map(|(n, _)| *n).collect();
-                bail!(
-                    "unknown preset '{p}' for recipe {}: use {}",
-                    self.recipe,
-                    names.join(", ")
-                );
-            }
+        if let Some(p) = &self.train.preset {
+            recipes.check_preset(&self.recipe, p)?;
         }
         let t = &self.train;
         if let Some(b) = t.global_batch_size {

@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use tch::{nn, Device, Kind, Tensor};
 
-use super::{Hyper, Recipe, Split};
 use crate::models::bert::{load_weights, BertClassifier, BertConfig};
-use crate::spec::{OptimizerKind, TrainConfig};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
+use trainbook_engine::recipe::{Hyper, Recipe, Split};
+use trainbook_engine::spec::{OptimizerKind, TrainConfig};
 
 /// What a preset decides; every field can be overridden by the job's options.
 struct Preset {

@@ -38,7 +38,13 @@ pub fn worker_binary() -> Result<PathBuf> {
     // The kernel loads this library into an evcxr child, whose executable is not ours.
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     for profile in ["release", "debug"] {
-        tried.push(manifest.join("..").join("target").join(profile).join(NAME));
+        tried.push(
+            manifest
+                .join("../..")
+                .join("target")
+                .join(profile)
+                .join(NAME),
+        );
     }
     if let Some(path) = std::env::var_os("PATH") {
         tried.extend(std::env::split_paths(&path).map(|d| d.join(NAME)));

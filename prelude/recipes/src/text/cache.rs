@@ -65,7 +65,7 @@ fn write(path: &Path, enc: &[Encoded]) -> Result<()> {
         Tensor::from_slice(&offsets),
     );
     std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-    let tmp = crate::checkpoint::temp_path(path);
+    let tmp = trainbook_engine::checkpoint::temp_path(path);
     Tensor::write_safetensors(
         &[("ids", &ids), ("type_ids", &types), ("offsets", &offsets)],
         &tmp,

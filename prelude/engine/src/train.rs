@@ -13,7 +13,7 @@ use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
 use crate::optim::{lr_at, Optimizer, OptimizerConfig};
 use crate::precision::autocast;
-use crate::recipes::{Hyper, Recipe, Split};
+use crate::recipe::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
 
 /// Where a worker stands in its job.

@@ -1,0 +1,5 @@
+//! One training worker; started by trainbook's launcher, one per device. It knows the recipes
+//! of trainbook-recipes and hands them to the engine's worker loop.
+fn main() {
+    std::process::exit(trainbook_engine::worker::main(&trainbook_recipes::REGISTRY));
+}
