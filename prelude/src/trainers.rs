@@ -66,6 +66,15 @@ trainer!(
 );
 
 impl BertTrainer {
+    /// The file of the table this job will train on, as its preset and `data` option choose it
+    /// (nothing is started).
+    pub fn training_file(&self) -> Result<PathBuf> {
+        trainbook_recipes::bert::training_file(&self.spec.train)
+    }
+    /// The table this job will train on, all its rows (the BERT notebook previews it).
+    pub fn training_table(&self) -> Result<polars::prelude::DataFrame> {
+        trainbook_recipes::text::dataset::read_table(&self.training_file()?)
+    }
     /// Tokens per text after truncation (the preset's otherwise: 128 default, 512 reference).
     pub fn max_length(mut self, n: usize) -> Self {
         self.spec.train.text.max_length = Some(n);

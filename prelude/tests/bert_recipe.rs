@@ -211,3 +211,29 @@ fn unknown_bert_preset_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// What the BERT notebook previews is the table the job will read: the preset's, or the one
+/// `.data(..)` names.
+#[test]
+fn training_table_is_the_table_the_job_reads() {
+    let tiny = BertTrainer::new().preset("tiny");
+    let file = tiny.training_file().unwrap();
+    assert_eq!(
+        file.canonicalize().unwrap(),
+        trainbook::assets::rotten_tomatoes_csv()
+            .canonicalize()
+            .unwrap()
+    );
+    assert!(tiny.training_table().unwrap().height() > 10_000);
+
+    let dir = std::env::temp_dir().join(format!("tb-table-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("mine.csv");
+    std::fs::write(&csv, "text,label\ngood,pos\nbad,neg\nfine,pos\n").unwrap();
+    let mine = BertTrainer::new()
+        .preset("tiny")
+        .data(csv.display().to_string());
+    assert_eq!(mine.training_file().unwrap(), csv);
+    assert_eq!(mine.training_table().unwrap().height(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -125,7 +125,9 @@ pub struct TrainResult {
     /// Final metrics: the last value of every global metric plus run statistics.
     pub metrics: BTreeMap<String, f64>,
     pub metrics_df: polars::prelude::DataFrame,
+    /// The last epoch's checkpoint.
     pub last_checkpoint: Option<PathBuf>,
+    /// The checkpoint of the epoch with the lowest `eval_loss` (`None` without evaluation).
     pub best_checkpoint: Option<PathBuf>,
     pub run_dir: PathBuf,
     pub error: Option<String>,

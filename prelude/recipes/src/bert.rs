@@ -108,6 +108,17 @@ pub fn auto_preset() -> &'static str {
     }
 }
 
+/// The file of the training table a BERT job with this config reads, found as the job would
+/// find it but without loading a model or the table.
+pub fn training_file(config: &TrainConfig) -> Result<PathBuf> {
+    let name = config
+        .preset
+        .clone()
+        .unwrap_or_else(|| auto_preset().to_string());
+    let p = preset(&name)?;
+    Ok(crate::assets::resolve_dataset(config.data.as_deref().unwrap_or(&p.data))?.train)
+}
+
 pub struct BertRecipe {
     vs: nn::VarStore,
     model: BertClassifier,
