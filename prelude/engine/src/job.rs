@@ -217,6 +217,37 @@ pub trait JobView: Send + Sync {
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Shared {
+    /// A job that has not started its workers yet.
+    fn new(spec: JobSpec, device: DeviceKind, run_dir: PathBuf, events_endpoint: String) -> Self {
+        let world = spec.workers;
+        Shared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            spec,
+            device,
+            run_dir,
+            events_endpoint,
+            started: Instant::now(),
+            state: Mutex::new(State {
+                status: JobStatus::Starting,
+                metrics: Vec::new(),
+                logs: VecDeque::new(),
+                tails: vec![VecDeque::new(); world],
+                errors: vec![None; world],
+                progress: None,
+                checkpoints: Vec::new(),
+                summaries: vec![None; world],
+                failure: None,
+                pids: Vec::new(),
+                elapsed: 0.0,
+                dropped_events: 0,
+            }),
+            finished: Condvar::new(),
+            stop_requested: AtomicBool::new(false),
+            subscribers: Mutex::new(Vec::new()),
+            views: Mutex::new(Vec::new()),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock must not make the job unreadable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -316,33 +347,12 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
         })
         .collect();
 
-    let world = spec.workers;
-    let shared = Arc::new(Shared {
-        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+    let shared = Arc::new(Shared::new(
         spec,
         device,
         run_dir,
-        events_endpoint: collector.endpoint().to_string(),
-        started: Instant::now(),
-        state: Mutex::new(State {
-            status: JobStatus::Starting,
-            metrics: Vec::new(),
-            logs: VecDeque::new(),
-            tails: vec![VecDeque::new(); world],
-            errors: vec![None; world],
-            progress: None,
-            checkpoints: Vec::new(),
-            summaries: vec![None; world],
-            failure: None,
-            pids: Vec::new(),
-            elapsed: 0.0,
-            dropped_events: 0,
-        }),
-        finished: Condvar::new(),
-        stop_requested: AtomicBool::new(false),
-        subscribers: Mutex::new(Vec::new()),
-        views: Mutex::new(Vec::new()),
-    });
+        collector.endpoint().to_string(),
+    ));
     REGISTRY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -576,6 +586,26 @@ impl Driver<'_> {
     }
 }
 
+/// The failed worker to blame when several exit at once: one that died by a signal (its peers
+/// then fail with "connection closed" errors moments later), else the lowest rank.
+fn root_cause(failed: &[Exit]) -> Option<&Exit> {
+    failed.iter().min_by_key(|e| (e.signal.is_none(), e.rank))
+}
+
+/// How a job ended once all its workers are gone: a recorded failure wins over a stop, and
+/// success needs every rank's `done` event.
+fn final_status(failed: bool, stopped_by_user: bool, every_rank_done: bool) -> JobStatus {
+    if failed {
+        JobStatus::Failed
+    } else if stopped_by_user {
+        JobStatus::Stopped
+    } else if every_rank_done {
+        JobStatus::Succeeded
+    } else {
+        JobStatus::Failed
+    }
+}
+
 fn drive(
     shared: &Shared,
     mut workers: Workers,
@@ -636,17 +666,16 @@ fn drive(
                 bad.push(e);
             }
         }
-        if !bad.is_empty() && shared.lock().failure.is_none() {
-            // The root cause is usually the worker that died by a signal; its peers then fail
-            // with "connection closed" errors moments later.
-            bad.sort_by_key(|e| (e.signal.is_none(), e.rank));
+        // The lock is taken and released here: the block below folds events, which locks again.
+        let first_failure = shared.lock().failure.is_none();
+        if let (Some(first), true) = (root_cause(&bad).cloned(), first_failure) {
             workers.stop(STOP_GRACE);
             // Collect the failing rank's last words before building the report.
             workers.join_readers(Duration::from_millis(300));
             while let Ok(m) = rx.try_recv() {
                 d.incoming(m);
             }
-            let failure = d.failure(&bad[0]);
+            let failure = d.failure(&first);
             shared.lock().failure = Some(failure);
         }
     }
@@ -674,15 +703,11 @@ fn drive(
         let mut st = shared.lock();
         st.dropped_events = dropped;
         st.elapsed = shared.started.elapsed().as_secs_f64();
-        st.status = if st.failure.is_some() {
-            JobStatus::Failed
-        } else if stopped_by_user {
-            JobStatus::Stopped
-        } else if st.summaries.iter().all(|s| s.is_some()) {
-            JobStatus::Succeeded
-        } else {
-            JobStatus::Failed
-        };
+        st.status = final_status(
+            st.failure.is_some(),
+            stopped_by_user,
+            st.summaries.iter().all(|s| s.is_some()),
+        );
         if st.status == JobStatus::Failed && st.failure.is_none() {
             st.failure = Some(TrainError::WorkerFailed {
                 rank: 0,
@@ -948,4 +973,207 @@ fn create_run_dir(spec: &JobSpec) -> Result<PathBuf> {
 /// Writes JSON to a temporary file beside `path`, then renames it into place.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     crate::checkpoint::write_atomic(path, &serde_json::to_vec_pretty(value)?)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver's folding of events into a job, fed synthetic event sequences: no worker
+    //! processes, sockets or UI.
+    use super::*;
+    use crate::events::LogStream;
+    use crate::spec::Configure;
+
+    fn driver(shared: &Shared) -> Driver<'_> {
+        Driver {
+            shared,
+            dedup: Deduplicator::new(shared.spec.dedup),
+            log_files: Vec::new(),
+        }
+    }
+
+    fn job(workers: usize) -> Shared {
+        let spec = JobSpec::new("synthetic").workers(workers);
+        Shared::new(
+            spec,
+            DeviceKind::Cpu,
+            PathBuf::from("/runs/r1"),
+            "tcp://x".into(),
+        )
+    }
+
+    fn subscribe(shared: &Shared) -> mpsc::Receiver<Update> {
+        let (tx, rx) = mpsc::channel();
+        shared.subscribers.lock().unwrap().push(tx);
+        rx
+    }
+
+    fn metric(rank: usize, step: u64, name: &str, value: f64) -> Event {
+        Event::Metric {
+            rank,
+            step,
+            epoch: 0,
+            name: name.into(),
+            value,
+            time: 0.0,
+        }
+    }
+
+    fn log(rank: usize, text: &str) -> Event {
+        Event::Log {
+            rank,
+            stream: LogStream::Stdout,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn events_fold_into_the_jobs_state_and_reach_subscribers_in_order() {
+        let shared = job(2);
+        let updates = subscribe(&shared);
+        let mut d = driver(&shared);
+        d.event(metric(0, 1, "loss", 0.9));
+        d.event(Event::Progress {
+            rank: 0,
+            step: 1,
+            total_steps: 10,
+            epoch: 0,
+            epochs: 1,
+            samples: 8,
+            samples_per_second: 4.0,
+        });
+        d.event(metric(1, 1, "loss", 0.8));
+        d.event(Event::Checkpoint {
+            rank: 0,
+            step: 10,
+            epoch: 0,
+            path: "/runs/r1/checkpoints/epoch-0".into(),
+        });
+        let st = shared.lock();
+        assert_eq!(st.metrics.len(), 2);
+        assert_eq!((st.metrics[1].rank, st.metrics[1].value), (1, 0.8));
+        assert_eq!(st.progress.as_ref().map(|p| p.step), Some(1));
+        assert_eq!(st.checkpoints[0].0, 0);
+        drop(st);
+        let got: Vec<&str> = updates
+            .try_iter()
+            .map(|u| match u {
+                Update::Metric(_) => "metric",
+                Update::Progress(_) => "progress",
+                Update::Checkpoint { .. } => "checkpoint",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(got, ["metric", "progress", "metric", "checkpoint"]);
+    }
+
+    #[test]
+    fn a_failure_names_the_rank_its_error_its_last_lines_and_its_log() {
+        let shared = job(2);
+        let mut d = driver(&shared);
+        for i in 0..30 {
+            d.event(log(1, &format!("step {i}")));
+        }
+        d.event(log(0, "rank 0 is fine"));
+        d.event(Event::Error {
+            rank: 1,
+            message: "loss became NaN at step 3".into(),
+        });
+        let failure = d.failure(&Exit {
+            rank: 1,
+            code: Some(1),
+            signal: None,
+        });
+        let TrainError::WorkerFailed {
+            rank,
+            how,
+            message,
+            tail,
+            log,
+        } = failure
+        else {
+            panic!("not a worker failure: {failure:?}")
+        };
+        assert_eq!((rank, how.as_str()), (1, "exit code 1"));
+        assert_eq!(message, "\nerror: loss became NaN at step 3");
+        // The last TAIL_LINES lines of that rank only, its error included.
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), TAIL_LINES);
+        assert_eq!(lines.last(), Some(&"  error: loss became NaN at step 3"));
+        assert!(!tail.contains("rank 0 is fine") && !tail.contains("step 10\n"));
+        assert_eq!(log, "/runs/r1/logs/rank1.log");
+    }
+
+    #[test]
+    fn a_clean_exit_without_its_done_event_is_a_failure_too() {
+        let shared = job(1);
+        let d = driver(&shared);
+        let TrainError::WorkerFailed { how, tail, .. } = d.failure(&Exit {
+            rank: 0,
+            code: Some(0),
+            signal: None,
+        }) else {
+            panic!()
+        };
+        assert_eq!(how, "exited before reporting completion");
+        assert_eq!(tail, "  (no output)");
+    }
+
+    #[test]
+    fn the_root_cause_is_the_worker_killed_by_a_signal_else_the_lowest_rank() {
+        let exit = |rank, code, signal| Exit { rank, code, signal };
+        let peers_then_killed = [
+            exit(0, Some(1), None),
+            exit(3, None, Some(9)),
+            exit(1, Some(1), None),
+        ];
+        assert_eq!(root_cause(&peers_then_killed).map(|e| e.rank), Some(3));
+        let plain = [exit(2, Some(1), None), exit(1, Some(1), None)];
+        assert_eq!(root_cause(&plain).map(|e| e.rank), Some(1));
+        assert_eq!(root_cause(&[]), None);
+    }
+
+    #[test]
+    fn the_final_status_follows_failure_then_stop_then_completion() {
+        use JobStatus::*;
+        // (failed, stopped by the user, every rank reported done) → status
+        let table = [
+            ((true, false, false), Failed),
+            ((true, true, true), Failed),
+            ((false, true, false), Stopped),
+            ((false, true, true), Stopped),
+            ((false, false, true), Succeeded),
+            ((false, false, false), Failed),
+        ];
+        for ((f, s, d), want) in table {
+            assert_eq!(
+                final_status(f, s, d),
+                want,
+                "failed={f} stopped={s} done={d}"
+            );
+        }
+    }
+
+    #[test]
+    fn repeated_lines_of_several_ranks_reach_subscribers_once_plus_a_summary() {
+        let shared = job(3);
+        let updates = subscribe(&shared);
+        let mut d = driver(&shared);
+        for rank in 0..3 {
+            d.event(log(rank, "loading the tokenizer"));
+        }
+        d.flush_dedup(true);
+        let shown: Vec<Shown> = updates
+            .try_iter()
+            .filter_map(|u| match u {
+                Update::Log(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shown.len(), 2, "{shown:?}");
+        assert_eq!((shown[0].rank, shown[0].repeats.is_none()), (0, true));
+        let repeats = shown[1].repeats.as_ref().expect("a summary of the repeats");
+        assert_eq!(repeats.ranks.iter().copied().collect::<Vec<_>>(), [1, 2]);
+        // Every line is still kept for job.logs(), one record per rank.
+        assert_eq!(shared.lock().logs.len(), 3);
+    }
 }
