@@ -41,7 +41,9 @@ if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
     "${pip[@]}" --no-deps "torch==$TORCH_VERSION" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85"
   fi
   say "installing Python tools (scripts/requirements.txt)"
-  "${pip[@]}" -r scripts/requirements.txt
+  # On CPU torch is in without its Python dependencies on purpose (only its libraries are
+  # used); pip would print that as a red "dependency resolver" ERROR block, so it is told not to.
+  "${pip[@]}" --no-warn-conflicts -r scripts/requirements.txt
   echo "$want" > .venv/.trainbook-setup
 fi
 
