@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use trainbook::{Configure, DeviceRequest, JobSpec, Update};
+use trainbook::{Configure, ConfigureTraining, DeviceRequest, JobSpec, Update};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

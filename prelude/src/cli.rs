@@ -11,10 +11,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::dashboard::JobDashboard;
 use crate::device::DeviceRequest;
 use crate::job::{JobStatus, Update};
-use crate::spec::Arch;
-use crate::spec::{
-    Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule, TextOptions, VisionOptions,
-};
+use crate::spec::{Configure, JobSpec, TrainConfig};
+use crate::{TextOptions, VisionOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -65,95 +63,6 @@ pub struct TrainArgs {
     /// auto = HPU if the Gaudi stack is present, else CUDA if available, else CPU.
     #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceRequest,
-    /// Recipe preset (e.g. tiny); each recipe documents its own.
-    #[arg(long)]
-    pub preset: Option<String>,
-    /// Passes over the training set (default: the preset's).
-    #[arg(long)]
-    pub epochs: Option<u64>,
-    /// Stop after this many optimizer steps (overrides epochs when smaller).
-    #[arg(long)]
-    pub max_steps: Option<u64>,
-    /// Samples per step over all workers (each worker gets an equal share).
-    #[arg(long)]
-    pub global_batch_size: Option<usize>,
-    /// Learning rate (default: the preset's).
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// sgd (momentum 0.9) or adamw (default: the preset's).
-    #[arg(long, value_parser = parse_optimizer)]
-    pub optimizer: Option<OptimizerKind>,
-    /// Dropout probability of the model, in [0, 1); 0 makes runs reproducible across worker counts.
-    #[arg(long)]
-    pub dropout: Option<f64>,
-    /// Seed for initialisation and data order; the same seed gives the same run.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Clip the global gradient norm to this value.
-    #[arg(long)]
-    pub grad_clip: Option<f64>,
-    /// SGD momentum (default: the preset's, 0.9).
-    #[arg(long)]
-    pub momentum: Option<f64>,
-    /// Decoupled weight decay (AdamW) or L2 penalty (SGD); not applied to biases and norms.
-    #[arg(long)]
-    pub weight_decay: Option<f64>,
-    /// Micro-batches per optimizer step: the same global batch in smaller forward passes.
-    #[arg(long)]
-    pub grad_accum: Option<usize>,
-    /// Learning-rate schedule: constant or linear (decay to 0 at the last step).
-    #[arg(long, value_parser = parse_from_str::<Schedule>)]
-    pub schedule: Option<Schedule>,
-    /// Fraction of the steps spent warming the learning rate up from 0 (e.g. 0.1).
-    #[arg(long)]
-    pub warmup_ratio: Option<f64>,
-    /// fp32, or bf16 autocast (CUDA; also runs on CPU, where it is rarely faster).
-    #[arg(long, value_parser = parse_from_str::<Precision>)]
-    pub precision: Option<Precision>,
-    /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer state,
-    /// step count and data order. Needs the same workers and batch.
-    #[arg(long, value_name = "CHECKPOINT")]
-    pub resume_from: Option<PathBuf>,
-    /// Model to start from: a Hugging Face-style directory or a Hub id (default: the preset's).
-    #[arg(long)]
-    pub model: Option<String>,
-    /// Data: a table (.parquet/.csv/.tsv/.jsonl), a directory with train*/test* tables, or a
-    /// Hub dataset id (default: the preset's).
-    #[arg(long)]
-    pub data: Option<String>,
-    /// [text] Tokens per text after truncation.
-    #[arg(long)]
-    pub max_length: Option<usize>,
-    /// [text] max-length (pad every text, the reference's) or dynamic (pad to each batch's longest).
-    #[arg(long, value_parser = parse_from_str::<Padding>)]
-    pub padding: Option<Padding>,
-    /// [text] Name of the text column.
-    #[arg(long)]
-    pub text_column: Option<String>,
-    /// [text] Name of the label column (strings or integers).
-    #[arg(long)]
-    pub label_column: Option<String>,
-    /// Train on the first N rows only (images: N spread over the classes).
-    #[arg(long, value_name = "N")]
-    pub train_rows: Option<usize>,
-    /// Evaluate on the first N held-out rows (0: no evaluation).
-    #[arg(long, value_name = "N")]
-    pub eval_rows: Option<usize>,
-    /// [image] resnet18, resnet34 or resnet50.
-    #[arg(long, value_parser = parse_from_str::<Arch>)]
-    pub arch: Option<Arch>,
-    /// [image] Input size in pixels (square).
-    #[arg(long)]
-    pub image_size: Option<u32>,
-    /// [image] Threads per worker decoding and augmenting images ahead of training.
-    #[arg(long)]
-    pub loader_threads: Option<usize>,
-    /// [text] Fraction held out for evaluation when the data has no test table.
-    #[arg(long)]
-    pub eval_fraction: Option<f64>,
-    /// [text] A separate evaluation table.
-    #[arg(long)]
-    pub eval_data: Option<String>,
     /// Intra-op threads per worker (default: cores / workers on CPU).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -176,17 +85,15 @@ pub struct TrainArgs {
     /// Print one JSON summary as the last line of stdout (human output goes to stderr).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten, next_help_heading = "Training (every recipe; default: the preset's)")]
+    pub train: TrainConfig,
+    #[command(flatten, next_help_heading = "Text recipes (bert)")]
+    pub text: TextOptions,
+    #[command(flatten, next_help_heading = "Image recipes (resnet)")]
+    pub vision: VisionOptions,
 }
 
 fn parse_device(s: &str) -> Result<DeviceRequest, String> {
-    s.parse().map_err(|e: anyhow::Error| e.to_string())
-}
-
-fn parse_optimizer(s: &str) -> Result<OptimizerKind, String> {
-    s.parse().map_err(|e: anyhow::Error| e.to_string())
-}
-
-fn parse_from_str<T: std::str::FromStr<Err = anyhow::Error>>(s: &str) -> Result<T, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
@@ -195,40 +102,9 @@ impl TrainArgs {
         let mut spec = JobSpec::new(&self.recipe)
             .workers(self.workers)
             .device(self.device);
-        let t = &mut spec.train;
-        t.preset = self.preset.clone();
-        t.epochs = self.epochs;
-        t.max_steps = self.max_steps;
-        t.global_batch_size = self.global_batch_size;
-        t.lr = self.lr;
-        t.optimizer = self.optimizer;
-        t.dropout = self.dropout;
-        t.seed = self.seed;
-        t.grad_clip = self.grad_clip;
-        t.momentum = self.momentum;
-        t.weight_decay = self.weight_decay;
-        t.grad_accum = self.grad_accum;
-        t.schedule = self.schedule;
-        t.warmup_ratio = self.warmup_ratio;
-        t.precision = self.precision;
-        t.resume_from = self.resume_from.clone();
-        t.model = self.model.clone();
-        t.data = self.data.clone();
-        t.train_rows = self.train_rows;
-        t.eval_rows = self.eval_rows;
-        t.vision = VisionOptions {
-            arch: self.arch,
-            image_size: self.image_size,
-            loader_threads: self.loader_threads,
-        };
-        t.text = TextOptions {
-            max_length: self.max_length,
-            padding: self.padding,
-            text_column: self.text_column.clone(),
-            label_column: self.label_column.clone(),
-            eval_fraction: self.eval_fraction,
-            eval_data: self.eval_data.clone(),
-        };
+        spec.train = self.train.clone();
+        spec.edit_recipe_options(|o: &mut TextOptions| *o = self.text.clone());
+        spec.edit_recipe_options(|o: &mut VisionOptions| *o = self.vision.clone());
         spec.threads_per_worker = self.threads;
         spec.master_port = self.master_port;
         spec.runs_root = self.runs_root.clone();

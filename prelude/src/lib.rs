@@ -25,8 +25,13 @@ pub mod recipes {
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{DeviceKind, DeviceRequest};
 pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
-pub use run::{fit, launch, Show, Train, View, ViewOptions};
-pub use spec::{Configure, JobSpec, OptimizerKind, TrainConfig};
+pub use run::{fit, launch, Plan, Show, Train, View, ViewOptions};
+pub use spec::{Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, TrainConfig};
+pub use trainbook_recipes::bert::{ConfigureText, TextOptions};
+pub use trainbook_recipes::models::resnet::Arch;
+pub use trainbook_recipes::resnet::{ConfigureVision, VisionOptions};
+pub use trainbook_recipes::text::tokenizer::Padding;
+pub use trainbook_recipes::vision::folder::ImageFolder;
 pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
@@ -34,8 +39,11 @@ pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
-    pub use crate::run::{fit, launch, Show, Train, View};
-    pub use crate::spec::{Arch, Configure, JobSpec, OptimizerKind, Padding, Precision, Schedule};
+    pub use crate::run::{fit, launch, Plan, Show, Train, View};
+    pub use crate::spec::{
+        Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule,
+    };
+    pub use crate::{Arch, ConfigureText, ConfigureVision, ImageFolder, Padding};
     pub use crate::trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
     pub use anyhow::Result;
     // Tables (metrics, data previews) are polars DataFrames; notebook variables need the name.

@@ -3,7 +3,7 @@
 //! ride along in the spec (the engine carries them but never reads them).
 
 use anyhow::Result;
-use trainbook_engine::{Configure, Job, JobSpec, TrainResult};
+use trainbook_engine::{Configure, DeviceKind, Hyper, Job, JobSpec, TrainResult};
 
 use crate::notebook;
 
@@ -21,8 +21,30 @@ pub fn fit(spec: JobSpec) -> Result<TrainResult> {
     launch(spec)?.wait()
 }
 
-/// `fit` and `launch` for every job builder (`JobSpec`, `BertTrainer`, ...).
+/// What a job would run with, resolved as `fit` resolves it, with nothing started.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The device its workers would use (`DeviceRequest::Auto`: HPU, then CUDA, then CPU).
+    pub device: DeviceKind,
+    /// Every hyper-parameter: the preset's (named, or chosen as the recipe chooses: e.g.
+    /// bert's "reference" when its model and data are on this machine), with the job's options
+    /// on top; the recipe's own settings in `recipe_options`.
+    pub hyper: Hyper,
+}
+
+/// `fit`, `launch` and `plan` for every job builder (`JobSpec`, `BertTrainer`, ...).
 pub trait Train: Configure {
+    /// The device and hyper-parameters this job would run with (see [`Plan`]); a bad option
+    /// fails here as it would in `fit`.
+    fn plan(&self) -> Result<Plan> {
+        let spec = self.spec();
+        spec.validate(&trainbook_recipes::REGISTRY)?;
+        let hyper = trainbook_recipes::REGISTRY.resolve(spec)?.ok_or_else(|| {
+            anyhow::anyhow!("job '{}' trains no recipe: it has no hyper-parameters", spec.recipe)
+        })?;
+        let device = trainbook_engine::device::resolve(spec.device, spec.workers)?;
+        Ok(Plan { device, hyper })
+    }
     /// Runs the job to the end (see [`fit`]).
     fn fit(self) -> Result<TrainResult> {
         fit(self.into_spec())

@@ -144,7 +144,7 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
 }
 
 fn tiny(epochs: u64) -> trainbook::JobSpec {
-    use trainbook::Configure;
+    use trainbook::{Configure, ConfigureTraining};
     let runs = std::env::temp_dir().join("trainbook-dashboard-tests");
     std::fs::create_dir_all(&runs).unwrap();
     trainbook::JobSpec::new("synthetic")

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use trainbook::engine::launch::process_alive;
-use trainbook::{Configure, JobSpec, JobStatus, OptimizerKind};
+use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
 
 fn runs_root() -> std::path::PathBuf {
     let d = std::env::temp_dir().join("trainbook-engine-tests");
@@ -334,4 +334,33 @@ fn stalled_peer_times_out_instead_of_hanging() {
     for p in pids {
         assert!(!process_alive(p), "worker {p} still alive");
     }
+}
+
+/// A checkpoint written before the checkpoint format had one owner (tests/fixtures) resumes:
+/// its trainer state reads, its weights and optimizer state load, and training continues from
+/// its step with what it recorded (1 worker, batch 8, no accumulation).
+#[test]
+fn a_checkpoint_of_an_earlier_version_resumes() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/checkpoint-v0/synthetic-epoch-0");
+    let r = trainbook::fit(tiny(1).resume_from(&fixture).epochs(1).max_steps(5)).unwrap();
+    assert_eq!(r.status, JobStatus::Succeeded);
+    assert_eq!(r.steps, 5, "continues from the checkpoint's step 3");
+    let state = trainbook::engine::checkpoint::TrainerState::read(
+        r.last_checkpoint.as_ref().expect("a checkpoint"),
+    )
+    .unwrap();
+    assert_eq!((state.step, state.world_size), (5, Some(1)));
+    assert_eq!(state.hyper["resume_from"], fixture.display().to_string());
+    // The run's config.json records the resolved hyper-parameters the workers received.
+    let config = trainbook::engine::checkpoint::RunConfig::read(&r.run_dir.join("config.json"))
+        .unwrap();
+    let hyper = config.hyper.expect("a recipe job has hyper-parameters");
+    assert_eq!((hyper.preset.as_str(), hyper.max_steps), ("tiny", Some(5)));
+    // Another worker count changes the data order: refused, naming what the checkpoint had.
+    let err = format!(
+        "{:#}",
+        trainbook::fit(tiny(2).resume_from(&fixture).max_steps(5)).unwrap_err()
+    );
+    assert!(err.contains("trained with 1 workers, global batch 8"), "{err}");
 }

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
 use trainbook::engine::launch::process_alive;
-use trainbook::{Configure, JobSpec, JobStatus, Train};
+use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, Train};
 use trainbook_channel::{decode, ToKernel};
 
 fn tiny() -> JobSpec {

@@ -1,10 +1,97 @@
-//! Crash-safe files: everything is written beside its destination under a temporary name and
-//! renamed into place, so a reader never sees half a checkpoint.
+//! The files of a run and its checkpoints: their names, the typed records that writers and
+//! readers share, and crash-safe writing (everything is written beside its destination under a
+//! temporary name and renamed into place, so a reader never sees half a checkpoint).
+//!
+//! ```text
+//! trainbook_runs/<run>/
+//!   config.json                 RunConfig: the job as asked, and its resolved hyper-parameters
+//!   logs/rank<R>.log            every line of each worker
+//!   metrics.parquet             one row per logged metric
+//!   checkpoints/epoch-<E>/
+//!     trainer_state.json        TrainerState: where training stood, what it ran with
+//!     model.safetensors         the weights (names as the recipe's model defines them)
+//!     optimizer.safetensors     optimizer state (latest checkpoint only)
+//!     config.json ...           the recipe's model files (see the recipe's `save`)
+//! ```
+//!
+//! Readers accept what older trainbook versions wrote: new fields are optional when reading.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{Hyper, JobSpec};
+
+/// A run directory's job record.
+pub const RUN_CONFIG: &str = "config.json";
+/// A checkpoint's training state.
+pub const TRAINER_STATE: &str = "trainer_state.json";
+/// A checkpoint's weights.
+pub const MODEL: &str = "model.safetensors";
+/// A checkpoint's optimizer state.
+pub const OPTIMIZER: &str = "optimizer.safetensors";
+
+/// A run directory's `config.json`: the job as it was asked for, and the hyper-parameters its
+/// recipe resolved at launch. Workers receive their job through this file; people and tools
+/// read it to know what ran.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunConfig {
+    #[serde(flatten)]
+    pub spec: JobSpec,
+    /// `None` for the engine's own jobs (`check`), which train nothing.
+    #[serde(default)]
+    pub hyper: Option<Hyper>,
+}
+
+/// A checkpoint's `trainer_state.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub epoch: u64,
+    /// Optimizer steps taken when this checkpoint was written.
+    pub step: u64,
+    /// Workers, global batch and accumulation fix the data order, so a resume must match them
+    /// (absent in checkpoints of early versions: then they are not checked).
+    #[serde(default)]
+    pub world_size: Option<usize>,
+    #[serde(default)]
+    pub global_batch_size: Option<usize>,
+    #[serde(default)]
+    pub grad_accum: Option<usize>,
+    /// Every resolved hyper-parameter, the recipe's own options included. Kept as written:
+    /// older checkpoints recorded fewer fields, and it is read by people more than by code.
+    #[serde(default)]
+    pub hyper: serde_json::Value,
+    /// The epoch's final metrics (train and eval loss and accuracy...).
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, f64>,
+}
+
+impl TrainerState {
+    /// Reads `dir/trainer_state.json`, with an error that says what `dir` should be.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let file = dir.join(TRAINER_STATE);
+        let bytes = std::fs::read(&file).with_context(|| {
+            format!(
+                "{} is not a trainbook checkpoint (no {TRAINER_STATE}): pass a directory like trainbook_runs/<run>/checkpoints/epoch-0",
+                dir.display()
+            )
+        })?;
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not a trainbook trainer state", file.display()))
+    }
+}
+
+impl RunConfig {
+    /// Reads a run directory's `config.json`.
+    pub fn read(file: &Path) -> Result<Self> {
+        serde_json::from_slice(
+            &std::fs::read(file).with_context(|| format!("reading {}", file.display()))?,
+        )
+        .with_context(|| format!("{} is not a trainbook run config", file.display()))
+    }
+}
 
 /// `dir/.name.tmp-<pid>` beside `path`.
 pub fn temp_path(path: &Path) -> PathBuf {

@@ -20,8 +20,10 @@ use crate::dist::RendezvousServer;
 use crate::events::{self, Collector, Event, WorkerSummary};
 use crate::launch::{self, Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use crate::metrics::{self, MetricRow};
+use crate::checkpoint::{self, RunConfig};
 use crate::recipe::Registry;
 use crate::spec::JobSpec;
+use crate::worker;
 
 /// Lines of each rank kept for error reports.
 const TAIL_LINES: usize = 20;
@@ -294,10 +296,16 @@ pub fn stop_all() -> usize {
 /// Starts a job and returns at once; see [`Job::wait`]. The recipe is looked up in `recipes`.
 pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     spec.validate(recipes)?;
+    // The preset and every option resolved here, before any process starts: a bad option
+    // fails at once, and config.json records what the run uses.
+    let hyper = recipes.resolve(&spec)?;
     let device = device::resolve(spec.device, spec.workers)?;
     let program = launch::worker_binary()?;
     let run_dir = create_run_dir(&spec)?;
-    write_json_atomic(&run_dir.join("config.json"), &spec)?;
+    let config_file = run_dir.join(checkpoint::RUN_CONFIG);
+    let config = RunConfig { spec, hyper };
+    write_json_atomic(&config_file, &config)?;
+    let spec = config.spec;
 
     let timeout = Duration::from_secs(spec.collective_timeout_secs);
     let store = RendezvousServer::bind(&spec.master_addr, spec.master_port.unwrap_or(0), timeout)?;
@@ -324,16 +332,13 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                 ("LOCAL_WORLD_SIZE".into(), spec.workers.to_string()),
                 ("MASTER_ADDR".into(), spec.master_addr.clone()),
                 ("MASTER_PORT".into(), store.port().to_string()),
-                ("TRAINBOOK_AGENT_STORE".into(), "1".into()),
-                ("TRAINBOOK_EVENTS".into(), collector.endpoint().to_string()),
-                ("TRAINBOOK_TOKEN".into(), token.clone()),
-                ("TRAINBOOK_RUN_DIR".into(), run_dir.display().to_string()),
-                (
-                    "TRAINBOOK_CONFIG".into(),
-                    run_dir.join("config.json").display().to_string(),
-                ),
-                ("TRAINBOOK_DEVICE".into(), device.name().into()),
-                ("TRAINBOOK_THREADS".into(), threads.to_string()),
+                (worker::AGENT_STORE.into(), "1".into()),
+                (worker::EVENTS.into(), collector.endpoint().to_string()),
+                (worker::TOKEN.into(), token.clone()),
+                (worker::RUN_DIR.into(), run_dir.display().to_string()),
+                (worker::CONFIG.into(), config_file.display().to_string()),
+                (worker::DEVICE.into(), device.name().into()),
+                (worker::THREADS.into(), threads.to_string()),
                 ("OMP_NUM_THREADS".into(), threads.to_string()),
                 ("MKL_NUM_THREADS".into(), threads.to_string()),
             ];

@@ -18,6 +18,7 @@ pub mod job;
 pub mod launch;
 pub mod metrics;
 pub mod optim;
+pub mod options;
 pub mod precision;
 pub mod recipe;
 pub mod sampler;
@@ -30,4 +31,4 @@ pub use job::{
     launch, running_jobs, stop_all, Job, JobStatus, JobView, TrainError, TrainResult, Update,
 };
 pub use recipe::{Recipe, RecipeEntry, Registry};
-pub use spec::{Configure, JobSpec, OptimizerKind, TrainConfig};
+pub use spec::{Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, TrainConfig};

@@ -8,20 +8,24 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use tch::{nn, Tensor};
 
-use crate::optim::Schedule;
-use crate::precision::Precision;
-use crate::spec::{OptimizerKind, TrainConfig};
+pub use crate::spec::Hyper;
+use crate::spec::JobSpec;
 
 /// The job name of `trainbook check`: workers verify the collectives instead of training.
 pub const CHECK: &str = "check";
 /// The job name of the allreduce benchmark (see `benches/engine.rs`).
 pub const BENCH_ALLREDUCE: &str = "bench-allreduce";
 
-/// Builds a recipe on a device from the job's config: the recipe and its resolved
-/// hyper-parameters. Model initialisation is seeded, so every rank builds the same model
-/// (rank 0's parameters are broadcast anyway). `log` sends a line to the job's log.
-pub type BuildFn =
-    fn(&TrainConfig, tch::Device, &dyn Fn(String)) -> Result<(Box<dyn Recipe>, Hyper)>;
+/// A recipe's hyper-parameters for a job: its chosen preset's values, with the recipe's own
+/// options resolved into [`Hyper::recipe_options`]. The shared options go on top afterwards
+/// (`Hyper::with_overrides`, at launch). Runs in the launching process before any worker
+/// starts, so it reads no model and no data: a bad option fails in milliseconds.
+pub type PresetFn = fn(&JobSpec) -> Result<Hyper>;
+
+/// Builds a recipe on a device from the job's resolved hyper-parameters. Model initialisation
+/// is seeded, so every rank builds the same model (rank 0's parameters are broadcast anyway).
+/// `log` sends a line to the job's log.
+pub type BuildFn = fn(&Hyper, tch::Device, &dyn Fn(String)) -> Result<Box<dyn Recipe>>;
 
 /// One recipe: everything the CLI, validation and the workers need to know of it, in one row.
 pub struct RecipeEntry {
@@ -29,6 +33,7 @@ pub struct RecipeEntry {
     pub description: &'static str,
     /// Presets (name, description); the first is the default unless the recipe decides.
     pub presets: &'static [(&'static str, &'static str)],
+    pub preset: PresetFn,
     pub build: BuildFn,
 }
 
@@ -76,17 +81,27 @@ impl Registry {
         Ok(())
     }
 
+    /// The job's hyper-parameters, fully resolved: the recipe's preset (see [`PresetFn`])
+    /// with the job's shared options on top. `None` for the engine's own jobs, which train
+    /// nothing.
+    pub fn resolve(&self, spec: &JobSpec) -> Result<Option<Hyper>> {
+        self.check_name(&spec.recipe)?;
+        match self.get(&spec.recipe) {
+            Some(e) => Ok(Some((e.preset)(spec)?.with_overrides(&spec.train))),
+            None => Ok(None),
+        }
+    }
+
     /// Builds the named recipe (see [`BuildFn`]).
     pub fn build(
         &self,
         name: &str,
-        config: &TrainConfig,
+        hyper: &Hyper,
         device: tch::Device,
         log: &dyn Fn(String),
-    ) -> Result<(Box<dyn Recipe>, Hyper)> {
-        self.check_name(name)?;
+    ) -> Result<Box<dyn Recipe>> {
         match self.get(name) {
-            Some(e) => (e.build)(config, device, log),
+            Some(e) => (e.build)(hyper, device, log),
             None => bail!("'{name}' is not a training recipe"),
         }
     }
@@ -96,107 +111,6 @@ impl Registry {
 pub enum Split {
     Train,
     Eval,
-}
-
-/// Fully resolved hyper-parameters (preset defaults overridden by the job's config).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Hyper {
-    pub preset: String,
-    pub epochs: u64,
-    pub max_steps: Option<u64>,
-    pub global_batch_size: usize,
-    pub lr: f64,
-    pub optimizer: OptimizerKind,
-    pub momentum: f64,
-    pub weight_decay: f64,
-    pub dropout: f64,
-    pub seed: u64,
-    pub grad_clip: Option<f64>,
-    pub grad_accum: usize,
-    pub schedule: Schedule,
-    pub warmup_ratio: f64,
-    pub precision: Precision,
-    pub resume_from: Option<std::path::PathBuf>,
-}
-
-impl Hyper {
-    /// Preset defaults shared by every recipe: no accumulation, constant learning rate, fp32.
-    pub fn new(
-        preset: &str,
-        epochs: u64,
-        global_batch_size: usize,
-        lr: f64,
-        optimizer: OptimizerKind,
-    ) -> Self {
-        Self {
-            preset: preset.to_string(),
-            epochs,
-            max_steps: None,
-            global_batch_size,
-            lr,
-            optimizer,
-            momentum: 0.9,
-            weight_decay: 0.0,
-            dropout: 0.1,
-            seed: 42,
-            grad_clip: None,
-            grad_accum: 1,
-            schedule: Schedule::Constant,
-            warmup_ratio: 0.0,
-            precision: Precision::Fp32,
-            resume_from: None,
-        }
-    }
-
-    /// Applies the user's overrides on top of preset defaults.
-    pub fn with_overrides(mut self, c: &TrainConfig) -> Self {
-        if let Some(v) = c.epochs {
-            self.epochs = v;
-        }
-        if c.max_steps.is_some() {
-            self.max_steps = c.max_steps;
-        }
-        if let Some(v) = c.global_batch_size {
-            self.global_batch_size = v;
-        }
-        if let Some(v) = c.lr {
-            self.lr = v;
-        }
-        if let Some(v) = c.optimizer {
-            self.optimizer = v;
-        }
-        if let Some(v) = c.momentum {
-            self.momentum = v;
-        }
-        if let Some(v) = c.weight_decay {
-            self.weight_decay = v;
-        }
-        if let Some(v) = c.dropout {
-            self.dropout = v;
-        }
-        if let Some(v) = c.seed {
-            self.seed = v;
-        }
-        if c.grad_clip.is_some() {
-            self.grad_clip = c.grad_clip;
-        }
-        if let Some(v) = c.grad_accum {
-            self.grad_accum = v;
-        }
-        if let Some(v) = c.schedule {
-            self.schedule = v;
-        }
-        if let Some(v) = c.warmup_ratio {
-            self.warmup_ratio = v;
-        }
-        if let Some(v) = c.precision {
-            self.precision = v;
-        }
-        if c.resume_from.is_some() {
-            self.resume_from = c.resume_from.clone();
-        }
-        self
-    }
 }
 
 /// What the training loop needs from a recipe.
@@ -212,7 +126,7 @@ pub trait Recipe {
     fn plan(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}
     /// Writes a loadable checkpoint into `dir` (an empty directory).
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vars().save(dir.join("model.safetensors"))?;
+        self.vars().save(dir.join(crate::checkpoint::MODEL))?;
         Ok(())
     }
 }
@@ -221,18 +135,20 @@ pub trait Recipe {
 mod tests {
     use super::*;
 
-    fn none(
-        _: &TrainConfig,
-        _: tch::Device,
-        _: &dyn Fn(String),
-    ) -> Result<(Box<dyn Recipe>, Hyper)> {
+    fn none(_: &Hyper, _: tch::Device, _: &dyn Fn(String)) -> Result<Box<dyn Recipe>> {
         bail!("not built in this test")
+    }
+
+    fn small(spec: &JobSpec) -> Result<Hyper> {
+        let name = spec.train.preset.as_deref().unwrap_or("small");
+        Ok(Hyper::new(name, 3, 8, 0.1, crate::spec::OptimizerKind::Sgd))
     }
 
     static ENTRIES: &[RecipeEntry] = &[RecipeEntry {
         name: "toy",
         description: "a recipe of this test",
         presets: &[("small", "a preset"), ("big", "another")],
+        preset: small,
         build: none,
     }];
 
@@ -251,5 +167,20 @@ mod tests {
         assert_eq!(e, "unknown preset 'huge' for recipe toy: use small, big");
         // The engine's own jobs have no presets.
         assert!(r.check_preset(CHECK, "anything").is_ok());
+    }
+
+    #[test]
+    fn resolving_puts_the_jobs_options_over_the_preset() {
+        use crate::spec::{Configure, ConfigureTraining};
+        let r = Registry::new(ENTRIES);
+        let h = r
+            .resolve(&JobSpec::new("toy").lr(0.5).max_steps(7))
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.preset.as_str(), h.epochs, h.lr), ("small", 3, 0.5));
+        assert_eq!(h.max_steps, Some(7));
+        assert!(r.resolve(&JobSpec::new(CHECK)).unwrap().is_none());
+        assert!(r.resolve(&JobSpec::new("tpy")).is_err());
+        let _ = JobSpec::new("toy").workers(2);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::dedup::DedupConfig;
@@ -40,131 +40,105 @@ impl std::str::FromStr for OptimizerKind {
     }
 }
 
-/// How a batch is padded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Padding {
-    /// Every sequence to `max_length` (Transformers' `padding="max_length"`, the reference's).
-    #[default]
-    MaxLength,
-    /// To the longest sequence of each batch (less work for short texts).
-    Dynamic,
+crate::options! {
+    /// The training options every recipe shares.
+    struct TrainConfig => Hyper, trait ConfigureTraining(train_options) {
+        /// A recipe preset (e.g. tiny): the defaults of every other option; each recipe
+        /// documents its own (`trainbook recipes`).
+        #[arg(value_name = "NAME")]
+        preset: String [into] => String,
+        /// Passes over the training set.
+        epochs: u64 => u64,
+        /// Stop after this many optimizer steps (when fewer than the epochs would take).
+        #[arg(value_name = "N")]
+        max_steps: u64 => Option<u64>,
+        /// Samples per optimizer step over all workers and micro-batches (each worker gets an
+        /// equal share).
+        #[arg(value_name = "N")]
+        global_batch_size: usize => usize,
+        /// Learning rate (peak, when a schedule or warm-up is used).
+        lr: f64 => f64,
+        /// sgd (with momentum) or adamw.
+        optimizer: OptimizerKind => OptimizerKind,
+        /// SGD momentum.
+        momentum: f64 => f64,
+        /// Decoupled weight decay (AdamW) or L2 penalty (SGD); not applied to biases and norms.
+        weight_decay: f64 => f64,
+        /// Dropout probability of the model, in [0, 1); 0 makes runs reproducible across
+        /// worker counts.
+        dropout: f64 => f64,
+        /// Seed for initialisation and data order; the same seed gives the same run.
+        seed: u64 => u64,
+        /// Clip the global gradient norm to this value.
+        grad_clip: f64 => Option<f64>,
+        /// Micro-batches per optimizer step: the same global batch in smaller forward passes
+        /// (less memory per step).
+        #[arg(value_name = "N")]
+        grad_accum: usize => usize,
+        /// Learning-rate schedule: constant or linear (decays to 0 at the last step).
+        schedule: Schedule => Schedule,
+        /// Fraction of the optimizer steps spent warming the learning rate up from 0 (e.g. 0.1).
+        warmup_ratio: f64 => f64,
+        /// fp32, or bf16 autocast (CUDA and Gaudi; also runs on CPU, where it is rarely faster).
+        precision: Precision => Precision,
+        /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer
+        /// state, step count and data order; needs the same workers and batch.
+        #[arg(value_name = "CHECKPOINT")]
+        resume_from: PathBuf [into] => Option<PathBuf>,
+        /// Model to start from: a Hugging Face-style directory, a weights file or a Hub id (each
+        /// recipe documents what it accepts).
+        model: String [into] => Option<String>,
+        /// Training data: a table (.parquet/.csv/.tsv/.jsonl), a directory with train*/test*
+        /// tables or an ImageFolder, or a Hub dataset id (each recipe documents what it accepts).
+        data: String [into] => Option<String>,
+        /// Train on the first N rows only (the reference's `select(range(N))`; images: N spread
+        /// over the classes).
+        #[arg(value_name = "N")]
+        train_rows: usize => Option<usize>,
+        /// Evaluate on the first N held-out rows (0: no evaluation).
+        #[arg(value_name = "N")]
+        eval_rows: usize => Option<usize>,
+    }
+    extra {
+        /// The recipe's own resolved options (text or image settings), by name.
+        recipe_options: serde_json::Map<String, serde_json::Value>,
+    }
 }
 
-impl std::str::FromStr for Padding {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace('-', "_").as_str() {
-            "max_length" | "max" => Ok(Self::MaxLength),
-            "dynamic" | "longest" => Ok(Self::Dynamic),
-            o => bail!("unknown padding '{o}': use max-length or dynamic"),
+impl Hyper {
+    /// Preset defaults shared by every recipe: no accumulation, constant learning rate, fp32,
+    /// momentum 0.9, dropout 0.1, seed 42, model and data left to the recipe.
+    pub fn new(
+        preset: &str,
+        epochs: u64,
+        global_batch_size: usize,
+        lr: f64,
+        optimizer: OptimizerKind,
+    ) -> Self {
+        Self {
+            preset: preset.to_string(),
+            epochs,
+            max_steps: None,
+            global_batch_size,
+            lr,
+            optimizer,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dropout: 0.1,
+            seed: 42,
+            grad_clip: None,
+            grad_accum: 1,
+            schedule: Schedule::Constant,
+            warmup_ratio: 0.0,
+            precision: Precision::Fp32,
+            resume_from: None,
+            model: None,
+            data: None,
+            train_rows: None,
+            eval_rows: None,
+            recipe_options: Default::default(),
         }
     }
-}
-
-impl std::fmt::Display for Padding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::MaxLength => "max-length",
-            Self::Dynamic => "dynamic",
-        })
-    }
-}
-
-/// The network of an image-classification recipe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    Resnet18,
-    Resnet34,
-    Resnet50,
-}
-
-impl std::str::FromStr for Arch {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "resnet18" | "18" => Ok(Self::Resnet18),
-            "resnet34" | "34" => Ok(Self::Resnet34),
-            "resnet50" | "50" => Ok(Self::Resnet50),
-            o => bail!("unknown architecture '{o}': use resnet18, resnet34 or resnet50"),
-        }
-    }
-}
-
-impl std::fmt::Display for Arch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Resnet18 => "resnet18",
-            Self::Resnet34 => "resnet34",
-            Self::Resnet50 => "resnet50",
-        })
-    }
-}
-
-/// Hyper-parameters. `None` means "the recipe's preset decides".
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TrainConfig {
-    pub preset: Option<String>,
-    pub epochs: Option<u64>,
-    pub max_steps: Option<u64>,
-    pub global_batch_size: Option<usize>,
-    pub lr: Option<f64>,
-    pub optimizer: Option<OptimizerKind>,
-    pub momentum: Option<f64>,
-    pub weight_decay: Option<f64>,
-    pub dropout: Option<f64>,
-    pub seed: Option<u64>,
-    pub grad_clip: Option<f64>,
-    /// Micro-batches whose gradients are summed before each optimizer step (the global batch
-    /// is split over workers and then over these).
-    pub grad_accum: Option<usize>,
-    pub schedule: Option<Schedule>,
-    /// Fraction of the optimizer steps spent warming the learning rate up from 0.
-    pub warmup_ratio: Option<f64>,
-    pub precision: Option<Precision>,
-    /// A checkpoint directory (`.../checkpoints/epoch-E`) to continue from: weights, optimizer
-    /// state, step count and data order.
-    pub resume_from: Option<PathBuf>,
-    /// Model to start from: a directory (or file) path; recipes document what they accept.
-    pub model: Option<String>,
-    /// Training data: a file or directory path; recipes document what they accept.
-    pub data: Option<String>,
-    /// Use only the first N training rows (text: after the split, like `select(range(N))`;
-    /// images: N spread evenly over the classes).
-    pub train_rows: Option<usize>,
-    /// Use only the first N evaluation rows; 0 skips evaluation.
-    pub eval_rows: Option<usize>,
-    /// Options of text recipes (ignored by others).
-    #[serde(default)]
-    pub text: TextOptions,
-    /// Options of image recipes (ignored by others).
-    #[serde(default)]
-    pub vision: VisionOptions,
-}
-
-/// How an image-classification recipe builds its model and input pipeline.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct VisionOptions {
-    pub arch: Option<Arch>,
-    /// Side of the square input in pixels (the reference's 224).
-    pub image_size: Option<u32>,
-    /// Threads per worker that decode and augment images ahead of the training loop.
-    pub loader_threads: Option<usize>,
-}
-
-/// How a text-classification recipe reads and tokenises its table.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct TextOptions {
-    /// Tokens per example after truncation.
-    pub max_length: Option<usize>,
-    pub padding: Option<Padding>,
-    pub text_column: Option<String>,
-    pub label_column: Option<String>,
-    /// Fraction held out for evaluation when the data has no separate test split.
-    pub eval_fraction: Option<f64>,
-    /// A separate evaluation table (otherwise the data is split by `eval_fraction`).
-    pub eval_data: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -173,6 +147,10 @@ pub struct JobSpec {
     pub workers: usize,
     pub device: DeviceRequest,
     pub train: TrainConfig,
+    /// The recipe's own options, by name (e.g. bert's `max_length`); the recipe reads them
+    /// typed with [`JobSpec::recipe_options`].
+    #[serde(default)]
+    pub options: serde_json::Map<String, serde_json::Value>,
     pub master_addr: String,
     /// Fixed rendezvous port; `None` picks a free one.
     pub master_port: Option<u16>,
@@ -249,11 +227,14 @@ impl std::fmt::Debug for Extensions {
     }
 }
 
-/// The builder methods every job has: `JobSpec`, `BertTrainer` and other trainers share them
-/// through this trait (in the prelude), so each option is spelled and documented once.
+/// The builder methods of how a job runs (workers, device, ports, logs): `JobSpec`,
+/// `BertTrainer` and the other trainers share them through this trait (in the prelude). Their
+/// training options come with [`ConfigureTraining`], which every `Configure` has.
 pub trait Configure: Sized {
     fn job_spec(&mut self) -> &mut JobSpec;
     fn into_spec(self) -> JobSpec;
+    /// The job this builder would run.
+    fn spec(&self) -> &JobSpec;
 
     /// Number of worker processes (one per device).
     fn workers(mut self, n: usize) -> Self {
@@ -263,97 +244,6 @@ pub trait Configure: Sized {
     /// `DeviceRequest::Auto` (default) picks HPU, then CUDA, then CPU.
     fn device(mut self, d: DeviceRequest) -> Self {
         self.job_spec().device = d;
-        self
-    }
-    /// A recipe preset (e.g. "tiny"); each recipe documents its own.
-    fn preset(mut self, p: impl Into<String>) -> Self {
-        self.job_spec().train.preset = Some(p.into());
-        self
-    }
-    fn epochs(mut self, e: u64) -> Self {
-        self.job_spec().train.epochs = Some(e);
-        self
-    }
-    /// Stop after this many optimizer steps (when fewer than the epochs would take).
-    fn max_steps(mut self, s: u64) -> Self {
-        self.job_spec().train.max_steps = Some(s);
-        self
-    }
-    /// Samples per optimizer step over all workers and micro-batches.
-    fn global_batch_size(mut self, b: usize) -> Self {
-        self.job_spec().train.global_batch_size = Some(b);
-        self
-    }
-    fn lr(mut self, lr: f64) -> Self {
-        self.job_spec().train.lr = Some(lr);
-        self
-    }
-    fn optimizer(mut self, o: OptimizerKind) -> Self {
-        self.job_spec().train.optimizer = Some(o);
-        self
-    }
-    fn momentum(mut self, m: f64) -> Self {
-        self.job_spec().train.momentum = Some(m);
-        self
-    }
-    fn weight_decay(mut self, w: f64) -> Self {
-        self.job_spec().train.weight_decay = Some(w);
-        self
-    }
-    fn dropout(mut self, p: f64) -> Self {
-        self.job_spec().train.dropout = Some(p);
-        self
-    }
-    fn seed(mut self, s: u64) -> Self {
-        self.job_spec().train.seed = Some(s);
-        self
-    }
-    /// Clip the global gradient norm to this value.
-    fn grad_clip(mut self, c: f64) -> Self {
-        self.job_spec().train.grad_clip = Some(c);
-        self
-    }
-    /// Micro-batches per optimizer step (same global batch, less memory per step).
-    fn grad_accum(mut self, n: usize) -> Self {
-        self.job_spec().train.grad_accum = Some(n);
-        self
-    }
-    fn schedule(mut self, s: Schedule) -> Self {
-        self.job_spec().train.schedule = Some(s);
-        self
-    }
-    /// Fraction of steps spent warming the learning rate up (e.g. 0.1).
-    fn warmup_ratio(mut self, r: f64) -> Self {
-        self.job_spec().train.warmup_ratio = Some(r);
-        self
-    }
-    fn precision(mut self, p: Precision) -> Self {
-        self.job_spec().train.precision = Some(p);
-        self
-    }
-    /// Continue a run from one of its checkpoints (`.../checkpoints/epoch-E`).
-    fn resume_from(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.job_spec().train.resume_from = Some(dir.into());
-        self
-    }
-    /// The model to start from (a directory path or a Hugging Face id).
-    fn model(mut self, m: impl Into<String>) -> Self {
-        self.job_spec().train.model = Some(m.into());
-        self
-    }
-    /// The training data (a file, a directory with train/test tables, or a dataset id).
-    fn data(mut self, d: impl Into<String>) -> Self {
-        self.job_spec().train.data = Some(d.into());
-        self
-    }
-    /// Train on the first `n` rows only (the reference's `select(range(1000))`).
-    fn train_rows(mut self, n: usize) -> Self {
-        self.job_spec().train.train_rows = Some(n);
-        self
-    }
-    /// Evaluate on the first `n` held-out rows; 0 skips evaluation.
-    fn eval_rows(mut self, n: usize) -> Self {
-        self.job_spec().train.eval_rows = Some(n);
         self
     }
     fn master_port(mut self, p: u16) -> Self {
@@ -391,11 +281,20 @@ pub trait Configure: Sized {
     }
 }
 
+impl<T: Configure> ConfigureTraining for T {
+    fn train_options(&mut self, edit: impl FnOnce(&mut TrainConfig)) {
+        edit(&mut self.job_spec().train)
+    }
+}
+
 impl Configure for JobSpec {
     fn job_spec(&mut self) -> &mut JobSpec {
         self
     }
     fn into_spec(self) -> JobSpec {
+        self
+    }
+    fn spec(&self) -> &JobSpec {
         self
     }
 }
@@ -407,6 +306,7 @@ impl JobSpec {
             workers: 1,
             device: DeviceRequest::Auto,
             train: TrainConfig::default(),
+            options: Default::default(),
             master_addr: "127.0.0.1".into(),
             master_port: None,
             threads_per_worker: None,
@@ -415,6 +315,50 @@ impl JobSpec {
             env: Vec::new(),
             dedup: DedupConfig::default(),
             extensions: Extensions::default(),
+        }
+    }
+
+    /// This job's recipe options as the recipe's options type `T`. An option `T` does not have
+    /// is an error that lists the ones it has.
+    pub fn recipe_options<T>(&self) -> Result<T>
+    where
+        T: serde::de::DeserializeOwned + Serialize + Default,
+    {
+        let known = crate::options::names::<T>();
+        if let Some(k) = self.options.keys().find(|k| !known.contains(k)) {
+            bail!(
+                "recipe {} has no option '{k}': its options are {}",
+                self.recipe,
+                known.join(", ")
+            );
+        }
+        serde_json::from_value(serde_json::Value::Object(self.options.clone()))
+            .map_err(|e| anyhow::anyhow!("recipe {}: {e}", self.recipe))
+    }
+
+    /// Lets `edit` change the options of type `T` among this job's recipe options (unset ones
+    /// are left out, so a job's options name only what was set).
+    pub fn edit_recipe_options<T>(&mut self, edit: impl FnOnce(&mut T))
+    where
+        T: serde::de::DeserializeOwned + Serialize + Default,
+    {
+        let known = crate::options::names::<T>();
+        let mine: serde_json::Map<_, _> = self
+            .options
+            .iter()
+            .filter(|(k, _)| known.contains(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut value: T = serde_json::from_value(serde_json::Value::Object(mine)).unwrap_or_default();
+        edit(&mut value);
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(value) {
+            for (k, v) in m {
+                if v.is_null() {
+                    self.options.remove(&k);
+                } else {
+                    self.options.insert(k, v);
+                }
+            }
         }
     }
 
@@ -464,24 +408,12 @@ impl JobSpec {
                 bail!("warmup_ratio {w} must be in [0, 1): it is the fraction of steps spent warming up");
             }
         }
-        if let Some(f) = t.text.eval_fraction {
-            if !(f > 0.0 && f < 1.0) {
-                bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.2 holds out 20%)");
-            }
-        }
-        if t.text.max_length == Some(0) || t.text.max_length.is_some_and(|m| m > 8192) {
-            bail!(
-                "max_length {} must be between 1 and 8192 tokens",
-                t.text.max_length.unwrap_or(0)
-            );
-        }
         if t.train_rows == Some(0) {
             bail!("train_rows is 0: nothing to train on");
         }
         if let Some(r) = &t.resume_from {
-            if !r.join("trainer_state.json").exists() {
-                bail!("cannot resume from {}: it is not a trainbook checkpoint (no trainer_state.json); pass a directory like trainbook_runs/<run>/checkpoints/epoch-0", r.display());
-            }
+            crate::checkpoint::TrainerState::read(r)
+                .with_context(|| format!("cannot resume from {}", r.display()))?;
         }
         if t.epochs == Some(0) {
             bail!("epochs is 0: train for at least one epoch (or use max_steps)");

@@ -13,6 +13,7 @@ use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
 use crate::optim::{lr_at, Optimizer, OptimizerConfig};
 use crate::precision::autocast;
+use crate::checkpoint::{self, TrainerState};
 use crate::recipe::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
 
@@ -49,15 +50,6 @@ fn optimizer(vs: &nn::VarStore, names: &[String], h: &Hyper) -> Optimizer {
     )
 }
 
-/// What a checkpoint's `trainer_state.json` says about where training stood.
-#[derive(serde::Deserialize)]
-struct ResumeState {
-    step: u64,
-    world_size: Option<usize>,
-    global_batch_size: Option<usize>,
-    grad_accum: Option<usize>,
-}
-
 /// Loads weights and optimizer state from `dir`; returns the optimizer step to continue from.
 fn resume(
     dir: &Path,
@@ -67,11 +59,7 @@ fn resume(
     h: &Hyper,
     log: &dyn Fn(String),
 ) -> Result<u64> {
-    let state_file = dir.join("trainer_state.json");
-    let state: ResumeState = serde_json::from_slice(
-        &std::fs::read(&state_file).with_context(|| format!("reading {}", state_file.display()))?,
-    )
-    .with_context(|| format!("{} is not a trainbook trainer state", state_file.display()))?;
+    let state = TrainerState::read(dir)?;
     // The data order depends on the worker count, the batch and the accumulation: continuing
     // with other values would silently repeat or skip samples.
     let then = (state.world_size, state.global_batch_size, state.grad_accum);
@@ -87,9 +75,9 @@ fn resume(
             h.grad_accum
         );
     }
-    vs.load(dir.join("model.safetensors"))
+    vs.load(dir.join(checkpoint::MODEL))
         .with_context(|| format!("loading the weights of {}", dir.display()))?;
-    let opt_file = dir.join("optimizer.safetensors");
+    let opt_file = dir.join(checkpoint::OPTIMIZER);
     if opt_file.exists() {
         opt.load(&opt_file)?;
     } else {
@@ -358,20 +346,20 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 .join(format!("epoch-{epoch}"));
             std::fs::create_dir_all(ctx.run_dir.join("checkpoints"))
                 .context("creating checkpoints/")?;
-            let state = serde_json::json!({
-                "epoch": epoch,
-                "step": step,
-                "world_size": world,
-                "global_batch_size": h.global_batch_size,
-                "grad_accum": accum,
-                "hyper": h,
-                "metrics": final_metrics,
-            });
-            crate::checkpoint::write_dir_atomic(&dir, |tmp| {
+            let state = TrainerState {
+                epoch,
+                step,
+                world_size: Some(world),
+                global_batch_size: Some(h.global_batch_size),
+                grad_accum: Some(accum),
+                hyper: serde_json::to_value(h)?,
+                metrics: final_metrics.clone(),
+            };
+            checkpoint::write_dir_atomic(&dir, |tmp| {
                 recipe.save(tmp)?;
-                opt.save(&tmp.join("optimizer.safetensors"))?;
+                opt.save(&tmp.join(checkpoint::OPTIMIZER))?;
                 std::fs::write(
-                    tmp.join("trainer_state.json"),
+                    tmp.join(checkpoint::TRAINER_STATE),
                     serde_json::to_vec_pretty(&state)?,
                 )?;
                 Ok(())
@@ -379,7 +367,7 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             // Optimizer state is as large as the model (AdamW: twice); only the latest
             // checkpoint keeps it, which is the one a resume normally starts from.
             if let Some(prev) = last_checkpoint.replace(dir.clone()) {
-                std::fs::remove_file(prev.join("optimizer.safetensors")).ok();
+                std::fs::remove_file(prev.join(checkpoint::OPTIMIZER)).ok();
             }
             ev.send(Event::Checkpoint {
                 rank,

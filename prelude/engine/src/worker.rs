@@ -1,5 +1,6 @@
 //! The worker process: join the job's process group, train one rank, report back.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -8,8 +9,25 @@ use crate::device::DeviceKind;
 use crate::dist::{InitOptions, ProcessGroup};
 use crate::events::{Emitter, Event};
 use crate::recipe::Registry;
-use crate::spec::JobSpec;
+use crate::checkpoint::RunConfig;
 use crate::train::{self, WorkerContext};
+
+// The environment through which the driver (`job::launch`) hands a worker its job, besides
+// torch's own RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+/// Where the worker sends its events (a ZeroMQ endpoint).
+pub const EVENTS: &str = "TRAINBOOK_EVENTS";
+/// The job's secret, which every event carries.
+pub const TOKEN: &str = "TRAINBOOK_TOKEN";
+/// The run directory.
+pub const RUN_DIR: &str = "TRAINBOOK_RUN_DIR";
+/// The run's `config.json` ([`crate::checkpoint::RunConfig`]).
+pub const CONFIG: &str = "TRAINBOOK_CONFIG";
+/// cpu, cuda or hpu.
+pub const DEVICE: &str = "TRAINBOOK_DEVICE";
+/// Intra-op threads.
+pub const THREADS: &str = "TRAINBOOK_THREADS";
+/// Set when the launcher hosts the rendezvous store (see `dist::InitOptions`).
+pub const AGENT_STORE: &str = crate::dist::AGENT_STORE;
 
 fn env(name: &str) -> Result<String> {
     std::env::var(name).map_err(|_| anyhow!("{name} is not set: trainbook-worker is started by `trainbook train` or `launch()`, not by hand"))
@@ -37,8 +55,7 @@ pub fn main(recipes: &Registry) -> i32 {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(0);
-    let events = match env("TRAINBOOK_EVENTS")
-        .and_then(|ep| Emitter::connect(&ep, &env("TRAINBOOK_TOKEN")?, rank))
+    let events = match env(EVENTS).and_then(|ep| Emitter::connect(&ep, &env(TOKEN)?, rank))
     {
         Ok(e) => e,
         Err(e) => {
@@ -62,17 +79,12 @@ pub fn main(recipes: &Registry) -> i32 {
 }
 
 fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
-    let config = env("TRAINBOOK_CONFIG")?;
-    let spec: JobSpec = serde_json::from_slice(
-        &std::fs::read(&config).with_context(|| format!("reading {config}"))?,
-    )
-    .with_context(|| format!("parsing {config}"))?;
-    let device: DeviceKind =
-        serde_json::from_value(serde_json::Value::String(env("TRAINBOOK_DEVICE")?))
-            .context("TRAINBOOK_DEVICE must be cpu, cuda or hpu")?;
-    let threads: usize = env("TRAINBOOK_THREADS")?
+    let RunConfig { spec, hyper } = RunConfig::read(Path::new(&env(CONFIG)?))?;
+    let device: DeviceKind = serde_json::from_value(serde_json::Value::String(env(DEVICE)?))
+        .with_context(|| format!("{DEVICE} must be cpu, cuda or hpu"))?;
+    let threads: usize = env(THREADS)?
         .parse()
-        .context("TRAINBOOK_THREADS must be a number")?;
+        .with_context(|| format!("{THREADS} must be a number"))?;
     tch::set_num_threads(threads as i32);
     tch::set_num_interop_threads(1);
     let local_rank: usize = std::env::var("LOCAL_RANK")
@@ -121,7 +133,14 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
         return Ok(());
     }
     let log = |line: String| events.log(line);
-    let (mut recipe, hyper) = recipes.build(&spec.recipe, &spec.train, tdev, &log)?;
+    let hyper = hyper.ok_or_else(|| {
+        anyhow!(
+            "{} has no resolved hyper-parameters for recipe {}",
+            env(CONFIG).unwrap_or_default(),
+            spec.recipe
+        )
+    })?;
+    let mut recipe = recipes.build(&spec.recipe, &hyper, tdev, &log)?;
     let ctx = WorkerContext {
         rank,
         world_size: pg.world_size(),
@@ -129,7 +148,7 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
         device_name: device.name().to_string(),
         pg,
         events: events.clone(),
-        run_dir: env("TRAINBOOK_RUN_DIR")?.into(),
+        run_dir: env(RUN_DIR)?.into(),
     };
     let summary = train::run(&ctx, recipe.as_mut(), &hyper)?;
     // Nobody leaves before everyone is done, so no peer sees a closed connection.

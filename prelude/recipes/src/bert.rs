@@ -23,21 +23,44 @@ use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 use trainbook_engine::recipe::{Hyper, Recipe, Split};
-use trainbook_engine::spec::{OptimizerKind, TrainConfig};
+use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
-/// What a preset decides; every field can be overridden by the job's options.
+trainbook_engine::options! {
+    /// Options of the text-classification recipe (bert).
+    struct TextOptions => TextSettings, trait ConfigureText(text_options) {
+        /// Tokens per text after truncation (at most the model's position embeddings).
+        #[arg(value_name = "N")]
+        max_length: usize => usize,
+        /// max-length (pad every text, the reference's) or dynamic (pad each batch to its
+        /// longest text: same results, less work for short texts).
+        padding: Padding => Padding,
+        /// Name of the text column.
+        #[arg(value_name = "COLUMN")]
+        text_column: String [into] => String,
+        /// Name of the label column (strings or integers).
+        #[arg(value_name = "COLUMN")]
+        label_column: String [into] => String,
+        /// Fraction held out for evaluation (used when the data has no test table, or when
+        /// set; 0.2 otherwise).
+        eval_fraction: f64 => Option<f64>,
+        /// A separate evaluation table (otherwise the data's test table or a held-out split).
+        #[arg(value_name = "TABLE")]
+        eval_data: PathBuf [into] => Option<PathBuf>,
+    }
+    extra {
+        /// The model's architecture with random weights (the tiny preset, when no model is
+        /// given).
+        random_init: bool,
+    }
+}
+
+/// Held out for evaluation when the data has no test table and no fraction is set.
+const EVAL_FRACTION: f64 = 0.2;
+
+/// What a preset decides; the job's options go on top.
 struct Preset {
     hyper: Hyper,
-    /// Model directory or Hugging Face id.
-    model: String,
-    /// Keep the model's architecture but start from random weights (tiny).
-    random_init: bool,
-    /// Data file, directory or Hugging Face dataset id.
-    data: String,
-    max_length: usize,
-    padding: Padding,
-    train_rows: Option<usize>,
-    eval_rows: Option<usize>,
+    text: TextSettings,
 }
 
 /// The reference notebook's assets (loaded from a local copy, the Hugging Face cache, or the
@@ -55,36 +78,41 @@ pub const PRESETS: &[(&str, &str)] = &[
 fn preset(name: &str) -> Result<Preset> {
     let minilm = crate::assets::minilm_dir().display().to_string();
     let rt = crate::assets::rotten_tomatoes_csv().display().to_string();
+    let text = |max_length, random_init| TextSettings {
+        max_length,
+        padding: Padding::MaxLength,
+        text_column: "text".into(),
+        label_column: "label".into(),
+        eval_fraction: None,
+        eval_data: None,
+        random_init,
+    };
+    let hyper = |epochs, batch, optimizer, model: &str, data: &str, rows: (usize, usize)| Hyper {
+        model: Some(model.to_string()),
+        data: Some(data.to_string()),
+        train_rows: Some(rows.0),
+        eval_rows: Some(rows.1),
+        ..Hyper::new(name, epochs, batch, 1e-3, optimizer)
+    };
     Ok(match name {
         "tiny" => Preset {
-            hyper: Hyper::new(name, 1, 16, 1e-3, OptimizerKind::Adamw),
-            model: minilm,
-            random_init: true,
-            data: rt,
-            max_length: 32,
-            padding: Padding::MaxLength,
-            train_rows: Some(512),
-            eval_rows: Some(256),
+            hyper: hyper(1, 16, OptimizerKind::Adamw, &minilm, &rt, (512, 256)),
+            text: text(32, true),
         },
         "default" => Preset {
-            hyper: Hyper::new(name, 10, 8, 1e-3, OptimizerKind::Sgd),
-            model: minilm,
-            random_init: false,
-            data: rt,
-            max_length: 128,
-            padding: Padding::MaxLength,
-            train_rows: Some(1000),
-            eval_rows: Some(1000),
+            hyper: hyper(10, 8, OptimizerKind::Sgd, &minilm, &rt, (1000, 1000)),
+            text: text(128, false),
         },
         "reference" => Preset {
-            hyper: Hyper::new(name, 10, 8, 1e-3, OptimizerKind::Sgd),
-            model: REFERENCE_MODEL.into(),
-            random_init: false,
-            data: REFERENCE_DATA.into(),
-            max_length: 512,
-            padding: Padding::MaxLength,
-            train_rows: Some(1000),
-            eval_rows: Some(1000),
+            hyper: hyper(
+                10,
+                8,
+                OptimizerKind::Sgd,
+                REFERENCE_MODEL,
+                REFERENCE_DATA,
+                (1000, 1000),
+            ),
+            text: text(512, false),
         },
         other => {
             let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
@@ -94,6 +122,42 @@ fn preset(name: &str) -> Result<Preset> {
             )
         }
     })
+}
+
+/// The job's preset with its text options resolved (see [`trainbook_engine::recipe::PresetFn`]):
+/// no model or data is loaded, but a missing offline model or an out-of-range option fails
+/// here, before any worker starts.
+pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
+    let name = spec
+        .train
+        .preset
+        .clone()
+        .unwrap_or_else(|| auto_preset().to_string());
+    let p = preset(&name)?;
+    let options: TextOptions = spec.recipe_options()?;
+    let mut text = p.text.with_overrides(&options);
+    // A model the user names is loaded with its weights.
+    text.random_init &= spec.train.model.is_none();
+    if text.max_length == 0 || text.max_length > 8192 {
+        bail!(
+            "max_length {} must be between 1 and 8192 tokens",
+            text.max_length
+        );
+    }
+    if let Some(f) = text.eval_fraction {
+        if !(f > 0.0 && f < 1.0) {
+            bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.2 holds out 20%)");
+        }
+    }
+    if spec.train.model.is_none()
+        && name != "reference"
+        && !crate::assets::minilm_dir().join("config.json").exists()
+    {
+        bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline model and data)", crate::assets::minilm_dir().display());
+    }
+    let mut hyper = p.hyper;
+    hyper.recipe_options = crate::settings_map(&text)?;
+    Ok(hyper)
 }
 
 /// With no preset named: the reference job when its model and data are already on this
@@ -108,15 +172,17 @@ pub fn auto_preset() -> &'static str {
     }
 }
 
-/// The file of the training table a BERT job with this config reads, found as the job would
-/// find it but without loading a model or the table.
-pub fn training_file(config: &TrainConfig) -> Result<PathBuf> {
-    let name = config
-        .preset
-        .clone()
-        .unwrap_or_else(|| auto_preset().to_string());
-    let p = preset(&name)?;
-    Ok(crate::assets::resolve_dataset(config.data.as_deref().unwrap_or(&p.data))?.train)
+/// The file of the training table a BERT job with these hyper-parameters reads, found as the
+/// job would find it but without loading a model or the table.
+pub fn training_file(hyper: &Hyper) -> Result<PathBuf> {
+    Ok(crate::assets::resolve_dataset(data_of(hyper)?)?.train)
+}
+
+fn data_of(hyper: &Hyper) -> Result<&str> {
+    hyper
+        .data
+        .as_deref()
+        .context("the bert recipe needs data (a table, a directory or a dataset id)")
 }
 
 pub struct BertRecipe {
@@ -153,26 +219,19 @@ fn encode(
 /// Train and evaluation examples as the options ask: a separate test table when there is one,
 /// else a fixed split (data seed 0, whatever the training seed, so runs stay comparable).
 fn load_examples(
-    data: &str,
-    config: &TrainConfig,
-    preset: &Preset,
+    hyper: &Hyper,
+    opts: &TextSettings,
     log: &dyn Fn(String),
 ) -> Result<(TextExamples, TextExamples)> {
-    let opts = &config.text;
-    let files = crate::assets::resolve_dataset(data)?;
-    let text_col = opts.text_column.as_deref().unwrap_or("text");
-    let label_col = opts.label_column.as_deref().unwrap_or("label");
+    let files = crate::assets::resolve_dataset(data_of(hyper)?)?;
+    let (text_col, label_col) = (opts.text_column.as_str(), opts.label_column.as_str());
     let train_all = dataset::examples(
         &dataset::read_table(&files.train)?,
         text_col,
         label_col,
         None,
     )?;
-    let eval_file = opts
-        .eval_data
-        .as_ref()
-        .map(PathBuf::from)
-        .or(files.test.clone());
+    let eval_file = opts.eval_data.clone().or(files.test.clone());
     let (train, test) = match &eval_file {
         Some(f) if opts.eval_fraction.is_none() => {
             let names = train_all.label_names.clone();
@@ -180,13 +239,10 @@ fn load_examples(
                 dataset::examples(&dataset::read_table(f)?, text_col, label_col, Some(&names))?;
             (train_all, test)
         }
-        _ => train_all.split(opts.eval_fraction.unwrap_or(0.2), 0)?,
+        _ => train_all.split(opts.eval_fraction.unwrap_or(EVAL_FRACTION), 0)?,
     };
-    let train_rows = config
-        .train_rows
-        .or(preset.train_rows)
-        .unwrap_or(usize::MAX);
-    let eval_rows = config.eval_rows.or(preset.eval_rows).unwrap_or(usize::MAX);
+    let train_rows = hyper.train_rows.unwrap_or(usize::MAX);
+    let eval_rows = hyper.eval_rows.unwrap_or(usize::MAX);
     let (train, test) = (train.first(train_rows), test.first(eval_rows));
     if train.is_empty() {
         bail!(
@@ -203,7 +259,7 @@ fn load_examples(
             Some(f) if opts.eval_fraction.is_none() => format!(" and {}", f.display()),
             _ => format!(
                 ", {:.0}% held out",
-                100.0 * opts.eval_fraction.unwrap_or(0.2)
+                100.0 * opts.eval_fraction.unwrap_or(EVAL_FRACTION)
             ),
         },
         train.label_names.join(", ")
@@ -212,44 +268,24 @@ fn load_examples(
 }
 
 impl BertRecipe {
-    pub fn build(
-        config: &TrainConfig,
-        device: Device,
-        log: &dyn Fn(String),
-    ) -> Result<(Self, Hyper)> {
-        let name = config
-            .preset
-            .clone()
-            .unwrap_or_else(|| auto_preset().to_string());
-        let p = preset(&name)?;
-        let hyper = p.hyper.clone().with_overrides(config);
-        let opts = &config.text;
-        if !crate::assets::minilm_dir().join("config.json").exists()
-            && config.model.is_none()
-            && name != "reference"
-        {
-            bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline model and data)", crate::assets::minilm_dir().display());
-        }
-        let (model_dir, source) =
-            crate::assets::resolve_model(config.model.as_deref().unwrap_or(&p.model))?;
+    /// Loads the model and the data as `hyper` (resolved by [`resolve`]) says.
+    pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {
+        let opts: TextSettings = crate::settings(hyper)?;
+        let model_name = hyper
+            .model
+            .as_deref()
+            .context("the bert recipe needs a model (a directory or a Hub id)")?;
+        let (model_dir, source) = crate::assets::resolve_model(model_name)?;
         if source == crate::assets::Source::Downloaded {
-            log(format!(
-                "downloaded {} into {}",
-                p.model,
-                model_dir.display()
-            ));
+            log(format!("downloaded {model_name} into {}", model_dir.display()));
         }
-        let (train, test) =
-            load_examples(config.data.as_deref().unwrap_or(&p.data), config, &p, log)?;
+        let (train, test) = load_examples(hyper, &opts, log)?;
         let label_names = train.label_names.clone();
 
         let mut bert = BertConfig::from_file(&model_dir.join("config.json"))?;
-        let max_length = opts
-            .max_length
-            .unwrap_or(p.max_length)
-            .min(bert.max_position_embeddings as usize);
+        let max_length = opts.max_length.min(bert.max_position_embeddings as usize);
         let tokenizer = TextTokenizer::from_model_dir(&model_dir, max_length)?;
-        if p.random_init && config.model.is_none() {
+        if opts.random_init {
             bert = BertConfig::tiny(bert.vocab_size, max_length as i64);
         }
         bert = bert.with_dropout(hyper.dropout);
@@ -263,7 +299,7 @@ impl BertRecipe {
         tch::manual_seed(hyper.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
-        if !(p.random_init && config.model.is_none()) {
+        if !opts.random_init {
             let report = load_weights(&vs, &model_dir)?;
             if let Some(msg) = report.describe(
                 "BertForSequenceClassification",
@@ -276,21 +312,18 @@ impl BertRecipe {
         }
         let train = encode(&tokenizer, &train, log)?;
         let eval = encode(&tokenizer, &test, log)?;
-        Ok((
-            Self {
-                vs,
-                model,
-                config: bert,
-                tokenizer,
-                model_dir,
-                label_names,
-                padding: opts.padding.unwrap_or(p.padding),
-                train,
-                eval,
-                device,
-            },
-            hyper,
-        ))
+        Ok(Self {
+            vs,
+            model,
+            config: bert,
+            tokenizer,
+            model_dir,
+            label_names,
+            padding: opts.padding,
+            train,
+            eval,
+            device,
+        })
     }
 }
 
@@ -330,30 +363,8 @@ impl Recipe for BertRecipe {
     /// A loadable Hugging Face-style directory: weights, config.json with the labels, and the
     /// tokenizer files.
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vs.save(dir.join("model.safetensors"))?;
-        let mut config = serde_json::to_value(&self.config)?;
-        config["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
-        config["model_type"] = serde_json::json!("bert");
-        config["num_labels"] = serde_json::json!(self.label_names.len());
-        config["label2id"] = self
-            .label_names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), serde_json::json!(i)))
-            .collect();
-        std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-        for f in [
-            "tokenizer.json",
-            "vocab.txt",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-        ] {
-            let src = self.model_dir.join(f);
-            if src.exists() {
-                std::fs::copy(&src, dir.join(f))
-                    .with_context(|| format!("copying {}", src.display()))?;
-            }
-        }
+        self.vs.save(dir.join(crate::checkpoint::MODEL))?;
+        crate::checkpoint::write_text_model(dir, &self.config, &self.label_names, &self.model_dir)?;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use tch::{nn, Device, Kind};
 
-use crate::models::bert::{load_weights, BertClassifier, BertConfig};
+use crate::models::bert::{load_weights, BertClassifier};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 
 /// One prediction: the most likely label and every label's probability.
@@ -53,28 +53,7 @@ impl TextClassifier {
     }
 
     fn load_dir(dir: &Path, device: Device) -> Result<Self> {
-        let has_weights = ["model.safetensors", "pytorch_model.bin"]
-            .iter()
-            .any(|f| dir.join(f).exists());
-        if !dir.join("config.json").exists() || !has_weights {
-            bail!(
-                "{} is not a model checkpoint (it needs config.json and model.safetensors): pass a checkpoint directory such as result.last_checkpoint or trainbook_runs/<run>/checkpoints/epoch-0",
-                dir.display()
-            );
-        }
-        let config = BertConfig::from_file(&dir.join("config.json"))?;
-        let Some(id2label) = config.id2label.clone() else {
-            bail!("{}/config.json has no id2label: it is not a sequence-classification checkpoint (train one with train_bert first)", dir.display());
-        };
-        let mut labels = vec![String::new(); id2label.len()];
-        for (id, name) in id2label {
-            let i: usize = id
-                .parse()
-                .ok()
-                .filter(|i| *i < labels.len())
-                .with_context(|| format!("config.json: id2label key '{id}' is not a label id"))?;
-            labels[i] = name;
-        }
+        let (config, labels) = crate::checkpoint::read_text_model(dir)?;
         let tokenizer =
             TextTokenizer::from_model_dir(dir, config.max_position_embeddings as usize)?;
         let vs = nn::VarStore::new(device);
@@ -143,14 +122,8 @@ pub struct ImageClassifier {
     model: crate::models::resnet::Model,
     classes: Vec<String>,
     size: u32,
+    normalize: crate::vision::transforms::Normalize,
     device: Device,
-}
-
-#[derive(serde::Deserialize)]
-struct ImageConfig {
-    architecture: crate::models::resnet::Arch,
-    image_size: u32,
-    classes: Vec<String>,
 }
 
 impl ImageClassifier {
@@ -159,16 +132,7 @@ impl ImageClassifier {
     }
 
     fn load_dir(dir: &Path) -> Result<Self> {
-        let cfg_file = dir.join("config.json");
-        let config: ImageConfig = std::fs::read(&cfg_file)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .with_context(|| {
-                format!(
-                    "{} is not an image-classifier checkpoint (it needs config.json with architecture, image_size and classes): pass result.last_checkpoint of a resnet run",
-                    dir.display()
-                )
-            })?;
+        let config = crate::checkpoint::ImageModelConfig::read(dir)?;
         let vs = nn::VarStore::new(Device::Cpu);
         let model = crate::models::resnet::build(
             &vs.root(),
@@ -188,6 +152,7 @@ impl ImageClassifier {
             model,
             classes: config.classes,
             size: config.image_size,
+            normalize: config.normalize,
             device: Device::Cpu,
         })
     }
@@ -204,13 +169,13 @@ impl ImageClassifier {
     }
 
     fn predict_paths(&self, paths: &[&Path]) -> Result<Vec<Prediction>> {
-        use crate::vision::transforms::{eval_transform, Normalize};
+        use crate::vision::transforms::eval_transform;
         let mut images = Vec::with_capacity(paths.len());
         for &p in paths {
             let img = image::open(p)
                 .with_context(|| format!("cannot read image {}", p.display()))?
                 .to_rgb8();
-            images.push(eval_transform(&img, self.size, &Normalize::IMAGENET)?);
+            images.push(eval_transform(&img, self.size, &self.normalize)?);
         }
         if images.is_empty() {
             return Ok(Vec::new());

@@ -8,6 +8,7 @@
 
 pub mod assets;
 pub mod bert;
+pub mod checkpoint;
 pub mod classify;
 pub mod models;
 pub mod resnet;
@@ -15,9 +16,8 @@ pub mod synthetic;
 pub mod text;
 pub mod vision;
 
-use anyhow::Result;
-use trainbook_engine::recipe::{Hyper, Recipe, RecipeEntry, Registry};
-use trainbook_engine::spec::TrainConfig;
+use anyhow::{Context, Result};
+use trainbook_engine::recipe::{Hyper, RecipeEntry, Registry};
 
 /// Every recipe trainbook ships.
 pub static REGISTRY: Registry = Registry::new(&[
@@ -25,35 +25,36 @@ pub static REGISTRY: Registry = Registry::new(&[
         name: "bert",
         description: "BERT sequence classification (offline default: all-MiniLM-L6-v2 on Rotten Tomatoes snippets)",
         presets: bert::PRESETS,
-        build: build_bert,
+        preset: bert::resolve,
+        build: |h, d, log| Ok(Box::new(bert::BertRecipe::build(h, d, log)?)),
     },
     RecipeEntry {
         name: "resnet",
         description: "ResNet image classification on an ImageFolder (offline default: ResNet-18 on MNIST digits)",
         presets: resnet::PRESETS,
-        build: build_resnet,
+        preset: resnet::resolve,
+        build: |h, d, log| Ok(Box::new(resnet::ResnetRecipe::build(h, d, log)?)),
     },
     RecipeEntry {
         name: "synthetic",
         description: "tiny BERT classifying generated token sequences (engine self-test)",
         presets: synthetic::PRESETS,
-        build: build_synthetic,
+        preset: synthetic::resolve,
+        build: |h, d, _log| Ok(Box::new(synthetic::Synthetic::build(h, d)?)),
     },
 ]);
 
-type Built = Result<(Box<dyn Recipe>, Hyper)>;
-
-fn build_bert(c: &TrainConfig, d: tch::Device, log: &dyn Fn(String)) -> Built {
-    let (r, h) = bert::BertRecipe::build(c, d, log)?;
-    Ok((Box::new(r), h))
+/// A recipe's resolved settings as they travel in [`Hyper::recipe_options`].
+fn settings_map<T: serde::Serialize>(settings: &T) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::to_value(settings)? {
+        serde_json::Value::Object(m) => Ok(m),
+        other => anyhow::bail!("recipe settings must be a map, not {other}"),
+    }
 }
 
-fn build_resnet(c: &TrainConfig, d: tch::Device, log: &dyn Fn(String)) -> Built {
-    let (r, h) = resnet::ResnetRecipe::build(c, d, log)?;
-    Ok((Box::new(r), h))
-}
-
-fn build_synthetic(c: &TrainConfig, d: tch::Device, _log: &dyn Fn(String)) -> Built {
-    let (r, h) = synthetic::Synthetic::build(c, d)?;
-    Ok((Box::new(r), h))
+/// A recipe's resolved settings read back from [`Hyper::recipe_options`].
+fn settings<T: serde::de::DeserializeOwned>(hyper: &Hyper) -> Result<T> {
+    serde_json::from_value(serde_json::Value::Object(hyper.recipe_options.clone())).with_context(
+        || format!("the resolved options of preset '{}' do not fit this recipe", hyper.preset),
+    )
 }

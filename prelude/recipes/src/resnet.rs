@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use tch::nn;
 use tch::{Device, Tensor};
 
@@ -25,7 +25,7 @@ use crate::vision::folder::{find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, Normalize};
 use trainbook_engine::recipe::{Hyper, Recipe, Split};
-use trainbook_engine::spec::{OptimizerKind, TrainConfig};
+use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
 const IMAGENET: Normalize = Normalize::IMAGENET;
 
@@ -38,57 +38,78 @@ pub const PRESETS: &[(&str, &str)] = &[
 /// The hymenoptera folder the reference notebook downloads, when it is on this machine.
 pub const REFERENCE_DATA: &str = "hymenoptera_data";
 
+trainbook_engine::options! {
+    /// Options of the image-classification recipe (resnet).
+    struct VisionOptions => VisionSettings, trait ConfigureVision(vision_options) {
+        /// The network: resnet18, resnet34 or resnet50.
+        arch: Arch => Arch,
+        /// Side of the square input in pixels (the reference's 224).
+        #[arg(value_name = "PX")]
+        image_size: u32 => u32,
+        /// Threads per worker that decode and augment images ahead of the training loop.
+        #[arg(value_name = "N")]
+        loader_threads: usize => usize,
+    }
+    extra {
+        /// The training augmentation (the preset's).
+        augment: Augment,
+    }
+}
+
+/// What a preset decides; the job's options go on top.
 struct Preset {
     hyper: Hyper,
-    arch: Arch,
-    size: u32,
-    data: PathBuf,
-    augment: Augment,
-    train_rows: Option<usize>,
-    eval_rows: Option<usize>,
+    vision: VisionSettings,
 }
 
 fn preset(name: &str) -> Result<Preset> {
-    let digits = crate::assets::digits_dir();
+    let digits = crate::assets::digits_dir().display().to_string();
     let light = Augment {
         min_scale: 0.6,
         flip: false,
     };
+    let vision = |arch, image_size, augment| VisionSettings {
+        arch,
+        image_size,
+        loader_threads: 2,
+        augment,
+    };
+    let rows = |hyper: Hyper, data: &str, rows: Option<(usize, usize)>| Hyper {
+        data: Some(data.to_string()),
+        train_rows: rows.map(|r| r.0),
+        eval_rows: rows.map(|r| r.1),
+        ..hyper
+    };
     Ok(match name {
         "tiny" => Preset {
-            hyper: Hyper::new(name, 2, 32, 1e-3, OptimizerKind::Adamw),
-            arch: Arch::Resnet18,
-            size: 32,
-            data: digits,
-            augment: light,
-            train_rows: Some(320),
-            eval_rows: Some(100),
+            hyper: rows(
+                Hyper::new(name, 2, 32, 1e-3, OptimizerKind::Adamw),
+                &digits,
+                Some((320, 100)),
+            ),
+            vision: vision(Arch::Resnet18, 32, light),
         },
         "default" => Preset {
             // A decaying learning rate: with a constant 1e-3 the val accuracy wanders between
             // 0.95 and 0.96 from epoch to epoch (measured); the decay settles it.
-            hyper: Hyper {
-                schedule: trainbook_engine::optim::Schedule::Linear,
-                warmup_ratio: 0.05,
-                ..Hyper::new(name, 4, 32, 1e-3, OptimizerKind::Adamw)
-            },
-            arch: Arch::Resnet18,
-            size: 64,
-            data: digits,
-            augment: light,
-            train_rows: None,
-            eval_rows: None,
+            hyper: rows(
+                Hyper {
+                    schedule: trainbook_engine::optim::Schedule::Linear,
+                    warmup_ratio: 0.05,
+                    ..Hyper::new(name, 4, 32, 1e-3, OptimizerKind::Adamw)
+                },
+                &digits,
+                None,
+            ),
+            vision: vision(Arch::Resnet18, 64, light),
         },
         "reference" => Preset {
-            hyper: Hyper::new(name, 10, 32, 1e-3, OptimizerKind::Sgd),
-            arch: Arch::Resnet50,
-            size: 224,
-            data: crate::assets::data_dir()
-                .join("datasets")
-                .join(REFERENCE_DATA),
-            augment: Augment::TORCHVISION,
-            train_rows: None,
-            eval_rows: None,
+            hyper: rows(
+                Hyper::new(name, 10, 32, 1e-3, OptimizerKind::Sgd),
+                &reference_data().display().to_string(),
+                None,
+            ),
+            vision: vision(Arch::Resnet50, 224, Augment::TORCHVISION),
         },
         other => {
             let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
@@ -98,6 +119,48 @@ fn preset(name: &str) -> Result<Preset> {
             )
         }
     })
+}
+
+/// Where the reference's hymenoptera folder is looked for.
+fn reference_data() -> PathBuf {
+    crate::assets::data_dir()
+        .join("datasets")
+        .join(REFERENCE_DATA)
+}
+
+/// The job's preset with its image options resolved (see
+/// [`trainbook_engine::recipe::PresetFn`]). With no preset named: the reference job when the
+/// hymenoptera folder is on this machine, else the offline default.
+pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
+    let name = spec.train.preset.clone().unwrap_or_else(|| {
+        if reference_data().join("train").exists() {
+            "reference"
+        } else {
+            "default"
+        }
+        .to_string()
+    });
+    let p = preset(&name)?;
+    let options: VisionOptions = spec.recipe_options()?;
+    let vision = p.vision.with_overrides(&options);
+    if vision.image_size < 32 {
+        bail!(
+            "image_size {} is too small: ResNet needs at least 32 px",
+            vision.image_size
+        );
+    }
+    if vision.loader_threads == 0 {
+        bail!("loader_threads is 0: use at least 1");
+    }
+    if spec.train.data.is_none() {
+        let root = PathBuf::from(p.hyper.data.clone().unwrap_or_default());
+        if !root.exists() {
+            bail!("{} is missing: run `make setup` (scripts/fetch-data.sh builds the offline digits folder), or pass --data <ImageFolder root>", root.display());
+        }
+    }
+    let mut hyper = p.hyper;
+    hyper.recipe_options = crate::settings_map(&vision)?;
+    Ok(hyper)
 }
 
 /// `n` samples spread evenly over a folder sorted by class (so every class is represented).
@@ -131,31 +194,16 @@ fn slot(split: Split) -> usize {
 }
 
 impl ResnetRecipe {
-    pub fn build(
-        config: &TrainConfig,
-        device: Device,
-        log: &dyn Fn(String),
-    ) -> Result<(Self, Hyper)> {
-        let name = config.preset.clone().unwrap_or_else(|| {
-            let hymenoptera = crate::assets::data_dir()
-                .join("datasets")
-                .join(REFERENCE_DATA);
-            if hymenoptera.join("train").exists() {
-                "reference"
-            } else {
-                "default"
-            }
-            .to_string()
-        });
-        let p = preset(&name)?;
-        let hyper = p.hyper.clone().with_overrides(config);
-        let v = &config.vision;
-        let arch = v.arch.unwrap_or(p.arch);
-        let size = v.image_size.unwrap_or(p.size);
-        let root = config.data.as_ref().map(PathBuf::from).unwrap_or(p.data);
-        if !root.exists() && config.data.is_none() {
-            bail!("{} is missing: run `make setup` (scripts/fetch-data.sh builds the offline digits folder), or pass --data <ImageFolder root>", root.display());
-        }
+    /// Scans the data and builds the network as `hyper` (resolved by [`resolve`]) says.
+    pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {
+        let v: VisionSettings = crate::settings(hyper)?;
+        let (arch, size) = (v.arch, v.image_size);
+        let root = PathBuf::from(
+            hyper
+                .data
+                .as_deref()
+                .context("the resnet recipe needs data (an ImageFolder root)")?,
+        );
         let (train_dir, val_dir) = find_splits(&root)?;
         let train = ImageFolder::scan(&train_dir)?;
         let val = ImageFolder::scan(&val_dir)?;
@@ -174,8 +222,8 @@ impl ResnetRecipe {
             }
         }
         let rows = [
-            spread(train.len(), config.train_rows.or(p.train_rows)),
-            spread(val.len(), config.eval_rows.or(p.eval_rows)),
+            spread(train.len(), hyper.train_rows),
+            spread(val.len(), hyper.eval_rows),
         ];
         log(format!(
             "data: {} train / {} val images from {} ({} classes: {}); {arch} at {size} px",
@@ -188,7 +236,7 @@ impl ResnetRecipe {
         tch::manual_seed(hyper.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = resnet::build(&vs.root(), arch, train.classes.len() as i64);
-        if let Some(weights) = &config.model {
+        if let Some(weights) = &hyper.model {
             let report = resnet::load_weights(&vs, Path::new(weights))?;
             if let Some(msg) = report.describe(&format!("{arch}"), weights) {
                 for line in msg.lines() {
@@ -196,23 +244,19 @@ impl ResnetRecipe {
                 }
             }
         }
-        let threads = v.loader_threads.unwrap_or(2);
-        Ok((
-            Self {
-                vs,
-                model,
-                arch,
-                size,
-                augment: p.augment,
-                seed: hyper.seed,
-                loader_threads: threads,
-                folders: [Arc::new(train), Arc::new(val)],
-                rows,
-                pipelines: Mutex::new([None, None]),
-                device,
-            },
-            hyper,
-        ))
+        Ok(Self {
+            vs,
+            model,
+            arch,
+            size,
+            augment: v.augment,
+            seed: hyper.seed,
+            loader_threads: v.loader_threads,
+            folders: [Arc::new(train), Arc::new(val)],
+            rows,
+            pipelines: Mutex::new([None, None]),
+            device,
+        })
     }
 
     fn mode(&self, split: Split, epoch: u64) -> Mode {
@@ -280,15 +324,15 @@ impl Recipe for ResnetRecipe {
     /// `model.safetensors` (torchvision names) and `config.json` with the architecture, input
     /// size and class names, which `ImageClassifier::load` reads.
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vs.save(dir.join("model.safetensors"))?;
-        let config = serde_json::json!({
-            "architecture": self.arch,
-            "image_size": self.size,
-            "num_classes": self.folders[0].classes.len(),
-            "classes": self.folders[0].classes,
-            "normalize": { "mean": IMAGENET.mean, "std": IMAGENET.std },
-        });
-        std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+        self.vs.save(dir.join(crate::checkpoint::MODEL))?;
+        crate::checkpoint::ImageModelConfig {
+            architecture: self.arch,
+            image_size: self.size,
+            num_classes: self.folders[0].classes.len(),
+            classes: self.folders[0].classes.clone(),
+            normalize: IMAGENET,
+        }
+        .write(dir)?;
         Ok(())
     }
 }

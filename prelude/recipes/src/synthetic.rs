@@ -12,7 +12,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::models::bert::{BertClassifier, BertConfig};
 use trainbook_engine::recipe::{Hyper, Recipe, Split};
-use trainbook_engine::spec::{OptimizerKind, TrainConfig};
+use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
 const VOCAB: i64 = 128;
 const SEQ: i64 = 16;
@@ -122,10 +122,21 @@ fn preset(name: &str) -> Result<Preset> {
     })
 }
 
+/// The job's preset (see [`trainbook_engine::recipe::PresetFn`]): `tiny` unless named. The
+/// recipe has no options of its own.
+pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
+    let _: NoOptions = spec.recipe_options()?;
+    Ok(preset(spec.train.preset.as_deref().unwrap_or("tiny"))?.hyper)
+}
+
+/// The synthetic recipe's own options: none.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct NoOptions {}
+
 impl Synthetic {
-    pub fn build(config: &TrainConfig, device: Device) -> Result<(Self, Hyper)> {
-        let p = preset(config.preset.as_deref().unwrap_or("tiny"))?;
-        let hyper = p.hyper.with_overrides(config);
+    pub fn build(hyper: &Hyper, device: Device) -> Result<Self> {
+        // The model and data sizes are the preset's (not options).
+        let p = preset(&hyper.preset)?;
         let mut bert = BertConfig::tiny(VOCAB, SEQ).with_dropout(hyper.dropout);
         bert.hidden_size = p.hidden;
         bert.num_hidden_layers = p.layers;
@@ -136,15 +147,12 @@ impl Synthetic {
         let model = BertClassifier::new(&vs.root(), &bert, 2);
         let train = generate(p.train_len, DATA_SEED, device);
         let eval = generate(p.eval_len, DATA_SEED + 1, device);
-        Ok((
-            Self {
-                vs,
-                model,
-                train,
-                eval,
-            },
-            hyper,
-        ))
+        Ok(Self {
+            vs,
+            model,
+            train,
+            eval,
+        })
     }
 }
 

@@ -147,6 +147,9 @@ impl Drop for RendezvousServer {
 }
 
 /// How a worker joins its job's process group.
+/// Set to 1 by a launcher that hosts the rendezvous store itself (see [`InitOptions`]).
+pub const AGENT_STORE: &str = "TRAINBOOK_AGENT_STORE";
+
 #[derive(Clone, Debug)]
 pub struct InitOptions {
     pub backend: Backend,
@@ -181,7 +184,7 @@ impl InitOptions {
         if world_size == 0 || rank >= world_size {
             bail!("RANK={rank} must be below WORLD_SIZE={world_size}");
         }
-        let agent_store = std::env::var("TRAINBOOK_AGENT_STORE")
+        let agent_store = std::env::var(AGENT_STORE)
             .map(|v| v == "1")
             .unwrap_or(false);
         Ok(Self {

@@ -24,7 +24,7 @@ use rand::Rng;
 use tch::Tensor;
 
 /// `transforms.Normalize(mean, std)` applied after `ToTensor()` (values in [0, 1]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Normalize {
     pub mean: [f32; 3],
     pub std: [f32; 3],
@@ -140,7 +140,7 @@ pub fn random_resized_crop_params(
 }
 
 /// How strong the training augmentation is.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Augment {
     /// Smallest crop area as a fraction of the image (torchvision: 0.08).
     pub min_scale: f64,
@@ -551,5 +551,12 @@ mod tests {
         };
         let err = eval_transform(&img, 8, &bad).unwrap_err();
         assert!(err.to_string().contains("std must be a positive"), "{err}");
+    }
+}
+
+/// torchvision's (what a setting recorded before augmentation was recorded meant).
+impl Default for Augment {
+    fn default() -> Self {
+        Augment::TORCHVISION
     }
 }

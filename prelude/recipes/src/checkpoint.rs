@@ -1,0 +1,194 @@
+//! The model files the recipes put in a checkpoint, beside the engine's files
+//! ([`trainbook_engine::checkpoint`]: layout, trainer state, weights, optimizer state). The
+//! recipes' `save` writes them and [`crate::classify`] reads them, through these types only.
+//!
+//! - text (bert): a Hugging Face-style directory: `config.json` ([`BertConfig`] with
+//!   `id2label`/`label2id`), `model.safetensors`, the tokenizer files;
+//! - images (resnet): `config.json` ([`ImageModelConfig`]) and `model.safetensors` with
+//!   torchvision's names.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::models::bert::BertConfig;
+use crate::models::resnet::Arch;
+use crate::vision::transforms::Normalize;
+pub use trainbook_engine::checkpoint::{write_atomic, MODEL, OPTIMIZER, TRAINER_STATE};
+
+/// A model's configuration file, text or image.
+pub const MODEL_CONFIG: &str = "config.json";
+
+/// The tokenizer files a text checkpoint carries over from its model.
+pub const TOKENIZER_FILES: [&str; 4] = [
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+];
+
+fn imagenet() -> Normalize {
+    Normalize::IMAGENET
+}
+
+/// An image classifier's `config.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageModelConfig {
+    pub architecture: Arch,
+    /// Side of the square input in pixels.
+    pub image_size: u32,
+    pub num_classes: usize,
+    /// Class names in label order (the ImageFolder's sorted class folders).
+    pub classes: Vec<String>,
+    /// The input normalisation the model was trained with (ImageNet's when absent).
+    #[serde(default = "imagenet")]
+    pub normalize: Normalize,
+}
+
+impl ImageModelConfig {
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        write_atomic(&dir.join(MODEL_CONFIG), &serde_json::to_vec_pretty(self)?)
+    }
+
+    pub fn read(dir: &Path) -> Result<Self> {
+        let file = dir.join(MODEL_CONFIG);
+        std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .with_context(|| {
+                format!(
+                    "{} is not an image-classifier checkpoint (it needs {MODEL_CONFIG} with architecture, image_size and classes): pass result.last_checkpoint of a resnet run",
+                    dir.display()
+                )
+            })
+    }
+}
+
+/// Writes a text classifier's `config.json`: the model's configuration with its labels, in
+/// Transformers' `BertForSequenceClassification` form, and copies the tokenizer files of
+/// `tokenizer_dir`.
+pub fn write_text_model(
+    dir: &Path,
+    config: &BertConfig,
+    labels: &[String],
+    tokenizer_dir: &Path,
+) -> Result<()> {
+    let mut json = serde_json::to_value(config)?;
+    json["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
+    json["model_type"] = serde_json::json!("bert");
+    json["num_labels"] = serde_json::json!(labels.len());
+    json["id2label"] = labels
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (i.to_string(), serde_json::json!(n)))
+        .collect();
+    json["label2id"] = labels
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.clone(), serde_json::json!(i)))
+        .collect();
+    write_atomic(&dir.join(MODEL_CONFIG), &serde_json::to_vec_pretty(&json)?)?;
+    for f in TOKENIZER_FILES {
+        let src = tokenizer_dir.join(f);
+        if src.exists() {
+            std::fs::copy(&src, dir.join(f))
+                .with_context(|| format!("copying {}", src.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads a text classifier's `config.json`: the model configuration and the label names in
+/// label order.
+pub fn read_text_model(dir: &Path) -> Result<(BertConfig, Vec<String>)> {
+    let has_weights = [MODEL, "pytorch_model.bin"]
+        .iter()
+        .any(|f| dir.join(f).exists());
+    if !dir.join(MODEL_CONFIG).exists() || !has_weights {
+        bail!(
+            "{} is not a model checkpoint (it needs {MODEL_CONFIG} and {MODEL}): pass a checkpoint directory such as result.last_checkpoint or trainbook_runs/<run>/checkpoints/epoch-0",
+            dir.display()
+        );
+    }
+    let config = BertConfig::from_file(&dir.join(MODEL_CONFIG))?;
+    let Some(id2label) = config.id2label.clone() else {
+        bail!("{}/{MODEL_CONFIG} has no id2label: it is not a sequence-classification checkpoint (train one with train_bert first)", dir.display());
+    };
+    let mut labels = vec![String::new(); id2label.len()];
+    for (id, name) in id2label {
+        let i: usize = id
+            .parse()
+            .ok()
+            .filter(|i| *i < labels.len())
+            .with_context(|| format!("{MODEL_CONFIG}: id2label key '{id}' is not a label id"))?;
+        labels[i] = name;
+    }
+    Ok((config, labels))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Model files written by trainbook before this module existed (tests/fixtures) still read.
+    use super::*;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/checkpoint-v0")
+            .join(name)
+    }
+
+    #[test]
+    fn an_old_image_config_reads_and_round_trips() {
+        let dir = tempdir();
+        std::fs::copy(fixture("resnet-config.json"), dir.join(MODEL_CONFIG)).unwrap();
+        let c = ImageModelConfig::read(&dir).unwrap();
+        assert_eq!(c.architecture, Arch::Resnet18);
+        assert_eq!((c.image_size, c.num_classes, c.classes.len()), (32, 10, 10));
+        assert_eq!(c.normalize, Normalize::IMAGENET);
+        c.write(&dir).unwrap();
+        assert_eq!(ImageModelConfig::read(&dir).unwrap(), c);
+    }
+
+    #[test]
+    fn an_image_config_without_normalisation_means_imagenet() {
+        let dir = tempdir();
+        std::fs::write(
+            dir.join(MODEL_CONFIG),
+            r#"{"architecture":"resnet50","image_size":224,"num_classes":2,"classes":["ants","bees"]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            ImageModelConfig::read(&dir).unwrap().normalize,
+            Normalize::IMAGENET
+        );
+        std::fs::write(dir.join(MODEL_CONFIG), "{}").unwrap();
+        let e = ImageModelConfig::read(&dir).unwrap_err().to_string();
+        assert!(e.contains("not an image-classifier checkpoint"), "{e}");
+    }
+
+    #[test]
+    fn an_old_text_config_reads_its_labels_and_round_trips() {
+        let dir = tempdir();
+        std::fs::copy(fixture("bert-config.json"), dir.join(MODEL_CONFIG)).unwrap();
+        std::fs::write(dir.join(MODEL), b"").unwrap();
+        let (config, labels) = read_text_model(&dir).unwrap();
+        assert_eq!(labels, ["fresh", "rotten"]);
+        write_text_model(&dir, &config, &labels, &dir).unwrap();
+        let (again, labels_again) = read_text_model(&dir).unwrap();
+        assert_eq!(labels_again, labels);
+        assert_eq!(again.hidden_size, config.hidden_size);
+    }
+
+    fn tempdir() -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "trainbook-ckpt-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
