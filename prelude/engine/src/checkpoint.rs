@@ -132,3 +132,44 @@ pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> R
     std::fs::rename(&tmp, dir)
         .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    //! Files written by trainbook before this module existed (tests/fixtures) still read.
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/checkpoint-v0")
+            .join(name)
+    }
+
+    #[test]
+    fn old_trainer_states_read() {
+        let s = TrainerState::read(&fixture("synthetic-epoch-0")).unwrap();
+        assert_eq!((s.epoch, s.step, s.world_size), (0, 3, Some(1)));
+        assert_eq!(s.hyper["optimizer"], "adamw");
+        assert!(s.metrics.contains_key("eval_loss"));
+        let dir = std::env::temp_dir().join(format!("trainbook-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(fixture("resnet-trainer_state.json"), dir.join(TRAINER_STATE)).unwrap();
+        let s = TrainerState::read(&dir).unwrap();
+        assert_eq!(s.global_batch_size, Some(32));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_old_run_config_reads_without_resolved_hyper_parameters() {
+        let c = RunConfig::read(&fixture("synthetic-run-config.json")).unwrap();
+        assert_eq!((c.spec.recipe.as_str(), c.spec.workers), ("synthetic", 1));
+        assert_eq!(c.spec.train.preset.as_deref(), Some("tiny"));
+        assert!(c.hyper.is_none());
+    }
+
+    #[test]
+    fn a_directory_without_a_trainer_state_is_named_with_the_fix() {
+        let e = format!("{:#}", TrainerState::read(Path::new("/tmp")).unwrap_err());
+        assert!(e.contains("/tmp is not a trainbook checkpoint"), "{e}");
+        assert!(e.contains("checkpoints/epoch-0"), "{e}");
+    }
+}
