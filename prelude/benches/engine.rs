@@ -123,9 +123,9 @@ fn startup(rounds: usize) {
 /// offline digits at the default preset's size: images/s to compare with training samples/s.
 fn pipeline(threads: usize, batches: usize) {
     use std::sync::Arc;
-    use trainbook::vision::{folder::ImageFolder, loader, transforms};
+    use trainbook::recipes::vision::{folder::ImageFolder, loader, transforms};
     let folder = Arc::new(
-        ImageFolder::scan(&trainbook::assets::digits_dir().join("train"))
+        ImageFolder::scan(&trainbook::recipes::assets::digits_dir().join("train"))
             .expect("run `make setup` first"),
     );
     let per_batch = 16; // one worker's share of the default global batch of 32

@@ -4,7 +4,7 @@
 
 use crate::dedup::{looks_like_error, Shown};
 use crate::job::{Job, JobStatus, Progress, Update};
-use crate::metrics::MetricRow;
+use trainbook_engine::metrics::MetricRow;
 use anyhow::Result;
 use std::path::PathBuf;
 use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};

@@ -6,27 +6,34 @@
 //! trainers (`train_bert`, `BertTrainer`...), the CLI and the notebook view, which subscribes to
 //! jobs. [`launch`] hands the engine the recipe registry and shows the job.
 
+/// The `trainbook` command line (the `trainbook` binary's entry point).
 pub mod cli;
+/// The dashboard model shared by the notebook view and the terminal.
 pub mod dashboard;
+/// The notebook view: how a job's dashboard reaches the trainbook kernel's cells.
 pub mod notebook;
-pub mod run;
-pub mod trainers;
+mod run;
+mod trainers;
 
-/// The engine's whole API (the facade re-exports what notebooks and scripts need).
+/// The engine beneath: job spec and options, the `Recipe` trait and registry type, the driver,
+/// workers, collectives, the training loop, the checkpoint format. For code that extends
+/// trainbook; notebooks need only the prelude.
 pub use trainbook_engine as engine;
-pub use trainbook_engine::{dedup, device, events, job, metrics, spec};
-pub use trainbook_recipes::{assets, classify, models, text, vision};
+/// The recipes beneath: BERT, ResNet and synthetic, their models and data, the classifiers and
+/// `REGISTRY`. For code that extends trainbook; notebooks need only the prelude.
+pub use trainbook_recipes as recipes;
 
-/// trainbook's recipes and their registry.
-pub mod recipes {
-    pub use trainbook_recipes::{bert, resnet, synthetic, REGISTRY};
-}
+// The facade's own modules reach the layers beneath by these names.
+use trainbook_engine::{dedup, device, job, spec};
+use trainbook_recipes::classify;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{DeviceKind, DeviceRequest};
 pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
 pub use run::{fit, launch, Plan, Show, Train, View, ViewOptions};
-pub use spec::{Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, TrainConfig};
+pub use spec::{
+    Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule, TrainConfig,
+};
 pub use trainbook_recipes::bert::{ConfigureText, TextOptions};
 pub use trainbook_recipes::models::resnet::Arch;
 pub use trainbook_recipes::resnet::{ConfigureVision, VisionOptions};

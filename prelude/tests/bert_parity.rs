@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use tch::nn;
 use tch::Tensor;
-use trainbook::models::bert::{load_safetensors, BertClassifier, BertConfig};
+use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertConfig};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/bert_tiny")
@@ -85,7 +85,7 @@ fn checkpoints_without_the_bert_prefix_load_and_report_the_new_head() {
     let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let _model = BertClassifier::new(&vs.root(), &config, 5);
-    let report = trainbook::models::bert::load_tensors(&vs, tensors, "test").unwrap();
+    let report = trainbook::recipes::models::bert::load_tensors(&vs, tensors, "test").unwrap();
     assert_eq!(
         report.missing,
         vec![
@@ -123,7 +123,7 @@ fn shape_mismatch_is_a_clear_error() {
 /// into our BertForSequenceClassification with every encoder weight found.
 #[test]
 fn minilm_checkpoint_loads_with_no_missing_encoder_weights() {
-    let dir = trainbook::assets::minilm_dir();
+    let dir = trainbook::recipes::assets::minilm_dir();
     assert!(
         dir.join("model.safetensors").exists(),
         "{} is missing: run `make setup` (scripts/fetch-data.sh)",
@@ -161,7 +161,7 @@ fn pickled_pytorch_checkpoints_with_gamma_beta_names_load_the_same_weights() {
     let load = |file: &str| {
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let _m = BertClassifier::new(&vs.root(), &config, config.num_labels().unwrap_or(3));
-        let report = trainbook::models::bert::load_weights(&vs, &dir.join(file)).unwrap();
+        let report = trainbook::recipes::models::bert::load_weights(&vs, &dir.join(file)).unwrap();
         assert!(
             report.missing.is_empty() && report.unexpected.is_empty(),
             "{file}: {report:?}"

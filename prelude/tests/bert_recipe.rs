@@ -2,7 +2,7 @@
 //! snippets, two worker processes, and a checkpoint that loads back as a Hugging Face model.
 
 use tch::nn;
-use trainbook::models::bert::{load_safetensors, BertClassifier, BertConfig};
+use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertConfig};
 use trainbook::prelude::*;
 use trainbook::TrainResult;
 
@@ -220,7 +220,7 @@ fn training_table_is_the_table_the_job_reads() {
     let file = tiny.training_file().unwrap();
     assert_eq!(
         file.canonicalize().unwrap(),
-        trainbook::assets::rotten_tomatoes_csv()
+        trainbook::recipes::assets::rotten_tomatoes_csv()
             .canonicalize()
             .unwrap()
     );

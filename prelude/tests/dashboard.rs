@@ -5,9 +5,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use trainbook::dashboard::JobDashboard;
-use trainbook::dedup::{Shown, Stream};
-use trainbook::job::{JobStatus, Progress, Update};
-use trainbook::metrics::MetricRow;
+use trainbook::engine::dedup::{Shown, Stream};
+use trainbook::engine::job::{JobStatus, Progress, Update};
+use trainbook::engine::metrics::MetricRow;
 use trainbook::notebook::follow;
 use trainbook_widgets::DashboardOptions;
 

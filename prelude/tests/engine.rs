@@ -136,7 +136,7 @@ fn job_reports_metrics_logs_and_checkpoints() {
     ] {
         assert!(r.run_dir.join(f).exists(), "{f} missing");
     }
-    let parquet = trainbook::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
+    let parquet = trainbook::engine::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
     assert_eq!(parquet.height(), df.height());
     assert_eq!(
         r.last_checkpoint.as_ref().unwrap().file_name().unwrap(),
@@ -200,12 +200,12 @@ fn event_socket_ignores_messages_without_the_token() {
     let forged =
         serde_json::json!({"type": "log", "rank": 0, "stream": "stdout", "text": "INJECTED"})
             .to_string();
-    trainbook::events::send_raw(
+    trainbook::engine::events::send_raw(
         &endpoint,
         vec![b"not-the-token".to_vec(), forged.clone().into_bytes()],
     )
     .unwrap();
-    trainbook::events::send_raw(&endpoint, vec![forged.into_bytes()]).unwrap();
+    trainbook::engine::events::send_raw(&endpoint, vec![forged.into_bytes()]).unwrap();
     job.wait().unwrap();
     assert!(job.logs().iter().all(|l| !l.text.contains("INJECTED")));
     assert_eq!(job.dropped_events(), 2);

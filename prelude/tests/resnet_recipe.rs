@@ -45,7 +45,7 @@ fn tiny_resnet_learns_with_two_workers_and_its_checkpoint_classifies_images() {
     let ckpt = r.last_checkpoint.expect("a checkpoint per epoch");
     let clf = ImageClassifier::load(&ckpt).unwrap();
     assert_eq!(clf.classes().len(), 10);
-    let seven = std::fs::read_dir(trainbook::assets::digits_dir().join("val/7"))
+    let seven = std::fs::read_dir(trainbook::recipes::assets::digits_dir().join("val/7"))
         .unwrap()
         .next()
         .unwrap()
@@ -69,7 +69,7 @@ fn a_folder_with_a_corrupt_image_trains_and_reports_it() {
     let root = std::env::temp_dir().join(format!("trainbook-folder-{}", std::process::id()));
     for split in ["train", "val"] {
         for class in ["3", "8"] {
-            let src = trainbook::assets::digits_dir().join(split).join(class);
+            let src = trainbook::recipes::assets::digits_dir().join(split).join(class);
             let dst = root.join(split).join(class);
             std::fs::create_dir_all(&dst).unwrap();
             for e in std::fs::read_dir(&src).unwrap().take(16) {
