@@ -206,9 +206,40 @@ fn bad_device_name_and_help() {
         "--dropout",
         "--seed",
         "--json",
+        "--optimizer <sgd|adamw>",
+        "Text recipes (bert):",
+        "--max-length <N>",
+        "Image recipes (resnet):",
+        "--arch <resnet18|resnet34|resnet50>",
     ] {
         assert!(text.contains(flag), "--help lacks {flag}");
     }
+}
+
+/// A recipe option given to a recipe without it fails before any worker starts, naming the
+/// options the recipe has; so does an out-of-range recipe option.
+#[test]
+fn options_of_another_recipe_and_bad_recipe_options() {
+    expect_clear_error(
+        &["train", "bert", "--preset", "tiny", "--arch", "resnet50"],
+        &[],
+        &["recipe bert has no option 'arch'", "max_length", "padding"],
+    );
+    expect_clear_error(
+        &["train", "synthetic", "--max-length", "64"],
+        &[],
+        &["recipe synthetic has no option 'max_length'"],
+    );
+    expect_clear_error(
+        &["train", "bert", "--preset", "tiny", "--max-length", "0"],
+        &[],
+        &["max_length 0 must be between 1 and 8192"],
+    );
+    expect_clear_error(
+        &["train", "resnet", "--preset", "tiny", "--image-size", "8"],
+        &[],
+        &["image_size 8 is too small"],
+    );
 }
 
 #[test]

@@ -403,10 +403,17 @@ async function run() {
   const before = (await api(`/api/contents/${NB_NAME}?content=0`)).last_modified;
   await page.locator('.jp-NotebookPanel .jp-Notebook').first().click({ position: { x: 5, y: 5 } }).catch(() => {});
   await page.keyboard.press('Control+s');
-  const saved = await waitFor('JupyterLab to save the notebook', 30, async () => {
-    const m = await api(`/api/contents/${NB_NAME}?content=1`);
-    return m.last_modified !== before && m.content;
-  });
+  // Poll metadata only until the save is done (the file's time changed and then held still for
+  // a second), then read the content once: jupyter_server reading a notebook in the middle of its
+  // own atomic save fails and "restores" the backup over it, which lost the file in one run.
+  let seen = null;
+  await waitFor('JupyterLab to save the notebook', 30, async () => {
+    const t = (await api(`/api/contents/${NB_NAME}?content=0`)).last_modified;
+    const done = t !== before && t === seen;
+    seen = t;
+    return done;
+  }, 1000);
+  const saved = (await api(`/api/contents/${NB_NAME}?content=1`)).content;
   fs.writeFileSync(path.join(ARTIFACTS, 'bert.executed.ipynb'), JSON.stringify(saved, null, 1));
   const code = saved.cells.filter((c) => c.cell_type === 'code');
   const bad = code.flatMap((c) => c.outputs.filter((o) => o.output_type === 'error' || (o.output_type === 'stream' && o.name === 'stderr')));

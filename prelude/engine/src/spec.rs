@@ -59,6 +59,7 @@ crate::options! {
         /// Learning rate (peak, when a schedule or warm-up is used).
         lr: f64 => f64,
         /// sgd (with momentum) or adamw.
+        #[arg(value_name = "sgd|adamw")]
         optimizer: OptimizerKind => OptimizerKind,
         /// SGD momentum.
         momentum: f64 => f64,
@@ -76,10 +77,12 @@ crate::options! {
         #[arg(value_name = "N")]
         grad_accum: usize => usize,
         /// Learning-rate schedule: constant or linear (decays to 0 at the last step).
+        #[arg(value_name = "constant|linear")]
         schedule: Schedule => Schedule,
         /// Fraction of the optimizer steps spent warming the learning rate up from 0 (e.g. 0.1).
         warmup_ratio: f64 => f64,
         /// fp32, or bf16 autocast (CUDA and Gaudi; also runs on CPU, where it is rarely faster).
+        #[arg(value_name = "fp32|bf16")]
         precision: Precision => Precision,
         /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer
         /// state, step count and data order; needs the same workers and batch.

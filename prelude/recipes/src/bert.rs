@@ -33,6 +33,7 @@ trainbook_engine::options! {
         max_length: usize => usize,
         /// max-length (pad every text, the reference's) or dynamic (pad each batch to its
         /// longest text: same results, less work for short texts).
+        #[arg(value_name = "max-length|dynamic")]
         padding: Padding => Padding,
         /// Name of the text column.
         #[arg(value_name = "COLUMN")]

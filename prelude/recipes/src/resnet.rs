@@ -42,6 +42,7 @@ trainbook_engine::options! {
     /// Options of the image-classification recipe (resnet).
     struct VisionOptions => VisionSettings, trait ConfigureVision(vision_options) {
         /// The network: resnet18, resnet34 or resnet50.
+        #[arg(value_name = "resnet18|resnet34|resnet50")]
         arch: Arch => Arch,
         /// Side of the square input in pixels (the reference's 224).
         #[arg(value_name = "PX")]
