@@ -9,7 +9,7 @@ use crate::iopub::Publisher;
 use crate::prelude::{Prelude, init_code};
 use crate::verdict;
 use anyhow::{Context, Result};
-use evcxr::{CommandContext, EvalCallbacks, EvalContext, EvalContextOutputs};
+use evcxr::{CommandContext, EvalContext, EvalContextOutputs};
 use serde_json::{Map, Value};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -207,13 +207,23 @@ fn run(
     }
 
     let mut next_id = 1u64;
+    let mut question_marks = false;
     for req in rx {
         match req {
             Request::Execute { code, reply } => {
                 let id = next_id;
                 next_id += 1;
+                if !question_marks && !question_mark_lines(&code).is_empty() {
+                    // evcxr turns on `?` in cells the first time one fails to compile, and when
+                    // that `?` is in the cell's final expression it also drops the value's rich
+                    // display (`result.epochs()?` would show as text, not as a table). Turning
+                    // it on just before the first cell that uses `?` costs what evcxr's own
+                    // retry would, and nothing at start-up.
+                    let _ = ctx.execute("Ok::<(), std::fmt::Error>(())?;");
+                    question_marks = true;
+                }
                 state.executing.store(id, Ordering::SeqCst);
-                let result = execute_inferring_types(&mut ctx, &code);
+                let result = crate::infer::execute(&mut ctx, &code);
                 state.executing.store(0, Ordering::SeqCst);
                 drains.flush();
                 let interrupted = state.interrupted.load(Ordering::SeqCst) == id;
@@ -250,124 +260,6 @@ fn run(
             }
         }
     }
-}
-
-/// Runs a cell. evcxr stores a cell's variables for later cells and needs their types, which it
-/// gets from rust-analyzer; rust-analyzer cannot see the prebuilt prelude, so for a variable
-/// like `let job = launch(spec)?;` it gives up. Then ask the compiler (a `cargo check` of the
-/// cell plus `let _: () = job;`, whose error names the type), write the type into the `let`,
-/// and run the cell again.
-fn execute_inferring_types(
-    ctx: &mut CommandContext,
-    code: &str,
-) -> Result<evcxr::EvalOutputs, evcxr::Error> {
-    let mut code = code.to_string();
-    let mut callbacks = EvalCallbacks::default();
-    for _ in 0..4 {
-        let result = ctx.execute_with_callbacks(&code, &mut callbacks);
-        let vars = match &result {
-            Err(evcxr::Error::Message(msg)) => untyped_variable(msg).into_iter().collect(),
-            // rust-analyzer sometimes types an expression it cannot see into as `!`.
-            Err(evcxr::Error::CompilationErrors(errors))
-                if errors
-                    .iter()
-                    .any(|e| e.message().contains("`!` type is experimental")) =>
-            {
-                unannotated_lets(&code)
-            }
-            _ => Vec::new(),
-        };
-        let mut changed = false;
-        for var in vars {
-            // In a block, so evcxr does not try to keep (and type) the cell's variables itself.
-            let probe = format!("{{\n{code}\nlet _: () = {var};\n}}");
-            let ty = ctx
-                .check(&probe)
-                .ok()
-                .and_then(|errors| errors.iter().find_map(found_type));
-            if let Some(annotated) = ty.and_then(|ty| annotate(&code, &var, &ty)) {
-                code = annotated;
-                changed = true;
-            }
-        }
-        if !changed {
-            return result;
-        }
-    }
-    ctx.execute_with_callbacks(&code, &mut callbacks)
-}
-
-/// Names bound by `let name = ...` / `let mut name = ...` without a type.
-fn unannotated_lets(code: &str) -> Vec<String> {
-    untyped_lets(code)
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect()
-}
-
-/// Every `let [mut] name =` (no type): the name and the byte offset just after it.
-fn untyped_lets(code: &str) -> Vec<(String, usize)> {
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = code[from..].find("let ") {
-        let start = from + i;
-        from = start + 4;
-        if start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        let mut rest = code[start + 4..].trim_start();
-        if let Some(r) = rest.strip_prefix("mut ") {
-            rest = r.trim_start();
-        }
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        let after = rest[name.len()..].trim_start();
-        if !name.is_empty() && after.starts_with('=') && !after.starts_with("==") {
-            let end = code.len() - rest.len() + name.len();
-            out.push((name, end));
-        }
-    }
-    out
-}
-
-/// The variable named in evcxr's "Couldn't automatically determine type of variable `x`".
-fn untyped_variable(msg: &str) -> Option<String> {
-    let rest = msg.split("determine type of variable `").nth(1)?;
-    let name = rest.split('`').next()?;
-    (!name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_'))
-        .then(|| name.to_string())
-}
-
-/// The type in rustc's "expected `()`, found `T`" for the probe's mismatched-types error.
-fn found_type(error: &evcxr::CompilationError) -> Option<String> {
-    if error.code() != Some("E0308") {
-        return None;
-    }
-    let texts = error
-        .spanned_messages()
-        .iter()
-        .map(|m| m.label.clone())
-        .chain([error.rendered()]);
-    for text in texts {
-        if let Some(i) = text.rfind("found `") {
-            let ty = text[i + 7..].split('`').next()?;
-            // Closures and opaque types cannot be written down.
-            if !ty.is_empty() && ty != "!" && !ty.contains(['{', '_']) && !ty.starts_with("impl ") {
-                return Some(ty.to_string());
-            }
-        }
-    }
-    None
-}
-
-/// `let job = ...` → `let job: T = ...` (first top-level binding of `var`).
-fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
-    let (_, at) = untyped_lets(code)
-        .into_iter()
-        .find(|(name, _)| name == var)?;
-    Some(format!("{}: {ty}{}", &code[..at], &code[at..]))
 }
 
 /// evcxr's context with the cell flags set and, when there is a prelude, [`init_code`] run
@@ -409,6 +301,8 @@ fn create_context(
         );
     }
     let mut state = eval.state();
+    // Cells build offline: no registry round trip per cell, and kernels on machines without a
+    // network work; `:dep` takes crates from cargo's cache.
     state.set_offline_mode(true);
     let mut init_error = None;
     if let Some(p) = &setup.prelude {
@@ -728,35 +622,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn annotates_the_first_top_level_binding() {
-        assert_eq!(
-            annotate("let job = launch(s)?;\njob.wait()?;", "job", "Job").as_deref(),
-            Some("let job: Job = launch(s)?;\njob.wait()?;")
-        );
-        assert_eq!(
-            annotate("let mut  r = fit(x)?;", "r", "TrainResult").as_deref(),
-            Some("let mut  r: TrainResult = fit(x)?;")
-        );
-        // Not a prefix of another name, not an existing annotation, not `outlet`.
-        assert_eq!(
-            annotate("let jobs = 1; let job = 2;", "job", "u8").as_deref(),
-            Some("let jobs = 1; let job: u8 = 2;")
-        );
-        assert_eq!(annotate("let job: Job = x;", "job", "Job"), None);
-        assert_eq!(annotate("outlet job = 1;", "job", "u8"), None);
-    }
-
-    #[test]
-    fn finds_bindings_without_types() {
-        assert_eq!(
-            unannotated_lets(
-                "let job = launch(s)?;\nlet mut n = 1; let t: u8 = 2; let (a, b) = p;"
-            ),
-            ["job", "n"]
-        );
-    }
-
-    #[test]
     fn finds_the_lines_with_a_question_mark() {
         let code = "let a = f()?;\nlet s = \"why?\"; // ok?\nlet c = '?';\n/* x? */ g()?.h()?;";
         assert_eq!(question_mark_lines(code), [1, 4]);
@@ -798,14 +663,5 @@ mod tests {
     #[test]
     fn ansi_sequences_are_removed() {
         assert_eq!(strip_ansi("\x1b[38;5;249ml\x1b[0me\x1b[31mt"), "let");
-    }
-
-    #[test]
-    fn reads_the_variable_from_evcxrs_message() {
-        assert_eq!(
-            untyped_variable("Couldn't automatically determine type of variable `job`.\nPlease give it an explicit type.").as_deref(),
-            Some("job")
-        );
-        assert_eq!(untyped_variable("something else"), None);
     }
 }

@@ -4,6 +4,7 @@
 mod channel;
 mod complete;
 mod engine;
+mod infer;
 mod install;
 mod iopub;
 mod kernel;

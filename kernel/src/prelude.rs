@@ -7,7 +7,7 @@
 //! therefore never compiles a dependency, and every cell shares one copy of trainbook's statics.
 //!
 //! evcxr learns the types of a cell's variables from rust-analyzer, which cannot see a crate
-//! passed with `--extern`; the engine asks the compiler instead (see `engine::infer_types`).
+//! passed with `--extern`; the kernel asks the compiler instead (see `infer.rs`).
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};

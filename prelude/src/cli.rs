@@ -85,7 +85,10 @@ pub struct TrainArgs {
     /// Print one JSON summary as the last line of stdout (human output goes to stderr).
     #[arg(long)]
     pub json: bool,
-    #[command(flatten, next_help_heading = "Training (every recipe; default: the preset's)")]
+    #[command(
+        flatten,
+        next_help_heading = "Training (every recipe; default: the preset's)"
+    )]
     pub train: TrainConfig,
     #[command(flatten, next_help_heading = "Text recipes (bert)")]
     pub text: TextOptions,

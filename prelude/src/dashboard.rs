@@ -4,9 +4,9 @@
 
 use crate::dedup::{looks_like_error, Shown};
 use crate::job::{Job, JobStatus, Progress, Update};
-use trainbook_engine::metrics::MetricRow;
 use anyhow::Result;
 use std::path::PathBuf;
+use trainbook_engine::metrics::MetricRow;
 use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};
 
 /// A [`Dashboard`] kept up to date from one job.

@@ -10,6 +10,7 @@
 pub mod cli;
 /// The dashboard model shared by the notebook view and the terminal.
 pub mod dashboard;
+mod display;
 /// The notebook view: how a job's dashboard reaches the trainbook kernel's cells.
 pub mod notebook;
 mod run;
@@ -29,6 +30,7 @@ use trainbook_recipes::classify;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{DeviceKind, DeviceRequest};
+pub use display::{content_blocks, NotebookDisplay};
 pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
 pub use run::{fit, launch, Plan, Show, Train, View, ViewOptions};
 pub use spec::{
@@ -45,15 +47,21 @@ pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::{DeviceKind, DeviceRequest};
+    pub use crate::display::NotebookDisplay;
     pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
     pub use crate::run::{fit, launch, Plan, Show, Train, View};
     pub use crate::spec::{
         Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule,
     };
-    pub use crate::{Arch, ConfigureText, ConfigureVision, ImageFolder, Padding};
     pub use crate::trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
+    pub use crate::{Arch, ConfigureText, ConfigureVision, ImageFolder, Padding};
     pub use anyhow::Result;
     // Tables (metrics, data previews) are polars DataFrames; notebook variables need the name.
     pub use polars::prelude::DataFrame;
     pub use trainbook_widgets::LogLevel;
+    // The std types trainbook's values are made of, so that a variable's type, written down
+    // by the kernel as the compiler names it (`PathBuf`, `BTreeMap<String, f64>`), resolves.
+    pub use std::collections::{BTreeMap, HashMap};
+    pub use std::path::{Path, PathBuf};
+    pub use std::time::Duration;
 }

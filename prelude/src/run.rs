@@ -40,7 +40,10 @@ pub trait Train: Configure {
         let spec = self.spec();
         spec.validate(&trainbook_recipes::REGISTRY)?;
         let hyper = trainbook_recipes::REGISTRY.resolve(spec)?.ok_or_else(|| {
-            anyhow::anyhow!("job '{}' trains no recipe: it has no hyper-parameters", spec.recipe)
+            anyhow::anyhow!(
+                "job '{}' trains no recipe: it has no hyper-parameters",
+                spec.recipe
+            )
         })?;
         let device = trainbook_engine::device::resolve(spec.device, spec.workers)?;
         Ok(Plan { device, hyper })

@@ -2,8 +2,8 @@
 //! snippets, two worker processes, and a checkpoint that loads back as a Hugging Face model.
 
 use tch::nn;
-use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertConfig};
 use trainbook::prelude::*;
+use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertConfig};
 use trainbook::TrainResult;
 
 fn runs() -> std::path::PathBuf {

@@ -136,7 +136,8 @@ fn job_reports_metrics_logs_and_checkpoints() {
     ] {
         assert!(r.run_dir.join(f).exists(), "{f} missing");
     }
-    let parquet = trainbook::engine::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
+    let parquet =
+        trainbook::engine::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
     assert_eq!(parquet.height(), df.height());
     assert_eq!(
         r.last_checkpoint.as_ref().unwrap().file_name().unwrap(),
@@ -353,8 +354,8 @@ fn a_checkpoint_of_an_earlier_version_resumes() {
     assert_eq!((state.step, state.world_size), (5, Some(1)));
     assert_eq!(state.hyper["resume_from"], fixture.display().to_string());
     // The run's config.json records the resolved hyper-parameters the workers received.
-    let config = trainbook::engine::checkpoint::RunConfig::read(&r.run_dir.join("config.json"))
-        .unwrap();
+    let config =
+        trainbook::engine::checkpoint::RunConfig::read(&r.run_dir.join("config.json")).unwrap();
     let hyper = config.hyper.expect("a recipe job has hyper-parameters");
     assert_eq!((hyper.preset.as_str(), hyper.max_steps), ("tiny", Some(5)));
     // Another worker count changes the data order: refused, naming what the checkpoint had.
@@ -362,5 +363,8 @@ fn a_checkpoint_of_an_earlier_version_resumes() {
         "{:#}",
         trainbook::fit(tiny(2).resume_from(&fixture).max_steps(5)).unwrap_err()
     );
-    assert!(err.contains("trained with 1 workers, global batch 8"), "{err}");
+    assert!(
+        err.contains("trained with 1 workers, global batch 8"),
+        "{err}"
+    );
 }

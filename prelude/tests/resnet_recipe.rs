@@ -69,7 +69,9 @@ fn a_folder_with_a_corrupt_image_trains_and_reports_it() {
     let root = std::env::temp_dir().join(format!("trainbook-folder-{}", std::process::id()));
     for split in ["train", "val"] {
         for class in ["3", "8"] {
-            let src = trainbook::recipes::assets::digits_dir().join(split).join(class);
+            let src = trainbook::recipes::assets::digits_dir()
+                .join(split)
+                .join(class);
             let dst = root.join(split).join(class);
             std::fs::create_dir_all(&dst).unwrap();
             for e in std::fs::read_dir(&src).unwrap().take(16) {

@@ -171,6 +171,74 @@ def test_execute_returns_a_result_and_the_prelude_is_loaded(kernel):
     assert result_text(msgs) == "3"
 
 
+def rich_result(msgs):
+    """The MIME bundle of the cell's execute_result."""
+    [data] = [m["content"]["data"] for m in msgs if m["msg_type"] == "execute_result"]
+    return data
+
+
+def test_tables_and_results_render_as_html(kernel):
+    _, kc = kernel
+    reply, msgs = run(kc, 'BertTrainer::new().preset("tiny").training_table()?')
+    assert reply["status"] == "ok", reply
+    data = rich_result(msgs)
+    assert '<table class="trainbook-frame"' in data["text/html"]
+    assert data["text/plain"].startswith("shape: ("), data["text/plain"]
+    # A long table shows its head and tail, not every row.
+    rows = int(data["text/plain"].split("(")[1].split(",")[0])
+    assert rows > 20 and f"… {rows - 20} more rows" in data["text/html"]
+
+    reply, msgs = run(kc, SHORT_JOB + "\nlet r: TrainResult = job.wait()?;\nr")
+    assert reply["status"] == "ok", reply
+    data = rich_result(msgs)
+    assert '<table class="trainbook-result"' in data["text/html"]
+    assert "succeeded" in data["text/plain"] and "run dir" in data["text/plain"]
+
+    reply, msgs = run(kc, "r.epochs()?")
+    assert reply["status"] == "ok", reply
+    assert ">epoch</th>" in rich_result(msgs)["text/html"]
+
+    reply, msgs = run(kc, "job")
+    assert reply["status"] == "ok", reply
+    data = rich_result(msgs)
+    assert '<table class="trainbook-job"' in data["text/html"]
+    assert "synthetic" in data["text/plain"]
+
+
+def test_variables_without_types_are_typed(kernel):
+    _, kc = kernel
+    # A std type trainbook returns, named as the compiler names it (`PathBuf`).
+    reply, msgs = run(kc, 'let file = BertTrainer::new().preset("tiny").training_file()?;')
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, "file.exists()")
+    assert result_text(msgs) == "true", (reply, msgs)
+    # A tuple pattern, typed as one.
+    reply, msgs = run(
+        kc, 'let (spec, mut n) = (JobSpec::new("synthetic").workers(3).into_spec(), 1usize);'
+    )
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, "n += spec.workers; n")
+    assert result_text(msgs) == "4", (reply, msgs)
+
+
+def test_dep_adds_a_crate_beside_the_prelude(kernel):
+    _, kc = kernel
+    reply, _ = run(kc, LONG_JOB)
+    assert reply["status"] == "ok", reply
+    # itoa is in trainbook's own Cargo.lock, so cargo's cache has it (the kernel is offline).
+    reply, _ = run(kc, ':dep itoa = "1"', timeout=300)
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, "let mut buf = itoa::Buffer::new(); buf.format(41u32 + 1).to_string()")
+    assert result_text(msgs) == '"42"', (reply, msgs)
+    # The prelude was not rebuilt or loaded twice: its job registry still holds the job.
+    reply, msgs = run(
+        kc, "trainbook::running_jobs().iter().any(|j| j.id() == job.id()) && !job.status().is_finished()"
+    )
+    assert result_text(msgs) == "true", (reply, msgs)
+    reply, _ = run(kc, "job.stop()?;")
+    assert reply["status"] == "ok", reply
+
+
 def test_stdout_streams_to_the_cell(kernel):
     _, kc = kernel
     reply, msgs = run(kc, 'println!("hello from rust"); eprintln!("to stderr");')

@@ -1,10 +1,11 @@
 //! trainbook-widgets: training state drawn for people — loss plot, progress, log panel,
-//! metrics table, and the dashboard that holds them. Pure functions of plain data: no
-//! knowledge of workers, sockets or terminals, so the notebook and the terminal show the same
-//! numbers the same way. Every widget has a plain-text twin.
+//! metrics table, tables of any data, and the dashboard that holds them. Pure functions of
+//! plain data: no knowledge of workers, sockets or terminals, so the notebook and the terminal
+//! show the same numbers the same way. Every widget has a plain-text twin.
 
 pub mod dashboard;
 pub mod format;
+pub mod grid;
 mod html;
 pub mod logs;
 pub mod plot;
@@ -14,6 +15,7 @@ pub mod table;
 
 pub use dashboard::{Dashboard, DashboardOptions, Outcome};
 pub use format::{eta, format_duration, format_metric, format_rate, progress_line};
+pub use grid::Grid;
 pub use html::escape;
 pub use logs::{LogLevel, LogLine, LogPanel};
 pub use plot::{loss_bundle, loss_svg, svg_to_png, PlotOptions};

@@ -1,7 +1,7 @@
 //! The metrics table: one row per epoch, like Hugging Face Trainer's notebook table.
 
 use crate::format::{format_duration, format_metric};
-use crate::html::escape;
+use crate::grid::{Grid, Row};
 use std::collections::BTreeMap;
 
 /// Rows shown at most (the newest); the metrics DataFrame has them all.
@@ -48,86 +48,46 @@ impl MetricsTable {
         self.rows.is_empty()
     }
 
-    /// Columns with at least one value, and the cells of the newest [`MAX_ROWS`] rows.
-    fn grid(&self) -> (Vec<&'static str>, Vec<Vec<String>>, usize) {
+    /// The newest [`MAX_ROWS`] rows of the columns that have at least one value.
+    fn grid(&self) -> Grid {
         let used: Vec<&Column> = COLUMNS
             .iter()
             .filter(|(_, f)| self.rows.values().any(|r| f(r).is_some()))
             .collect();
         let skip = self.rows.len().saturating_sub(MAX_ROWS);
-        let cells = self
-            .rows
-            .iter()
-            .skip(skip)
-            .map(|(e, r)| {
+        let mut rows: Vec<Row> = Vec::new();
+        if skip > 0 {
+            rows.push(Row::Gap(format!("… {skip} earlier epochs")));
+        }
+        rows.extend(self.rows.iter().skip(skip).map(|(e, r)| {
+            Row::Cells(
                 std::iter::once(e.to_string())
                     .chain(used.iter().map(|(_, f)| f(r).unwrap_or_else(|| "–".into())))
-                    .collect()
-            })
-            .collect();
-        let mut heads = vec!["epoch"];
-        heads.extend(used.iter().map(|(h, _)| *h));
-        (heads, cells, skip)
+                    .collect(),
+            )
+        }));
+        let mut columns = vec!["epoch".to_string()];
+        columns.extend(used.iter().map(|(h, _)| h.to_string()));
+        Grid {
+            columns,
+            rows,
+            class: "trainbook-metrics",
+            ..Grid::default()
+        }
     }
 
     pub fn text(&self) -> String {
         if self.rows.is_empty() {
             return String::new();
         }
-        let (heads, cells, skip) = self.grid();
-        let widths: Vec<usize> = (0..heads.len())
-            .map(|i| {
-                cells
-                    .iter()
-                    .map(|r| r[i].chars().count())
-                    .chain(std::iter::once(heads[i].len()))
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let fmt_row = |cols: &[String]| {
-            cols.iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:>w$}"))
-                .collect::<Vec<_>>()
-                .join("  ")
-        };
-        let mut out = vec![fmt_row(
-            &heads.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
-        )];
-        if skip > 0 {
-            out.push(format!("… {skip} earlier epochs"));
-        }
-        out.extend(cells.iter().map(|r| fmt_row(r)));
-        out.join("\n")
+        self.grid().text()
     }
 
     pub fn html(&self) -> String {
         if self.rows.is_empty() {
             return String::new();
         }
-        let (heads, cells, skip) = self.grid();
-        let td = "style=\"padding:2px 10px;text-align:right;font-variant-numeric:tabular-nums\"";
-        let mut h = String::from("<table class=\"trainbook-metrics\" style=\"border-collapse:collapse;margin:4px 0;font-size:12px\"><thead><tr>");
-        for head in &heads {
-            h.push_str(&format!("<th {td}>{}</th>", escape(head)));
-        }
-        h.push_str("</tr></thead><tbody>");
-        if skip > 0 {
-            h.push_str(&format!(
-                "<tr><td colspan=\"{}\" {td}>… {skip} earlier epochs</td></tr>",
-                heads.len()
-            ));
-        }
-        for row in &cells {
-            h.push_str("<tr>");
-            for c in row {
-                h.push_str(&format!("<td {td}>{}</td>", escape(c)));
-            }
-            h.push_str("</tr>");
-        }
-        h.push_str("</tbody></table>");
-        h
+        self.grid().html()
     }
 }
 

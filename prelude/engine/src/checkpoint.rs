@@ -152,7 +152,11 @@ mod tests {
         assert!(s.metrics.contains_key("eval_loss"));
         let dir = std::env::temp_dir().join(format!("trainbook-state-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(fixture("resnet-trainer_state.json"), dir.join(TRAINER_STATE)).unwrap();
+        std::fs::copy(
+            fixture("resnet-trainer_state.json"),
+            dir.join(TRAINER_STATE),
+        )
+        .unwrap();
         let s = TrainerState::read(&dir).unwrap();
         assert_eq!(s.global_batch_size, Some(32));
         std::fs::remove_dir_all(&dir).ok();

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
+use crate::checkpoint::{self, RunConfig};
 use crate::dedup::{Deduplicator, Shown, Stream};
 use crate::device::{self, DeviceKind};
 use crate::dist::RendezvousServer;
 use crate::events::{self, Collector, Event, WorkerSummary};
 use crate::launch::{self, Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use crate::metrics::{self, MetricRow};
-use crate::checkpoint::{self, RunConfig};
 use crate::recipe::Registry;
 use crate::spec::JobSpec;
 use crate::worker;

@@ -189,7 +189,10 @@ mod tests {
         let help = <Cli as clap::CommandFactory>::command()
             .render_long_help()
             .to_string();
-        assert!(help.contains("--steps <N>") && help.contains("Steps to run"), "{help}");
+        assert!(
+            help.contains("--steps <N>") && help.contains("Steps to run"),
+            "{help}"
+        );
         assert!(Cli::try_parse_from(["x", "--steps", "many"]).is_err());
     }
 

@@ -352,7 +352,8 @@ impl JobSpec {
             .filter(|(k, _)| known.contains(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut value: T = serde_json::from_value(serde_json::Value::Object(mine)).unwrap_or_default();
+        let mut value: T =
+            serde_json::from_value(serde_json::Value::Object(mine)).unwrap_or_default();
         edit(&mut value);
         if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(value) {
             for (k, v) in m {

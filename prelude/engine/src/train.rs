@@ -8,12 +8,12 @@ use anyhow::{bail, Context, Result};
 use tch::nn;
 use tch::{Kind, Tensor};
 
+use crate::checkpoint::{self, TrainerState};
 use crate::ddp::{self, GradSync};
 use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
 use crate::optim::{lr_at, Optimizer, OptimizerConfig};
 use crate::precision::autocast;
-use crate::checkpoint::{self, TrainerState};
 use crate::recipe::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
 

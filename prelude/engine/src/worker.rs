@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 
+use crate::checkpoint::RunConfig;
 use crate::device::DeviceKind;
 use crate::dist::{InitOptions, ProcessGroup};
 use crate::events::{Emitter, Event};
 use crate::recipe::Registry;
-use crate::checkpoint::RunConfig;
 use crate::train::{self, WorkerContext};
 
 // The environment through which the driver (`job::launch`) hands a worker its job, besides
@@ -55,8 +55,7 @@ pub fn main(recipes: &Registry) -> i32 {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(0);
-    let events = match env(EVENTS).and_then(|ep| Emitter::connect(&ep, &env(TOKEN)?, rank))
-    {
+    let events = match env(EVENTS).and_then(|ep| Emitter::connect(&ep, &env(TOKEN)?, rank)) {
         Ok(e) => e,
         Err(e) => {
             eprintln!("trainbook-worker: {e:#}");

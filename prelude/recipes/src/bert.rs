@@ -278,7 +278,10 @@ impl BertRecipe {
             .context("the bert recipe needs a model (a directory or a Hub id)")?;
         let (model_dir, source) = crate::assets::resolve_model(model_name)?;
         if source == crate::assets::Source::Downloaded {
-            log(format!("downloaded {model_name} into {}", model_dir.display()));
+            log(format!(
+                "downloaded {model_name} into {}",
+                model_dir.display()
+            ));
         }
         let (train, test) = load_examples(hyper, &opts, log)?;
         let label_names = train.label_names.clone();

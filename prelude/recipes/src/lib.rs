@@ -45,7 +45,9 @@ pub static REGISTRY: Registry = Registry::new(&[
 ]);
 
 /// A recipe's resolved settings as they travel in [`Hyper::recipe_options`].
-fn settings_map<T: serde::Serialize>(settings: &T) -> Result<serde_json::Map<String, serde_json::Value>> {
+fn settings_map<T: serde::Serialize>(
+    settings: &T,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
     match serde_json::to_value(settings)? {
         serde_json::Value::Object(m) => Ok(m),
         other => anyhow::bail!("recipe settings must be a map, not {other}"),
@@ -55,6 +57,11 @@ fn settings_map<T: serde::Serialize>(settings: &T) -> Result<serde_json::Map<Str
 /// A recipe's resolved settings read back from [`Hyper::recipe_options`].
 fn settings<T: serde::de::DeserializeOwned>(hyper: &Hyper) -> Result<T> {
     serde_json::from_value(serde_json::Value::Object(hyper.recipe_options.clone())).with_context(
-        || format!("the resolved options of preset '{}' do not fit this recipe", hyper.preset),
+        || {
+            format!(
+                "the resolved options of preset '{}' do not fit this recipe",
+                hyper.preset
+            )
+        },
     )
 }

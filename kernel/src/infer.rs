@@ -1,0 +1,390 @@
+//! The types of a cell's new variables, when evcxr cannot find them.
+//!
+//! evcxr keeps a cell's variables for later cells and must write their types down. It asks
+//! rust-analyzer, which cannot see into the prebuilt prelude, so for `let job = launch(spec)?;`
+//! or `let (steps, status) = (r.steps, r.status);` it gives up. Then the compiler is asked
+//! instead: a `cargo check` of the cell plus `let _: () = <the bound names>;`, whose
+//! mismatched-types error names the type. The type is written into the `let` and the cell runs
+//! again. Tuple and array patterns are typed as one unit (their names, read as an expression,
+//! have the pattern's type), so one check types them all; since evcxr reads a type only from a
+//! `let` of a single name, `let (a, b) = e;` becomes `let a: A; let b: B; (a, b) = e;`.
+
+use evcxr::{CommandContext, EvalCallbacks};
+
+/// Runs a cell, writing the types evcxr could not find into its `let`s (up to four rounds).
+pub fn execute(ctx: &mut CommandContext, code: &str) -> Result<evcxr::EvalOutputs, evcxr::Error> {
+    let mut code = code.to_string();
+    let mut callbacks = EvalCallbacks::default();
+    for _ in 0..4 {
+        let result = ctx.execute_with_callbacks(&code, &mut callbacks);
+        let lets = match &result {
+            Err(evcxr::Error::Message(msg)) => untyped_variable(msg)
+                .and_then(|var| untyped_lets(&code).into_iter().find(|l| l.binds(&var)))
+                .into_iter()
+                .collect(),
+            // rust-analyzer sometimes types an expression it cannot see into as `!`.
+            Err(evcxr::Error::CompilationErrors(errors))
+                if errors
+                    .iter()
+                    .any(|e| e.message().contains("`!` type is experimental")) =>
+            {
+                untyped_lets(&code)
+            }
+            _ => Vec::new(),
+        };
+        let mut changed = false;
+        // Later bindings first, so earlier offsets stay valid.
+        for binding in lets.iter().rev() {
+            // In a block, so evcxr does not try to keep (and type) the cell's variables itself.
+            let probe = format!("{{\n{code}\nlet _: () = {};\n}}", binding.expression());
+            let ty = ctx
+                .check(&probe)
+                .ok()
+                .and_then(|errors| errors.iter().find_map(found_type));
+            if let Some(ty) = ty {
+                let typed = binding.annotate(&code, &ty);
+                changed |= typed != code;
+                code = typed;
+            }
+        }
+        if !changed {
+            return result;
+        }
+    }
+    ctx.execute_with_callbacks(&code, &mut callbacks)
+}
+
+/// A top-level `let PATTERN = ...` without a type, where PATTERN is a name or a tuple or array
+/// of names (`mut` allowed).
+#[derive(Debug, PartialEq)]
+pub struct UntypedLet {
+    pattern: String,
+    /// Byte offsets in the code of `let` and of the end of the pattern.
+    start: usize,
+    end: usize,
+}
+
+impl UntypedLet {
+    pub fn names(&self) -> Vec<&str> {
+        self.pattern
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty() && !matches!(*w, "mut" | "ref" | "_"))
+            .collect()
+    }
+
+    fn binds(&self, var: &str) -> bool {
+        self.names().contains(&var)
+    }
+
+    /// The pattern read as an expression (`(mut a, b)` → `(a, b)`): it has the pattern's type.
+    fn expression(&self) -> String {
+        self.pattern
+            .split_inclusive(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !matches!(*w, "mut " | "ref "))
+            .collect()
+    }
+
+    /// The code with this binding typed: `let x: T = e;`, or for a pattern one typed `let` per
+    /// name followed by a destructuring assignment. Unchanged if the type does not fit the
+    /// pattern.
+    fn annotate(&self, code: &str, ty: &str) -> String {
+        let pattern = Pattern::parse(&self.pattern);
+        if let Some(Pattern::Name { .. }) = pattern {
+            return format!("{}: {ty}{}", &code[..self.end], &code[self.end..]);
+        }
+        let mut decls = String::new();
+        match pattern {
+            Some(p) if p.declare(ty.trim(), &mut decls) => format!(
+                "{}{decls}{}{}",
+                &code[..self.start],
+                self.expression(),
+                &code[self.end..]
+            ),
+            _ => code.to_string(),
+        }
+    }
+}
+
+/// A `let` pattern made of names, `_`, tuples and arrays.
+#[derive(Debug, PartialEq)]
+enum Pattern {
+    Name { name: String, mutable: bool },
+    Wild,
+    Tuple(Vec<Pattern>),
+    Array(Vec<Pattern>),
+}
+
+impl Pattern {
+    fn parse(text: &str) -> Option<Pattern> {
+        let t = text.trim();
+        let inner = |open: char, close: char| -> Option<Vec<Pattern>> {
+            let body = t.strip_prefix(open)?.strip_suffix(close)?;
+            split_top(body).into_iter().map(Pattern::parse).collect()
+        };
+        if t.starts_with('(') {
+            return inner('(', ')').map(Pattern::Tuple);
+        }
+        if t.starts_with('[') {
+            return inner('[', ']').map(Pattern::Array);
+        }
+        let words: Vec<&str> = t.split_whitespace().collect();
+        match words[..] {
+            ["_"] => Some(Pattern::Wild),
+            [name] => Some(Pattern::Name {
+                name: name.into(),
+                mutable: false,
+            }),
+            ["mut", name] => Some(Pattern::Name {
+                name: name.into(),
+                mutable: true,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Appends `let [mut] name: T;` for every name, given the pattern's type; false if the
+    /// type's shape does not match.
+    fn declare(&self, ty: &str, out: &mut String) -> bool {
+        match self {
+            Pattern::Wild => true,
+            Pattern::Name { name, mutable } => {
+                let m = if *mutable { "mut " } else { "" };
+                out.push_str(&format!("let {m}{name}: {ty}; "));
+                true
+            }
+            Pattern::Tuple(parts) => {
+                let Some(body) = ty.strip_prefix('(').and_then(|t| t.strip_suffix(')')) else {
+                    return false;
+                };
+                let types = split_top(body);
+                types.len() == parts.len()
+                    && parts
+                        .iter()
+                        .zip(types)
+                        .all(|(p, t)| p.declare(t.trim(), out))
+            }
+            Pattern::Array(parts) => {
+                // `[T; N]`: every element has type T.
+                let Some(body) = ty.strip_prefix('[').and_then(|t| t.strip_suffix(']')) else {
+                    return false;
+                };
+                let Some((elem, _)) = body.rsplit_once(';') else {
+                    return false;
+                };
+                parts.iter().all(|p| p.declare(elem.trim(), out))
+            }
+        }
+    }
+}
+
+/// `a, (b, c), d<e, f>` → `["a", "(b, c)", "d<e, f>"]`: commas outside brackets; a trailing
+/// comma (`(a,)`) ends the list.
+fn split_top(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut from) = (0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '[' | '<' => depth += 1,
+            // `->` in `fn(u8) -> u8` closes nothing.
+            '>' if s[..i].ends_with('-') => {}
+            ')' | ']' | '>' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !s[from..].trim().is_empty() {
+        parts.push(&s[from..]);
+    }
+    parts
+}
+
+/// Every `let` whose pattern is a name, or a tuple or array of names, and that has no type.
+pub fn untyped_lets(code: &str) -> Vec<UntypedLet> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = code[from..].find("let ") {
+        let start = from + i;
+        from = start + 4;
+        if start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[start + 4..];
+        // The pattern ends at the first `=` (not `==`/`=>`) outside brackets; a `:` there is a
+        // type already.
+        let mut depth = 0i32;
+        let mut end = None;
+        for (j, c) in rest.char_indices() {
+            match c {
+                '(' | '[' => depth += 1,
+                ')' | ']' => depth -= 1,
+                ':' | ';' | '{' if depth == 0 => break,
+                '=' if depth == 0 => {
+                    if !rest[j + 1..].starts_with(['=', '>']) {
+                        end = Some(j);
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { continue };
+        let raw = &rest[..end];
+        let pattern = raw.trim();
+        let simple = pattern
+            .chars()
+            .all(|c| c.is_alphanumeric() || "_(), []".contains(c) || c.is_whitespace());
+        let named = pattern
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|w| !w.is_empty() && !matches!(w, "mut" | "ref" | "_"));
+        // `Some(x)` is a variant, not a tuple of names.
+        let variant = pattern
+            .match_indices(['(', '['])
+            .any(|(k, _)| pattern[..k].ends_with(|c: char| c.is_alphanumeric() || c == '_'));
+        if simple && named && !variant {
+            let lead = raw.len() - raw.trim_start().len();
+            out.push(UntypedLet {
+                pattern: pattern.to_string(),
+                start,
+                end: start + 4 + lead + pattern.len(),
+            });
+        }
+    }
+    out
+}
+
+/// The variable named in evcxr's "Couldn't automatically determine type of variable `x`".
+fn untyped_variable(msg: &str) -> Option<String> {
+    let rest = msg.split("determine type of variable `").nth(1)?;
+    let name = rest.split('`').next()?;
+    (!name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_'))
+        .then(|| name.to_string())
+}
+
+/// The type in rustc's "expected `()`, found `T`" for the probe's mismatched-types error.
+fn found_type(error: &evcxr::CompilationError) -> Option<String> {
+    if error.code() != Some("E0308") {
+        return None;
+    }
+    let texts = error
+        .spanned_messages()
+        .iter()
+        .map(|m| m.label.clone())
+        .chain([error.rendered()]);
+    for text in texts {
+        if let Some(ty) = found_in(&text) {
+            return Some(ty);
+        }
+    }
+    None
+}
+
+fn found_in(text: &str) -> Option<String> {
+    let i = text.rfind("found `")?;
+    let ty = text[i + 7..].split('`').next()?;
+    // Closures and opaque types cannot be written down.
+    (!ty.is_empty() && ty != "!" && !ty.contains(['{', '_']) && !ty.starts_with("impl "))
+        .then(|| ty.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
+        let l = untyped_lets(code).into_iter().find(|l| l.binds(var))?;
+        Some(l.annotate(code, ty))
+    }
+
+    #[test]
+    fn annotates_the_first_top_level_binding() {
+        assert_eq!(
+            annotate("let job = launch(s)?;\njob.wait()?;", "job", "Job").as_deref(),
+            Some("let job: Job = launch(s)?;\njob.wait()?;")
+        );
+        assert_eq!(
+            annotate("let mut  r = fit(x)?;", "r", "TrainResult").as_deref(),
+            Some("let mut  r: TrainResult = fit(x)?;")
+        );
+        // Not a prefix of another name, not an existing annotation, not `outlet`.
+        assert_eq!(
+            annotate("let jobs = 1; let job = 2;", "job", "u8").as_deref(),
+            Some("let jobs = 1; let job: u8 = 2;")
+        );
+        assert_eq!(annotate("let job: Job = x;", "job", "Job"), None);
+        assert_eq!(annotate("outlet job = 1;", "job", "u8"), None);
+        assert_eq!(
+            annotate("let ok = a == b;", "ok", "bool").as_deref(),
+            Some("let ok: bool = a == b;")
+        );
+    }
+
+    #[test]
+    fn tuple_and_array_patterns_are_typed_as_one() {
+        let code = "let (steps, mut status) = (r.steps, r.status);";
+        let [l] = &untyped_lets(code)[..] else {
+            panic!()
+        };
+        assert_eq!(l.names(), ["steps", "status"]);
+        assert_eq!(l.expression(), "(steps, status)");
+        // evcxr reads types only from single-name lets.
+        assert_eq!(
+            annotate(code, "status", "(u64, JobStatus)").as_deref(),
+            Some(
+                "let steps: u64; let mut status: JobStatus; (steps, status) = (r.steps, r.status);"
+            )
+        );
+        let code = "let [a, (b, _)] = x;";
+        assert_eq!(untyped_lets(code)[0].expression(), "[a, (b, _)]");
+        assert_eq!(
+            annotate(code, "a", "[(u8, Vec<(u8, u16)>); 2]").as_deref(),
+            Some("let a: (u8, Vec<(u8, u16)>); let b: u8; [a, (b, _)] = x;")
+        );
+        // A type that does not fit leaves the code as it was.
+        assert_eq!(
+            annotate("let (a, b) = x;", "a", "u8").as_deref(),
+            Some("let (a, b) = x;")
+        );
+        assert_eq!(
+            split_top("a, (b, c), HashMap<u8, u8>, fn(u8) -> u8,"),
+            ["a", " (b, c)", " HashMap<u8, u8>", " fn(u8) -> u8"]
+        );
+    }
+
+    #[test]
+    fn finds_bindings_without_types() {
+        let lets = untyped_lets(
+            "let job = launch(s)?;\nlet mut n = 1; let t: u8 = 2; let (a, b) = p;\n\
+             let Some(x) = y else { return };\nlet (c, d): (u8, u8) = q;\nlet _ = z;",
+        );
+        let names: Vec<Vec<&str>> = lets.iter().map(|l| l.names()).collect();
+        assert_eq!(names, [vec!["job"], vec!["n"], vec!["a", "b"]]);
+    }
+
+    #[test]
+    fn reads_the_variable_from_evcxrs_message() {
+        assert_eq!(
+            untyped_variable("Couldn't automatically determine type of variable `job`.\nPlease give it an explicit type.").as_deref(),
+            Some("job")
+        );
+        assert_eq!(untyped_variable("something else"), None);
+    }
+
+    #[test]
+    fn reads_the_type_from_rustcs_message() {
+        assert_eq!(
+            found_in("expected `()`, found `Job`").as_deref(),
+            Some("Job")
+        );
+        assert_eq!(
+            found_in("expected `()`, found `(u64, JobStatus)`").as_deref(),
+            Some("(u64, JobStatus)")
+        );
+        assert_eq!(
+            found_in("expected `()`, found `{closure@src/lib.rs:3:9}`"),
+            None
+        );
+    }
+}
