@@ -2,26 +2,50 @@
 //! tail of long tables, as pandas and polars show them in Python notebooks), a `TrainResult` and
 //! a `Job` as a summary table, each with its text twin.
 //!
-//! evcxr shows a cell's final value by calling `value.evcxr_display()` when such a method
-//! resolves, and its `Debug` form otherwise; [`NotebookDisplay`] is that method for trainbook's
-//! types and polars' `DataFrame`, in scope through the prelude. The method prints the MIME
-//! bundle in evcxr's content-block format on stdout, which the kernel turns into the cell's
-//! `execute_result`.
+//! evcxr shows a cell's final value by compiling `value.evcxr_display()`, and when that does
+//! not compile, compiling the cell again with the value's `Debug` form. [`ShowValue`] (in scope
+//! through the prelude) gives every `Debug` value that method, so a cell that shows a value is
+//! one compile instead of two; it prints the rich bundle ([`NotebookDisplay`]) of trainbook's
+//! types and polars' `DataFrame`, and the `Debug` text of anything else, in evcxr's
+//! content-block format on stdout, which the kernel turns into the cell's `execute_result`.
 
 use crate::job::{Job, TrainResult};
 use polars::prelude::DataFrame;
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_duration, format_metric, Bundle};
 
-/// The rich display of a cell's value (evcxr calls the method by this name).
+/// The rich display of a value: its MIME bundle (`text/html` and `text/plain`).
 pub trait NotebookDisplay {
-    /// The value's MIME bundle (`text/html` and `text/plain`).
     fn bundle(&self) -> Bundle;
+}
 
-    /// Prints [`Self::bundle`] for the kernel. Called by evcxr for a cell's final value.
+/// How a cell's final value is shown (evcxr calls the method by this name).
+pub trait ShowValue {
+    fn evcxr_display(&self);
+}
+
+impl<T: std::fmt::Debug + 'static> ShowValue for T {
     fn evcxr_display(&self) {
-        print!("{}", content_blocks(&self.bundle()));
+        print!("{}", content_blocks(&value_bundle(self)));
     }
+}
+
+/// The rich bundle of trainbook's types and `DataFrame`; `Debug` text (what evcxr would show)
+/// for anything else.
+fn value_bundle<T: std::fmt::Debug + 'static>(value: &T) -> Bundle {
+    let any = value as &dyn std::any::Any;
+    if let Some(df) = any.downcast_ref::<DataFrame>() {
+        return df.bundle();
+    }
+    if let Some(r) = any.downcast_ref::<TrainResult>() {
+        return r.bundle();
+    }
+    if let Some(job) = any.downcast_ref::<Job>() {
+        return job.bundle();
+    }
+    let mut b = Bundle::new();
+    b.insert("text/plain".into(), format!("{value:?}").into());
+    b
 }
 
 /// A bundle in evcxr's stdout format: one `EVCXR_BEGIN_CONTENT <mime>` … `EVCXR_END_CONTENT`
@@ -160,7 +184,7 @@ mod tests {
             "name" => (0..n).map(|i| format!("m{i}")).collect::<Vec<String>>(),
         )
         .unwrap();
-        let b = df.bundle();
+        let b = value_bundle(&df);
         let html = b["text/html"].as_str().unwrap();
         assert!(html.contains("trainbook-frame"));
         assert!(html.contains("… 980 more rows"));
@@ -181,6 +205,13 @@ mod tests {
         assert!(html.contains(
             "text-align:left;font-variant-numeric:tabular-nums;white-space:pre\">&quot;m0&quot;"
         ));
+    }
+
+    #[test]
+    fn other_values_show_their_debug_text() {
+        let b = value_bundle(&Some("x"));
+        assert_eq!(b.len(), 1);
+        assert_eq!(b["text/plain"], "Some(\"x\")");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use trainbook_recipes::classify;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{DeviceKind, DeviceRequest};
-pub use display::{content_blocks, NotebookDisplay};
+pub use display::{content_blocks, NotebookDisplay, ShowValue};
 pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
 pub use run::{fit, launch, Plan, Show, Train, View, ViewOptions};
 pub use spec::{
@@ -47,7 +47,7 @@ pub use trainers::{train_bert, train_resnet, BertTrainer, ResnetTrainer};
 pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::{DeviceKind, DeviceRequest};
-    pub use crate::display::NotebookDisplay;
+    pub use crate::display::{NotebookDisplay, ShowValue};
     pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
     pub use crate::run::{fit, launch, Plan, Show, Train, View};
     pub use crate::spec::{
