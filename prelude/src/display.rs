@@ -73,24 +73,17 @@ fn frame_grid(df: &DataFrame) -> Grid {
     let columns = df.columns();
     let names: Vec<String> = columns.iter().map(|c| c.name().to_string()).collect();
     let dtypes: Vec<String> = columns.iter().map(|c| c.dtype().to_string()).collect();
-    let (left, right) =
-        trainbook_widgets::grid::shown(columns.len(), trainbook_widgets::grid::MAX_COLUMNS);
-    let align: Vec<Align> = left
-        .chain(if right.is_empty() {
-            None
-        } else {
-            Some(usize::MAX)
-        })
-        .chain(right)
-        .map(|c| match columns.get(c) {
-            Some(col) if !col.dtype().is_primitive_numeric() => Align::Left,
-            _ => Align::Right,
+    let align: Vec<Align> = columns
+        .iter()
+        .map(|c| match c.dtype().is_primitive_numeric() {
+            true => Align::Right,
+            false => Align::Left,
         })
         .collect();
     Grid {
-        columns: elide(&names),
-        dtypes: Some(elide(&dtypes)),
-        align,
+        columns: elide(&names, "…".into()),
+        dtypes: Some(elide(&dtypes, "…".into())),
+        align: elide(&align, Align::Right),
         rows: Grid::rows_of(df.height(), columns.len(), |r, c| {
             columns[c]
                 .get(r)

@@ -55,8 +55,8 @@ pub struct Grid {
 
 impl Grid {
     /// Rows `0..n` drawn by `cell(row, column)` for `0..columns`, eliding the middle of long
-    /// and wide tables (see [`shown`]). The column names and dtypes must already be elided the
-    /// same way, with [`elide`].
+    /// and wide tables (see [`shown`]). The column names, dtypes and alignments must already be
+    /// elided the same way, with [`elide`].
     pub fn rows_of(
         n: usize,
         columns: usize,
@@ -209,13 +209,14 @@ impl Grid {
     }
 }
 
-/// Column names (or dtypes) elided as [`Grid::rows_of`] elides the cells.
-pub fn elide(names: &[String]) -> Vec<String> {
-    let (left, right) = shown(names.len(), MAX_COLUMNS);
-    let mut out: Vec<String> = names[left].to_vec();
+/// A per-column list (names, dtypes, alignments) elided as [`Grid::rows_of`] elides the cells,
+/// with `gap` in place of the left-out columns.
+pub fn elide<T: Clone>(items: &[T], gap: T) -> Vec<T> {
+    let (left, right) = shown(items.len(), MAX_COLUMNS);
+    let mut out: Vec<T> = items[left].to_vec();
     if !right.is_empty() {
-        out.push("…".into());
-        out.extend_from_slice(&names[right]);
+        out.push(gap);
+        out.extend_from_slice(&items[right]);
     }
     out
 }
@@ -239,7 +240,7 @@ mod tests {
     fn grid(n: usize, cols: usize) -> Grid {
         let names: Vec<String> = (0..cols).map(|c| format!("c{c}")).collect();
         Grid {
-            columns: elide(&names),
+            columns: elide(&names, "…".into()),
             rows: Grid::rows_of(n, cols, |r, c| format!("{r}.{c}")),
             class: "t",
             ..Grid::default()
@@ -287,21 +288,12 @@ mod tests {
 
     #[test]
     fn cells_are_escaped_clipped_and_on_one_line() {
+        let values = [format!("<b>{}", "x".repeat(100)), "a\nb".to_string()];
         let g = Grid {
             columns: vec!["text".into()],
             align: vec![Align::Left],
-            rows: vec![
-                Row::Cells(vec![format!("<b>{}", "x".repeat(100))]),
-                Row::Cells(vec!["a\nb".into()]),
-            ],
+            rows: Grid::rows_of(2, 1, |r, _| values[r].clone()),
             ..Grid::default()
-        };
-        let g = Grid {
-            rows: Grid::rows_of(2, 1, |r, _| match &g.rows[r] {
-                Row::Cells(c) => c[0].clone(),
-                Row::Gap(s) => s.clone(),
-            }),
-            ..g
         };
         let html = g.html();
         assert!(html.contains("&lt;b&gt;") && !html.contains("<b>"));
