@@ -24,16 +24,21 @@ pub trait ShowValue {
     fn evcxr_display(&self);
 }
 
+// The generic part is one call: it is compiled into every cell that shows a value (once per
+// value type), the rest is compiled once, in the prelude.
 impl<T: std::fmt::Debug + 'static> ShowValue for T {
     fn evcxr_display(&self) {
-        print!("{}", content_blocks(&value_bundle(self)));
+        show(self, self)
     }
+}
+
+fn show(any: &dyn std::any::Any, debug: &dyn std::fmt::Debug) {
+    print!("{}", content_blocks(&value_bundle(any, debug)));
 }
 
 /// The rich bundle of trainbook's types and `DataFrame`; `Debug` text (what evcxr would show)
 /// for anything else.
-fn value_bundle<T: std::fmt::Debug + 'static>(value: &T) -> Bundle {
-    let any = value as &dyn std::any::Any;
+fn value_bundle(any: &dyn std::any::Any, debug: &dyn std::fmt::Debug) -> Bundle {
     if let Some(df) = any.downcast_ref::<DataFrame>() {
         return df.bundle();
     }
@@ -44,7 +49,7 @@ fn value_bundle<T: std::fmt::Debug + 'static>(value: &T) -> Bundle {
         return job.bundle();
     }
     let mut b = Bundle::new();
-    b.insert("text/plain".into(), format!("{value:?}").into());
+    b.insert("text/plain".into(), format!("{debug:?}").into());
     b
 }
 
@@ -177,7 +182,7 @@ mod tests {
             "name" => (0..n).map(|i| format!("m{i}")).collect::<Vec<String>>(),
         )
         .unwrap();
-        let b = value_bundle(&df);
+        let b = value_bundle(&df, &df);
         let html = b["text/html"].as_str().unwrap();
         assert!(html.contains("trainbook-frame"));
         assert!(html.contains("… 980 more rows"));
@@ -202,7 +207,7 @@ mod tests {
 
     #[test]
     fn other_values_show_their_debug_text() {
-        let b = value_bundle(&Some("x"));
+        let b = value_bundle(&Some("x"), &Some("x"));
         assert_eq!(b.len(), 1);
         assert_eq!(b["text/plain"], "Some(\"x\")");
     }
