@@ -7,6 +7,7 @@
 
 use crate::iopub::Publisher;
 use crate::prelude::{Prelude, init_code};
+use crate::toolchain::Toolchain;
 use crate::verdict;
 use anyhow::{Context, Result};
 use evcxr::{CommandContext, EvalContext, EvalContextOutputs};
@@ -95,6 +96,7 @@ pub struct Engine {
 /// Environment for the cell process.
 pub struct ChildSetup {
     pub prelude: Option<Prelude>,
+    pub toolchain: Option<Toolchain>,
     pub channel_socket: PathBuf,
 }
 
@@ -206,9 +208,20 @@ fn run(
         );
     }
 
+    // A cell that is already waiting (a headless run sends its first cell at once) goes first;
+    // otherwise the idle engine warms rust-analyzer up for the user's first `let`.
+    let first = match rx.try_recv() {
+        Ok(req) => Some(req),
+        Err(mpsc::TryRecvError::Empty) => {
+            warm_up_analyzer(&mut ctx);
+            None
+        }
+        Err(mpsc::TryRecvError::Disconnected) => return,
+    };
+
     let mut next_id = 1u64;
     let mut question_marks = false;
-    for req in rx {
+    for req in first.into_iter().chain(rx) {
         match req {
             Request::Execute { code, reply } => {
                 let id = next_id;
@@ -262,6 +275,22 @@ fn run(
     }
 }
 
+/// evcxr asks rust-analyzer for the types of every cell's new variables. The first question
+/// makes it resolve the standard library's names and impls, ~3 s on a 2-core machine, which
+/// the notebook's first `let` cell would wait for. A completion query asks the same of it
+/// without compiling anything.
+fn warm_up_analyzer(ctx: &mut CommandContext) {
+    let t = Instant::now();
+    let code = "let trainbook_warm_up: Vec<String> = Vec::new();\ntrainbook_warm_up.";
+    let _ = ctx.completions(code, code.len());
+    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
+        eprintln!(
+            "trainbook-kernel: analyzer warmed up in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+}
+
 /// evcxr's context with the cell flags set and, when there is a prelude, [`init_code`] run
 /// (the same compile that applies the flags). A failed init is returned, not fatal.
 fn create_context(
@@ -273,8 +302,12 @@ fn create_context(
         .env(crate::verdict::CELL_PROCESS_ENV, "1")
         // anyhow errors would otherwise carry a backtrace (evcxr sets RUST_BACKTRACE=1).
         .env("RUST_LIB_BACKTRACE", "0");
+    if let Some(t) = &setup.toolchain {
+        t.restore_user_env(&mut cmd);
+    }
     if let Some(p) = &setup.prelude {
-        cmd.env("LD_LIBRARY_PATH", p.library_path()?);
+        let std_dir = setup.toolchain.as_ref().map(|t| t.target_libdir.as_path());
+        cmd.env("LD_LIBRARY_PATH", p.library_path(std_dir)?);
         if let Some(w) = &p.worker {
             cmd.env("TRAINBOOK_WORKER", w);
         }
@@ -305,11 +338,12 @@ fn create_context(
     // network work; `:dep` takes crates from cargo's cache.
     state.set_offline_mode(true);
     let mut init_error = None;
-    if let Some(p) = &setup.prelude {
-        state.set_build_env("CARGO_ENCODED_RUSTFLAGS", &p.encoded_rustflags());
-        if let Err(e) = eval.eval_with_state(&init_code(), state.clone()) {
-            init_error = Some(e);
-        }
+    // The cell flags are in this process's environment already (`toolchain.rs`), so evcxr's
+    // first compile used them too.
+    if setup.prelude.is_some()
+        && let Err(e) = eval.eval_with_state(&init_code(), state.clone())
+    {
+        init_error = Some(e);
     }
     if setup.prelude.is_none() || init_error.is_some() {
         // Commit the settings without the prelude code.

@@ -9,6 +9,7 @@ use crate::channel::ChannelServer;
 use crate::engine::{ChildSetup, Engine, Outcome};
 use crate::iopub::Publisher;
 use crate::prelude::Prelude;
+use crate::toolchain::Toolchain;
 use crate::{complete, procs};
 use anyhow::{Context, Result};
 use jupyter_protocol::{
@@ -33,7 +34,7 @@ pub struct KernelConfig {
     pub connection: ConnectionInfo,
     pub run_dir: PathBuf,
     pub prelude: Option<Prelude>,
-    pub rust_version: String,
+    pub toolchain: Option<Toolchain>,
 }
 
 struct Kernel {
@@ -79,6 +80,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
     let engine = Engine::start(
         ChildSetup {
             prelude: config.prelude.clone(),
+            toolchain: config.toolchain.clone(),
             channel_socket: channel.path().to_path_buf(),
         },
         publisher.clone(),
@@ -88,7 +90,10 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
         engine,
         channel,
         run_dir: config.run_dir.clone(),
-        rust_version: config.rust_version.clone(),
+        rust_version: config
+            .toolchain
+            .as_ref()
+            .map_or_else(|| "unknown".into(), |t| t.version.clone()),
     });
 
     tokio::spawn(async move {

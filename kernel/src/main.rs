@@ -10,6 +10,7 @@ mod iopub;
 mod kernel;
 mod prelude;
 mod procs;
+mod toolchain;
 mod verdict;
 
 use anyhow::{Context, Result};
@@ -107,11 +108,12 @@ fn run(connection_file: &Path) -> Result<()> {
             None
         }
     };
+    let toolchain = prepare_env(prelude.as_ref());
     let config = kernel::KernelConfig {
         connection,
         run_dir,
         prelude,
-        rust_version: rust_version(),
+        toolchain,
     };
     runtime()?.block_on(kernel::serve(config))
 }
@@ -159,18 +161,23 @@ fn create_run_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn rust_version() -> String {
-    std::process::Command::new("rustc")
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .nth(1)
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| "unknown".into())
+/// Finds the toolchain and sets this process's environment for evcxr (see `toolchain.rs`).
+/// Runs before any thread starts.
+fn prepare_env(prelude: Option<&prelude::Prelude>) -> Option<toolchain::Toolchain> {
+    let flags = prelude.map(|p| p.encoded_rustflags());
+    let found = toolchain::Toolchain::find().and_then(|t| {
+        // SAFETY: called from `run` and `check` before they start the async runtime or the
+        // engine thread; this process has one thread here.
+        unsafe { t.apply(flags.as_deref())? };
+        Ok(t)
+    });
+    match found {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("trainbook-kernel: {e:#}");
+            None
+        }
+    }
 }
 
 fn install(args: InstallArgs) -> Result<()> {
@@ -197,6 +204,7 @@ const CHECK_CELL: &str = "let jobs = trainbook::running_jobs(); 1 + jobs.len()";
 fn check(code: &str) -> Result<f64> {
     let prelude = prelude::Prelude::locate()?;
     let run_dir = create_run_dir()?;
+    let toolchain = prepare_env(Some(&prelude));
     let started = Instant::now();
     let result = runtime()?.block_on(async {
         let (publisher, mut outbox) = iopub::Publisher::new();
@@ -204,6 +212,7 @@ fn check(code: &str) -> Result<f64> {
         let engine = engine::Engine::start(
             engine::ChildSetup {
                 prelude: Some(prelude),
+                toolchain,
                 channel_socket: channel.path().to_path_buf(),
             },
             publisher.clone(),

@@ -95,11 +95,11 @@ impl Prelude {
         flags.join("\x1f")
     }
 
-    /// Library search path for the process that loads cells: the prelude's directory and the
-    /// Rust standard library the cells link dynamically.
-    pub fn library_path(&self) -> Result<String> {
+    /// Library search path for the process that loads cells: the prelude's directory and
+    /// `std_dir`, where the Rust standard library the cells link dynamically lives.
+    pub fn library_path(&self, std_dir: Option<&Path>) -> Result<String> {
         let mut dirs = vec![self.dylib.parent().unwrap_or(Path::new(".")).to_path_buf()];
-        dirs.push(rust_sysroot_lib()?);
+        dirs.extend(std_dir.map(Path::to_path_buf));
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
             dirs.extend(std::env::split_paths(&old));
         }
@@ -111,16 +111,4 @@ fn exe_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot locate the trainbook-kernel executable")?;
     let exe = exe.canonicalize().unwrap_or(exe);
     Ok(exe.parent().unwrap_or(Path::new(".")).to_path_buf())
-}
-
-/// `<sysroot>/lib/rustlib/<host>/lib`, where `libstd-*.so` lives.
-fn rust_sysroot_lib() -> Result<PathBuf> {
-    let out = std::process::Command::new("rustc")
-        .args(["--print", "target-libdir"])
-        .output()
-        .context("cannot run `rustc`: the kernel compiles cells with it; install Rust (rustup)")?;
-    if !out.status.success() {
-        bail!("`rustc --print target-libdir` failed");
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
