@@ -221,6 +221,46 @@ def test_variables_without_types_are_typed(kernel):
     assert result_text(msgs) == "4", (reply, msgs)
 
 
+def test_an_idle_kernel_warms_the_analyzer_up_and_a_waiting_cell_goes_first(tmp_path):
+    """Once the prelude is loaded, an idle engine asks rust-analyzer a completion question, so
+    the notebook's first `let` does not wait for its first analysis; a cell that is already
+    waiting (a headless run sends its first cell at once) goes first and gets no warm-up."""
+
+    def started(log):
+        km = jupyter_client.KernelManager(kernel_name=KERNEL)
+        km.start_kernel(env={**os.environ, "TRAINBOOK_KERNEL_TIMING": "1"}, stderr=log.open("w"))
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        return km, kc
+
+    def stop(km, kc):
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+    queued = tmp_path / "queued.log"
+    km, kc = started(queued)
+    try:
+        content, msgs = run(kc, "let p: usize = 2;\np + 1")
+        assert content["status"] == "ok" and result_text(msgs) == "3"
+        log = queued.read_text()
+        assert "prelude ready" in log and "warmed up" not in log, log
+    finally:
+        stop(km, kc)
+
+    idle = tmp_path / "idle.log"
+    km, kc = started(idle)
+    try:
+        deadline = time.monotonic() + 120
+        while "warmed up" not in idle.read_text():
+            assert time.monotonic() < deadline, idle.read_text()
+            time.sleep(0.2)
+        content, msgs = run(kc, "let p: usize = 2;\np + 1")
+        assert content["status"] == "ok" and result_text(msgs) == "3"
+    finally:
+        stop(km, kc)
+
+
 def test_dep_adds_a_crate_beside_the_prelude(kernel):
     _, kc = kernel
     reply, _ = run(kc, LONG_JOB)
