@@ -37,7 +37,9 @@ impl Toolchain {
         let out = Command::new("rustc")
             .args(["--print", "sysroot", "--print", "target-libdir"])
             .output()
-            .context("cannot run `rustc`: the kernel compiles cells with it; install Rust (rustup)")?;
+            .context(
+                "cannot run `rustc`: the kernel compiles cells with it; install Rust (rustup)",
+            )?;
         if !out.status.success() {
             bail!(
                 "`rustc --print sysroot` failed: {}",
