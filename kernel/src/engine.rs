@@ -201,12 +201,7 @@ fn run(
         report(&publisher, e);
     }
     drains.flush();
-    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
-        eprintln!(
-            "trainbook-kernel: engine and prelude ready after {:.2} s",
-            t0.elapsed().as_secs_f64()
-        );
-    }
+    timing("engine and prelude ready after", t0);
 
     // A cell that is already waiting (a headless run sends its first cell at once) goes first;
     // otherwise the idle engine warms rust-analyzer up for the user's first `let`.
@@ -275,6 +270,16 @@ fn run(
     }
 }
 
+/// With `TRAINBOOK_KERNEL_TIMING` set, prints how long a start-up step took (on stderr).
+fn timing(what: &str, since: Instant) {
+    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
+        eprintln!(
+            "trainbook-kernel: {what} {:.2} s",
+            since.elapsed().as_secs_f64()
+        );
+    }
+}
+
 /// evcxr asks rust-analyzer for the types of every cell's new variables. The first question
 /// makes it resolve the standard library's names and impls, ~3 s on a 2-core machine, which
 /// the notebook's first `let` cell would wait for. A completion query asks the same of it
@@ -283,12 +288,7 @@ fn warm_up_analyzer(ctx: &mut CommandContext) {
     let t = Instant::now();
     let code = "let trainbook_warm_up: Vec<String> = Vec::new();\ntrainbook_warm_up.";
     let _ = ctx.completions(code, code.len());
-    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
-        eprintln!(
-            "trainbook-kernel: analyzer warmed up in {:.2} s",
-            t.elapsed().as_secs_f64()
-        );
-    }
+    timing("analyzer warmed up in", t);
 }
 
 /// evcxr's context with the cell flags set and, when there is a prelude, [`init_code`] run
@@ -327,12 +327,7 @@ fn create_context(
     let (mut eval, outputs) = EvalContext::with_subprocess_command(cmd)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("evcxr could not start its Rust process")?;
-    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
-        eprintln!(
-            "trainbook-kernel: evcxr context {:.2} s",
-            t.elapsed().as_secs_f64()
-        );
-    }
+    timing("evcxr context", t);
     let mut state = eval.state();
     // Cells build offline: no registry round trip per cell, and kernels on machines without a
     // network work; `:dep` takes crates from cargo's cache.
