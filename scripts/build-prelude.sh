@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Builds target/release/libtrainbook_prelude.so, the shared library the Jupyter kernel links
-# every notebook cell against (`use trainbook::prelude::*`), then installs the kernelspec.
+# Builds target/release/libtrainbook_prelude.so, the shared library the Jupyter kernel loads
+# into the process that runs notebook cells (trainbook's engine), and puts beside it, as
+# target/release/cells/libtrainbook_api.rlib, the exact build of trainbook-api inside that
+# library: cells compile against it (`use trainbook::prelude::*`), and values cross between
+# the cells' copy and the library's, so both must be one build (cargo keeps several builds of
+# a crate side by side in deps/, one per feature resolution, and uplifts none of them for a
+# `--bins` build).
 #
 # Cells link the Rust standard library dynamically (one copy for all cells), so the prelude
 # must too: `-C prefer-dynamic`, which only `cargo rustc` can pass to one crate. The prelude is
@@ -21,4 +26,13 @@ if [ -n "$drift" ]; then
     echo "add the workspace's features of these crates to prelude/dylib/Cargo.toml (see \`cargo tree -e features -i CRATE\`)" >&2
     exit 1
 fi
-${CARGO:-cargo} rustc --release -p trainbook-prelude --lib "${features[@]}" -- -C prefer-dynamic
+messages=$(${CARGO:-cargo} rustc --release -p trainbook-prelude --lib "${features[@]}" \
+    --message-format=json-render-diagnostics -- -C prefer-dynamic)
+api=$(printf '%s\n' "$messages" | grep '"reason":"compiler-artifact"' | grep '"name":"trainbook_api"' \
+    | grep -o '"[^"]*/libtrainbook_api-[0-9a-f]*\.rlib"' | tr -d '"' | head -n 1)
+if [ -z "$api" ] || [ ! -f "$api" ]; then
+    echo "build-prelude: cargo reported no trainbook-api rlib for the prelude library" >&2
+    exit 1
+fi
+mkdir -p target/release/cells
+cp -f "$api" target/release/cells/libtrainbook_api.rlib

@@ -307,7 +307,8 @@ fn create_context(
     }
     if let Some(p) = &setup.prelude {
         let std_dir = setup.toolchain.as_ref().map(|t| t.target_libdir.as_path());
-        cmd.env("LD_LIBRARY_PATH", p.library_path(std_dir)?);
+        cmd.env("LD_LIBRARY_PATH", p.library_path(std_dir)?)
+            .env("TRAINBOOK_PRELUDE_DYLIB", &p.dylib);
         if let Some(w) = &p.worker {
             cmd.env("TRAINBOOK_WORKER", w);
         }

@@ -1,10 +1,13 @@
 //! Where the trainbook prelude lives and how notebook cells link to it.
 //!
-//! Cells are compiled by evcxr into small shared libraries. Instead of letting evcxr build the
-//! trainbook crate (and libtorch bindings, polars, tokenizers) again in its own build directory,
-//! cells link the prebuilt `libtrainbook_prelude.so` from trainbook's release build:
-//! `--extern trainbook=<dylib>` plus `-L dependency=<deps>` for the crate metadata. A kernel start
-//! therefore never compiles a dependency, and every cell shares one copy of trainbook's statics.
+//! Cells are compiled by evcxr into small shared libraries. They compile against trainbook's
+//! prebuilt notebook-facing crate, `trainbook-api` (`--extern trainbook=<its rlib>` plus
+//! `-L dependency=<deps>` for its few dependencies), not against the engine: rustc reads the
+//! metadata of a cell's whole dependency graph for every cell, and the engine's graph (libtorch
+//! bindings, polars, tokenizers) cost ~0.3 s per cell. A kernel start never compiles a
+//! dependency. The engine is the prebuilt prelude library (`libtrainbook_prelude.so`), which
+//! the cell process loads once, on the first call that needs it (`trainbook_api::runtime`,
+//! told where by `TRAINBOOK_PRELUDE_DYLIB`); so every cell shares one copy of its statics.
 //!
 //! evcxr learns the types of a cell's variables from rust-analyzer, which cannot see a crate
 //! passed with `--extern`; the kernel asks the compiler instead (see `infer.rs`).
@@ -27,15 +30,16 @@ pub fn init_code() -> String {
 /// The files a notebook cell links against.
 #[derive(Clone, Debug)]
 pub struct Prelude {
-    /// `libtrainbook_prelude.so` (a Rust dylib built with `-C prefer-dynamic`).
+    /// `libtrainbook_prelude.so` (a Rust dylib built with `-C prefer-dynamic`): the engine.
     pub dylib: PathBuf,
-    /// The rlib metadata of trainbook and its dependencies (`target/release/deps`).
+    /// `cells/libtrainbook_api.rlib`, the crate cells compile against (as `trainbook`): the
+    /// build of `trainbook-api` inside the prelude library (`scripts/build-prelude.sh` puts it
+    /// there).
+    pub api: PathBuf,
+    /// The rlibs of its dependencies (`target/release/deps`).
     pub deps: PathBuf,
     /// The worker binary jobs start.
     pub worker: Option<PathBuf>,
-    /// libtorch's library directory: crates inside the prelude carry `-ltorch_cpu`-style link
-    /// requests that the linker must be able to resolve when it links a cell.
-    pub libtorch_lib: Option<PathBuf>,
 }
 
 impl Prelude {
@@ -62,18 +66,20 @@ impl Prelude {
                 dylib.display()
             );
         }
+        let api = dir.join("cells").join("libtrainbook_api.rlib");
+        if !api.is_file() {
+            bail!(
+                "{} is missing next to the prelude library: build it with `make build`, then run \
+                 `trainbook kernel install` again",
+                api.display()
+            );
+        }
         let worker = Some(dir.join("trainbook-worker")).filter(|p| p.is_file());
-        // The LIBTORCH trainbook was built with (.cargo/config.toml sets it for every build).
-        let libtorch_lib = std::env::var_os("LIBTORCH")
-            .map(PathBuf::from)
-            .or_else(|| option_env!("LIBTORCH").map(PathBuf::from))
-            .map(|p| p.join("lib"))
-            .filter(|p| p.is_dir());
         Ok(Prelude {
             dylib,
+            api,
             deps,
             worker,
-            libtorch_lib,
         })
     }
 
@@ -81,22 +87,19 @@ impl Prelude {
     /// paths may contain spaces). evcxr's own flags are replaced, so its one essential flag,
     /// `-Cprefer-dynamic` (one libstd for all cells), is repeated here.
     pub fn encoded_rustflags(&self) -> String {
-        let mut flags = vec![
+        [
             "-Cprefer-dynamic".to_string(),
             "--extern".to_string(),
-            format!("trainbook={}", self.dylib.display()),
+            format!("trainbook={}", self.api.display()),
             "-L".to_string(),
             format!("dependency={}", self.deps.display()),
-        ];
-        if let Some(lib) = &self.libtorch_lib {
-            flags.push("-L".to_string());
-            flags.push(format!("native={}", lib.display()));
-        }
-        flags.join("\x1f")
+        ]
+        .join("\x1f")
     }
 
     /// Library search path for the process that loads cells: the prelude's directory and
-    /// `std_dir`, where the Rust standard library the cells link dynamically lives.
+    /// `std_dir`, where the Rust standard library the cells and the prelude link dynamically
+    /// lives. (The prelude finds libtorch through its own run path.)
     pub fn library_path(&self, std_dir: Option<&Path>) -> Result<String> {
         let mut dirs = vec![self.dylib.parent().unwrap_or(Path::new(".")).to_path_buf()];
         dirs.extend(std_dir.map(Path::to_path_buf));

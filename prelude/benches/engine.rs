@@ -33,19 +33,16 @@ fn allreduce(numel: u64, iters: u64) {
         .env("TRAINBOOK_BENCH_NUMEL", numel.to_string())
         .env("TRAINBOOK_BENCH_ITERS", iters.to_string());
     let r = trainbook::fit(spec).expect("allreduce benchmark");
-    let df = r.metrics_df;
-    let names = df.column("name").unwrap().str().unwrap().clone();
-    let steps = df.column("step").unwrap().u64().unwrap().clone();
-    let values = df.column("value").unwrap().f64().unwrap().clone();
     // A collective is done when its slowest rank is: per iteration, the max over ranks (the
     // torch baseline measures the same way).
     let mut per_iter = std::collections::BTreeMap::<u64, f64>::new();
-    for i in (0..df.height()).filter(|&i| names.get(i) == Some("allreduce_seconds")) {
-        let (Some(s), Some(v)) = (steps.get(i), values.get(i)) else {
-            continue;
-        };
-        let e = per_iter.entry(s).or_insert(0.0);
-        *e = e.max(v);
+    for m in r
+        .metric_rows
+        .iter()
+        .filter(|m| m.name == "allreduce_seconds")
+    {
+        let e = per_iter.entry(m.step).or_insert(0.0);
+        *e = e.max(m.value);
     }
     let secs: Vec<f64> = per_iter.into_values().collect();
     let med = median(secs.clone());

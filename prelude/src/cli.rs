@@ -117,7 +117,7 @@ impl TrainArgs {
         }
         spec.dedup.window = Duration::from_secs_f64(self.dedup_window);
         spec.extensions
-            .get_mut::<crate::run::ViewOptions>()
+            .get_mut::<trainbook_api::ViewOptions>()
             .log_level = self.log_level;
         Ok(spec)
     }
@@ -141,7 +141,7 @@ pub fn main() -> i32 {
             let spec = JobSpec::new(crate::engine::recipe::CHECK)
                 .workers(workers)
                 .device(device);
-            match crate::run::fit(spec) {
+            match crate::fit(spec) {
                 Ok(r) => {
                     for l in job_logs(&r) {
                         println!("{l}");
@@ -188,7 +188,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
             let _ = j.stop();
         }
     });
-    let job = crate::run::launch(spec)?;
+    let job = crate::launch(spec)?;
     let interrupted_early = {
         let mut g = current.lock().unwrap_or_else(|e| e.into_inner());
         g.1 = Some(job.clone());

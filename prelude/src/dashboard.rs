@@ -41,7 +41,7 @@ impl JobDashboard {
             title,
             spec.workers,
             job.run_dir().display().to_string(),
-            crate::run::view_options(spec).dashboard()?,
+            crate::run::dashboard_options(&trainbook_api::run::view_options(spec))?,
         );
         d.dash.progress.status = status(job.status());
         Ok(d)

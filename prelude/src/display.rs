@@ -1,16 +1,12 @@
-//! How trainbook's values look when a cell returns them: a DataFrame as an HTML table (head and
-//! tail of long tables, as pandas and polars show them in Python notebooks), a `TrainResult` and
-//! a `Job` as a summary table, each with its text twin.
-//!
-//! evcxr shows a cell's final value by compiling `value.evcxr_display()`, and when that does
-//! not compile, compiling the cell again with the value's `Debug` form. [`ShowValue`] (in scope
-//! through the prelude) gives every `Debug` value that method, so a cell that shows a value is
-//! one compile instead of two; it prints the rich bundle ([`NotebookDisplay`]) of trainbook's
-//! types and polars' `DataFrame`, and the `Debug` text of anything else, in evcxr's
-//! content-block format on stdout, which the kernel turns into the cell's `execute_result`.
+//! How trainbook's values look when a cell returns them: a `Table` as an HTML table (head and
+//! tail of long tables, as pandas and polars show them in Python notebooks), a `TrainResult`
+//! and a `Job` as a summary table, each with its text twin. `trainbook_api`'s `ShowValue` asks
+//! for them through the runtime ([`bundle_of`]).
 
-use crate::job::{Job, TrainResult};
-use polars::prelude::DataFrame;
+use std::any::Any;
+
+use trainbook_api::table::{Table, Value};
+use trainbook_engine::{Job, TrainResult};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_duration, format_metric, Bundle};
 
@@ -19,68 +15,34 @@ pub trait NotebookDisplay {
     fn bundle(&self) -> Bundle;
 }
 
-/// How a cell's final value is shown (evcxr calls the method by this name).
-pub trait ShowValue {
-    fn evcxr_display(&self);
+/// The rich bundle of trainbook's values; `None` for anything else (shown as `Debug` text).
+pub fn bundle_of(value: &dyn Any) -> Option<Bundle> {
+    if let Some(t) = value.downcast_ref::<Table>() {
+        return Some(t.bundle());
+    }
+    if let Some(r) = value.downcast_ref::<TrainResult>() {
+        return Some(r.bundle());
+    }
+    if let Some(job) = value.downcast_ref::<Job>() {
+        return Some(job.bundle());
+    }
+    None
 }
 
-// The generic part is one call: it is compiled into every cell that shows a value (once per
-// value type), the rest is compiled once, in the prelude.
-impl<T: std::fmt::Debug + 'static> ShowValue for T {
-    fn evcxr_display(&self) {
-        show(self, self)
-    }
-}
-
-fn show(any: &dyn std::any::Any, debug: &dyn std::fmt::Debug) {
-    print!("{}", content_blocks(&value_bundle(any, debug)));
-}
-
-/// The rich bundle of trainbook's types and `DataFrame`; `Debug` text (what evcxr would show)
-/// for anything else.
-fn value_bundle(any: &dyn std::any::Any, debug: &dyn std::fmt::Debug) -> Bundle {
-    if let Some(df) = any.downcast_ref::<DataFrame>() {
-        return df.bundle();
-    }
-    if let Some(r) = any.downcast_ref::<TrainResult>() {
-        return r.bundle();
-    }
-    if let Some(job) = any.downcast_ref::<Job>() {
-        return job.bundle();
-    }
-    let mut b = Bundle::new();
-    b.insert("text/plain".into(), format!("{debug:?}").into());
-    b
-}
-
-/// A bundle in evcxr's stdout format: one `EVCXR_BEGIN_CONTENT <mime>` … `EVCXR_END_CONTENT`
-/// block per type.
-pub fn content_blocks(bundle: &Bundle) -> String {
-    let mut out = String::new();
-    for (mime, value) in bundle {
-        if let Some(text) = value.as_str() {
-            out.push_str(&format!(
-                "EVCXR_BEGIN_CONTENT {mime}\n{text}\nEVCXR_END_CONTENT\n"
-            ));
-        }
-    }
-    out
-}
-
-impl NotebookDisplay for DataFrame {
+impl NotebookDisplay for Table {
     fn bundle(&self) -> Bundle {
-        frame_grid(self).bundle()
+        table_grid(self).bundle()
     }
 }
 
-/// A DataFrame's head and tail, its column names and polars' data types.
-fn frame_grid(df: &DataFrame) -> Grid {
-    let columns = df.columns();
+/// A table's head and tail, its column names and data types.
+fn table_grid(table: &Table) -> Grid {
+    let columns = table.columns();
     let names: Vec<String> = columns.iter().map(|c| c.name().to_string()).collect();
     let dtypes: Vec<String> = columns.iter().map(|c| c.dtype().to_string()).collect();
     let align: Vec<Align> = columns
         .iter()
-        .map(|c| match c.dtype().is_primitive_numeric() {
+        .map(|c| match c.is_numeric() {
             true => Align::Right,
             false => Align::Left,
         })
@@ -89,13 +51,14 @@ fn frame_grid(df: &DataFrame) -> Grid {
         columns: elide(&names, "…".into()),
         dtypes: Some(elide(&dtypes, "…".into())),
         align: elide(&align, Align::Right),
-        rows: Grid::rows_of(df.height(), columns.len(), |r, c| {
-            columns[c]
-                .get(r)
-                .map(|v| v.to_string())
-                .unwrap_or_else(|e| format!("<{e}>"))
+        rows: Grid::rows_of(table.height(), columns.len(), |r, c| {
+            match columns[c].get(r) {
+                // Text quoted, as polars prints it, so that spaces and empty strings show.
+                Value::Str(s) => format!("{s:?}"),
+                v => v.to_string(),
+            }
         }),
-        caption: Some(format!("shape: ({}, {})", df.height(), df.width())),
+        caption: Some(format!("shape: ({}, {})", table.height(), table.width())),
         class: "trainbook-frame",
     }
 }
@@ -172,17 +135,17 @@ impl NotebookDisplay for Job {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polars::prelude::*;
+    use trainbook_api::table::Column;
 
     #[test]
-    fn a_long_frame_is_its_head_and_tail_with_types() {
-        let n = 1000u32;
-        let df = df!(
-            "step" => (0..n).collect::<Vec<u32>>(),
-            "name" => (0..n).map(|i| format!("m{i}")).collect::<Vec<String>>(),
-        )
+    fn a_long_table_is_its_head_and_tail_with_types() {
+        let n = 1000u64;
+        let table = Table::from_columns(vec![
+            Column::uint("step", (0..n).map(Some)).with_dtype("u32"),
+            Column::str("name", (0..n).map(|i| Some(format!("m{i}")))),
+        ])
         .unwrap();
-        let b = value_bundle(&df, &df);
+        let b = bundle_of(&table).unwrap();
         let html = b["text/html"].as_str().unwrap();
         assert!(html.contains("trainbook-frame"));
         assert!(html.contains("… 980 more rows"));
@@ -206,21 +169,7 @@ mod tests {
     }
 
     #[test]
-    fn other_values_show_their_debug_text() {
-        let b = value_bundle(&Some("x"), &Some("x"));
-        assert_eq!(b.len(), 1);
-        assert_eq!(b["text/plain"], "Some(\"x\")");
-    }
-
-    #[test]
-    fn content_blocks_are_what_evcxr_reads() {
-        let mut b = Bundle::new();
-        b.insert("text/html".into(), "<b>x</b>".into());
-        b.insert("text/plain".into(), "x".into());
-        assert_eq!(
-            content_blocks(&b),
-            "EVCXR_BEGIN_CONTENT text/html\n<b>x</b>\nEVCXR_END_CONTENT\n\
-             EVCXR_BEGIN_CONTENT text/plain\nx\nEVCXR_END_CONTENT\n"
-        );
+    fn other_values_have_no_rich_display() {
+        assert!(bundle_of(&Some("x")).is_none());
     }
 }

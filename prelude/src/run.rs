@@ -1,46 +1,43 @@
-//! How trainbook runs a job for notebooks and the CLI: the engine's `launch` with trainbook's
-//! recipes injected and the notebook view subscribed to the job, and the view options that
-//! ride along in the spec (the engine carries them but never reads them).
+//! trainbook's runtime: what `trainbook_api`'s operations do in this process. The engine's
+//! `launch` with trainbook's recipes injected and the notebook view subscribed to the job, plans,
+//! data tables, classifiers and the rich display of values.
+//!
+//! Registered before `main` in every program that links this crate, and exported by name from
+//! the prelude library, where notebook cells (which compile against `trainbook_api` only) find it
+//! (see `trainbook_api::runtime`).
 
-use anyhow::Result;
-use trainbook_engine::{Configure, DeviceKind, Hyper, Job, JobSpec, TrainResult};
+use std::any::Any;
+use std::ffi::c_char;
+use std::path::{Path, PathBuf};
 
-use crate::notebook;
+use anyhow::{anyhow, Result};
+use trainbook_api::classify::{ImageModel, TextModel};
+use trainbook_api::run::view_options;
+use trainbook_api::runtime::{Bundle, Runtime};
+use trainbook_api::{Plan, Table, ViewOptions};
+use trainbook_engine::{Hyper, Job, JobSpec};
+use trainbook_recipes::REGISTRY;
 
-/// Starts a job with trainbook's recipes and returns at once; in the trainbook kernel the cell
-/// shows its live dashboard. See [`Job::wait`].
-pub fn launch(spec: JobSpec) -> Result<Job> {
-    view_options(&spec).dashboard()?;
-    let job = trainbook_engine::launch(spec, &trainbook_recipes::REGISTRY)?;
-    notebook::show_job(&job);
-    Ok(job)
-}
+use crate::{display, notebook};
 
-/// Launches and waits: the blocking form of [`launch`].
-pub fn fit(spec: JobSpec) -> Result<TrainResult> {
-    launch(spec)?.wait()
-}
+/// The runtime (one per process).
+pub struct Trainbook;
 
-/// What a job would run with, resolved as `fit` resolves it, with nothing started.
-#[derive(Clone, Debug)]
-pub struct Plan {
-    /// The device its workers would use (`DeviceRequest::Auto`: HPU, then CUDA, then CPU).
-    pub device: DeviceKind,
-    /// Every hyper-parameter: the preset's (named, or chosen as the recipe chooses: e.g.
-    /// bert's "reference" when its model and data are on this machine), with the job's options
-    /// on top; the recipe's own settings in `recipe_options`.
-    pub hyper: Hyper,
-}
+/// The runtime this crate registers and exports.
+pub static RUNTIME: Trainbook = Trainbook;
 
-/// `fit`, `launch` and `plan` for every job builder (`JobSpec`, `BertTrainer`, ...).
-pub trait Train: Configure {
-    /// The device and hyper-parameters this job would run with (see [`Plan`]); a bad option
-    /// fails here as it would in `fit`.
-    fn plan(&self) -> Result<Plan> {
-        let spec = self.spec();
-        spec.validate(&trainbook_recipes::REGISTRY)?;
-        let hyper = trainbook_recipes::REGISTRY.resolve(spec)?.ok_or_else(|| {
-            anyhow::anyhow!(
+impl Runtime for Trainbook {
+    fn launch(&self, spec: JobSpec) -> Result<Job> {
+        dashboard_options(&view_options(&spec))?;
+        let job = trainbook_engine::launch(spec, &REGISTRY)?;
+        notebook::show_job(&job);
+        Ok(job)
+    }
+
+    fn plan(&self, spec: &JobSpec) -> Result<Plan> {
+        trainbook_engine::spec::validate(spec, &REGISTRY)?;
+        let hyper = REGISTRY.resolve(spec)?.ok_or_else(|| {
+            anyhow!(
                 "job '{}' trains no recipe: it has no hyper-parameters",
                 spec.recipe
             )
@@ -48,129 +45,85 @@ pub trait Train: Configure {
         let device = trainbook_engine::device::resolve(spec.device, spec.workers)?;
         Ok(Plan { device, hyper })
     }
-    /// Runs the job to the end (see [`fit`]).
-    fn fit(self) -> Result<TrainResult> {
-        fit(self.into_spec())
-    }
-    /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
-    fn launch(self) -> Result<Job> {
-        launch(self.into_spec())
-    }
-}
 
-impl<T: Configure> Train for T {}
-
-/// What the live dashboard shows, for every job builder.
-pub trait View: Configure {
-    /// Draw the loss plot in the live view (default on).
-    fn show_plot(mut self, on: bool) -> Self {
-        self.job_spec().extensions.get_mut::<ViewOptions>().plot = on;
-        self
+    fn running_jobs(&self) -> Vec<Job> {
+        trainbook_engine::running_jobs()
     }
-    /// Show worker logs in the live view (default on).
-    fn show_logs(mut self, on: bool) -> Self {
-        self.job_spec().extensions.get_mut::<ViewOptions>().logs = on;
-        self
-    }
-    /// Which worker lines the live view and the terminal show: `LogLevel::Warn` keeps
-    /// warnings and errors only (default: `$TRAINBOOK_LOG`, else `info`).
-    fn log_level(mut self, level: trainbook_widgets::LogLevel) -> Self {
-        self.job_spec()
-            .extensions
-            .get_mut::<ViewOptions>()
-            .log_level = Some(level);
-        self
-    }
-    /// Logarithmic loss axis in the plot.
-    fn log_scale(mut self, on: bool) -> Self {
-        self.job_spec()
-            .extensions
-            .get_mut::<ViewOptions>()
-            .log_scale = on;
-        self
-    }
-}
 
-impl<T: Configure> View for T {}
+    fn stop_all(&self) -> usize {
+        trainbook_engine::stop_all()
+    }
 
-/// `job.show()`: the job's dashboard in any cell.
-pub trait Show {
-    /// Displays the job's dashboard (progress, loss plot, metrics table, logs): live in the
-    /// trainbook kernel, updating in place until the job ends; as text elsewhere.
-    fn show(&self) -> Result<()>;
-}
+    fn show_job(&self, job: &Job) -> Result<()> {
+        notebook::show(job)
+    }
 
-impl Show for Job {
-    fn show(&self) -> Result<()> {
-        notebook::show(self)
+    fn attach_notebook(&self) -> Result<bool> {
+        notebook::attach()
+    }
+
+    fn display(&self, value: &dyn Any) -> Option<Bundle> {
+        display::bundle_of(value)
+    }
+
+    fn text_training_file(&self, hyper: &Hyper) -> Result<PathBuf> {
+        trainbook_recipes::bert::training_file(hyper)
+    }
+
+    fn read_table(&self, path: &Path) -> Result<Table> {
+        crate::table::from_polars(&trainbook_recipes::text::dataset::read_table(path)?)
+    }
+
+    fn scan_images(&self, root: &Path) -> Result<trainbook_api::ImageFolder> {
+        trainbook_recipes::vision::folder::scan(root)
+    }
+
+    fn load_text_model(&self, dir: &Path) -> Result<Box<dyn TextModel>> {
+        Ok(Box::new(trainbook_recipes::classify::BertTextModel::load(
+            dir,
+        )?))
+    }
+
+    fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>> {
+        Ok(Box::new(
+            trainbook_recipes::classify::ResnetImageModel::load(dir)?,
+        ))
     }
 }
 
-/// The view options set on `spec` (the defaults when none were).
-pub fn view_options(spec: &JobSpec) -> ViewOptions {
-    spec.extensions
-        .get::<ViewOptions>()
-        .cloned()
-        .unwrap_or_default()
+/// The widgets' options for a job's view, with the log level resolved.
+pub fn dashboard_options(view: &ViewOptions) -> Result<trainbook_widgets::DashboardOptions> {
+    Ok(trainbook_widgets::DashboardOptions {
+        plot: view.plot,
+        logs: view.logs,
+        log_level: view.log_level()?,
+        log_y: view.log_scale,
+        ..Default::default()
+    })
 }
 
-/// What a job's live view shows; see the `show_*`/`log_level` builder methods.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ViewOptions {
-    pub plot: bool,
-    pub logs: bool,
-    /// `None`: `$TRAINBOOK_LOG`, else `info`.
-    pub log_level: Option<trainbook_widgets::LogLevel>,
-    pub log_scale: bool,
-}
-
-impl Default for ViewOptions {
-    fn default() -> Self {
-        ViewOptions {
-            plot: true,
-            logs: true,
-            log_level: None,
-            log_scale: false,
-        }
+// Registration before `main`: a program only names `trainbook_api` items (re-exported here), so
+// nothing else would run this crate's code first. `#[used]` keeps the entry in the link.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER: extern "C" fn() = {
+    extern "C" fn register() {
+        trainbook_api::runtime::register(&RUNTIME);
     }
+    register
+};
+
+/// The fingerprint of the `trainbook_api` build inside this library (see
+/// `trainbook_api::runtime`); notebook cells compare it with their own before they use
+/// [`trainbook_runtime`].
+#[no_mangle]
+pub extern "C" fn trainbook_api_fingerprint() -> *const c_char {
+    trainbook_api::runtime::fingerprint().as_ptr()
 }
 
-/// Environment variable with the default log level of live views (`off`, `error`, `warn`,
-/// `info`, `debug`), like `RUST_LOG`.
-pub const LOG_LEVEL_ENV: &str = "TRAINBOOK_LOG";
-
-impl ViewOptions {
-    /// The widgets' options, with the log level from `$TRAINBOOK_LOG` when none was set.
-    pub fn dashboard(&self) -> Result<trainbook_widgets::DashboardOptions> {
-        let log_level = match self.log_level {
-            Some(l) => l,
-            None => match std::env::var(LOG_LEVEL_ENV) {
-                Ok(v) => v
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("{LOG_LEVEL_ENV}={v:?}: {e}"))?,
-                Err(_) => trainbook_widgets::LogLevel::Info,
-            },
-        };
-        Ok(trainbook_widgets::DashboardOptions {
-            plot: self.plot,
-            logs: self.logs,
-            log_level,
-            log_y: self.log_scale,
-            ..Default::default()
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn view_options_ride_along_in_the_spec() {
-        let spec = JobSpec::new("synthetic").show_plot(false).log_scale(true);
-        let copy = spec.clone();
-        let v = view_options(&copy);
-        assert!(!v.plot && v.logs && v.log_scale, "{v:?}");
-        assert_eq!(view_options(&JobSpec::new("bert")), ViewOptions::default());
-    }
+/// This library's runtime, for notebook cells (Rust ABI: cells are built by the same compiler
+/// against the same `trainbook_api`, which the fingerprint checks).
+#[no_mangle]
+pub fn trainbook_runtime() -> &'static dyn Runtime {
+    &RUNTIME
 }

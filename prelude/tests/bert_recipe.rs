@@ -153,14 +153,11 @@ fn schedule_warmup_and_bf16_autocast_run() {
         .unwrap();
     let result = r.wait().unwrap();
     assert!(result.final_train_loss.is_finite());
-    let df = r.metrics().unwrap();
-    let names = df.column("name").unwrap().str().unwrap().clone();
-    let values = df.column("value").unwrap().f64().unwrap().clone();
-    let lr: Vec<f64> = names
+    let lr: Vec<f64> = r
+        .metric_rows()
         .iter()
-        .zip(values.iter())
-        .filter(|(n, _)| *n == Some("lr"))
-        .map(|(_, v)| v.unwrap())
+        .filter(|m| m.name == "lr")
+        .map(|m| m.value)
         .collect();
     // 2 warm-up steps up to 1e-3, then linear decay to 0 at step 4.
     let expect = [5e-4, 1e-3, 1e-3, 5e-4];

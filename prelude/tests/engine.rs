@@ -102,13 +102,11 @@ fn collectives_are_correct_with_three_workers() {
 fn job_reports_metrics_logs_and_checkpoints() {
     let job = trainbook::launch(tiny(2).epochs(2)).unwrap();
     let r = job.wait().unwrap();
-    let df = job.metrics().unwrap();
-    let cols: Vec<String> = df
-        .get_column_names()
-        .iter()
-        .map(|c| c.to_string())
-        .collect();
-    assert_eq!(cols, ["rank", "step", "epoch", "name", "value", "time"]);
+    let table = job.metrics().unwrap();
+    assert_eq!(
+        table.column_names(),
+        ["rank", "step", "epoch", "name", "value", "time"]
+    );
     let losses: Vec<f64> = job
         .logs()
         .iter()
@@ -138,7 +136,7 @@ fn job_reports_metrics_logs_and_checkpoints() {
     }
     let parquet =
         trainbook::engine::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
-    assert_eq!(parquet.height(), df.height());
+    assert_eq!(parquet.height(), table.height());
     assert_eq!(
         r.last_checkpoint.as_ref().unwrap().file_name().unwrap(),
         "epoch-1"

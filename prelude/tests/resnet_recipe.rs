@@ -18,14 +18,11 @@ fn tiny_resnet_learns_with_two_workers_and_its_checkpoint_classifies_images() {
     assert_eq!(r.status, JobStatus::Succeeded);
     assert_eq!(r.steps, 30, "320 images / global batch 32 x 3 epochs");
     // Per-epoch training loss, all-reduced over the ranks, goes down.
-    let df = job.metrics().unwrap();
-    let names = df.column("name").unwrap().str().unwrap().clone();
-    let values = df.column("value").unwrap().f64().unwrap().clone();
-    let epoch_losses: Vec<f64> = names
+    let epoch_losses: Vec<f64> = job
+        .metric_rows()
         .iter()
-        .zip(values.iter())
-        .filter(|(n, _)| *n == Some("epoch_train_loss"))
-        .map(|(_, v)| v.unwrap())
+        .filter(|m| m.name == "epoch_train_loss")
+        .map(|m| m.value)
         .collect();
     assert_eq!(epoch_losses.len(), 3, "{epoch_losses:?}");
     assert!(

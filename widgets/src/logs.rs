@@ -4,7 +4,7 @@
 use crate::html::{escape, GREY, ORANGE, RED};
 use std::collections::VecDeque;
 use std::fmt;
-use std::str::FromStr;
+pub use trainbook_api::logs::LogLevel;
 
 /// Lines longer than this are cut (the run directory keeps them whole).
 pub const MAX_LINE_CHARS: usize = 400;
@@ -20,6 +20,11 @@ pub struct LogLine {
 }
 
 impl LogLine {
+    /// Whether a view filtered at `level` shows this line.
+    pub fn shown_at(&self, level: LogLevel) -> bool {
+        level != LogLevel::Off && self.level() <= level
+    }
+
     pub fn level(&self) -> LogLevel {
         if self.is_error {
             return LogLevel::Error;
@@ -51,49 +56,6 @@ impl fmt::Display for LogLine {
     }
 }
 
-/// Which worker lines are shown: `off`, `error`, `warn`, `info` (default) or `debug`
-/// (`trace` means `debug`), like `RUST_LOG`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Off,
-    Error,
-    Warn,
-    #[default]
-    Info,
-    Debug,
-}
-
-impl FromStr for LogLevel {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "off" | "none" => Ok(LogLevel::Off),
-            "error" => Ok(LogLevel::Error),
-            "warn" | "warning" => Ok(LogLevel::Warn),
-            "info" | "" => Ok(LogLevel::Info),
-            "debug" | "trace" | "all" => Ok(LogLevel::Debug),
-            other => Err(format!(
-                "unknown log level {other:?}: use off, error, warn, info or debug"
-            )),
-        }
-    }
-}
-
-impl LogLevel {
-    pub fn name(self) -> &'static str {
-        match self {
-            LogLevel::Off => "off",
-            LogLevel::Error => "error",
-            LogLevel::Warn => "warn",
-            LogLevel::Info => "info",
-            LogLevel::Debug => "debug",
-        }
-    }
-    pub fn allows(self, line: &LogLine) -> bool {
-        self != LogLevel::Off && line.level() <= self
-    }
-}
-
 /// The last `capacity` shown lines, plus how many were not shown.
 #[derive(Clone, Debug)]
 pub struct LogPanel {
@@ -119,7 +81,7 @@ impl LogPanel {
 
     /// Adds a line; returns whether the level lets it show.
     pub fn push(&mut self, mut line: LogLine) -> bool {
-        if !self.level.allows(&line) {
+        if !line.shown_at(self.level) {
             self.hidden += 1;
             return false;
         }

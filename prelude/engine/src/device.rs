@@ -1,77 +1,18 @@
-//! Choosing the device each worker trains on, and the collective backend that goes with it.
+//! Choosing the device each worker trains on: what `auto` becomes on this machine, and the
+//! tch device of a worker.
 
 use std::path::Path;
-use std::str::FromStr;
 
 use anyhow::{bail, Result};
-use serde::{Deserialize, Serialize};
 
-use crate::dist::Backend;
+pub use trainbook_api::device::{DeviceKind, DeviceRequest};
 
-/// What the user asked for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceRequest {
-    /// HPU if the Gaudi stack is present, else CUDA if available, else CPU.
-    #[default]
-    Auto,
-    Cpu,
-    Cuda,
-    Hpu,
-}
-
-impl FromStr for DeviceRequest {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "auto" => Self::Auto,
-            "cpu" => Self::Cpu,
-            "cuda" | "gpu" => Self::Cuda,
-            "hpu" | "gaudi" => Self::Hpu,
-            other => bail!("unknown device '{other}': use auto, cpu, cuda or hpu"),
-        })
-    }
-}
-
-/// The device kind a job runs on, after resolving `auto`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-    Hpu,
-}
-
-impl DeviceKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Cuda => "cuda",
-            DeviceKind::Hpu => "hpu",
-        }
-    }
-
-    pub fn backend(self) -> Backend {
-        match self {
-            DeviceKind::Cpu => Backend::Gloo,
-            DeviceKind::Cuda => Backend::Nccl,
-            DeviceKind::Hpu => Backend::Hccl,
-        }
-    }
-
-    /// The tch device of a worker with this local rank.
-    pub fn tch_device(self, local_rank: usize) -> Result<tch::Device> {
-        match self {
-            DeviceKind::Cpu => Ok(tch::Device::Cpu),
-            DeviceKind::Cuda => Ok(tch::Device::Cuda(local_rank)),
-            DeviceKind::Hpu => bail!(hpu_unsupported()),
-        }
-    }
-}
-
-impl std::fmt::Display for DeviceKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// The tch device of a worker with this local rank.
+pub fn tch_device(kind: DeviceKind, local_rank: usize) -> Result<tch::Device> {
+    match kind {
+        DeviceKind::Cpu => Ok(tch::Device::Cpu),
+        DeviceKind::Cuda => Ok(tch::Device::Cuda(local_rank)),
+        DeviceKind::Hpu => bail!(hpu_unsupported()),
     }
 }
 

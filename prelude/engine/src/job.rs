@@ -2,7 +2,7 @@
 //! health, and hand results to the caller. Data flows one way — workers → events → this
 //! driver → subscribers (terminal, notebook widgets); only stop requests flow back.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,12 +15,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::checkpoint::{self, RunConfig};
-use crate::dedup::{Deduplicator, Shown, Stream};
+use crate::dedup::{Deduplicator, Stream};
 use crate::device::{self, DeviceKind};
 use crate::dist::RendezvousServer;
 use crate::events::{self, Collector, Event, WorkerSummary};
 use crate::launch::{self, Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
-use crate::metrics::{self, MetricRow};
+use crate::metrics;
 use crate::recipe::Registry;
 use crate::spec::JobSpec;
 use crate::worker;
@@ -30,153 +30,10 @@ const TAIL_LINES: usize = 20;
 /// Log lines kept in memory per job (the run directory has them all).
 const MEMORY_LOG_LINES: usize = 10_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobStatus {
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Stopped,
-}
-
-impl JobStatus {
-    pub fn is_finished(self) -> bool {
-        matches!(
-            self,
-            JobStatus::Succeeded | JobStatus::Failed | JobStatus::Stopped
-        )
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            JobStatus::Starting => "starting",
-            JobStatus::Running => "running",
-            JobStatus::Succeeded => "succeeded",
-            JobStatus::Failed => "failed",
-            JobStatus::Stopped => "stopped",
-        }
-    }
-}
-
-impl std::fmt::Display for JobStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Why a job did not succeed.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error("worker rank {rank} failed ({how}); all workers were stopped.{message}\nlast lines of rank {rank}:\n{tail}\nfull log: {log}")]
-    WorkerFailed {
-        rank: usize,
-        how: String,
-        message: String,
-        tail: String,
-        log: String,
-    },
-    #[error("the job was stopped before it finished (run directory: {run_dir})")]
-    Interrupted { run_dir: String },
-}
-
-/// One line of worker output.
-#[derive(Clone, Debug, Serialize)]
-pub struct LogRecord {
-    pub rank: usize,
-    pub stream: &'static str,
-    pub text: String,
-    /// Seconds since the job started.
-    pub time: f64,
-}
-
-impl std::fmt::Display for LogRecord {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "(rank {}) {}", self.rank, self.text)
-    }
-}
-
-/// Latest progress, as reported by rank 0.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Progress {
-    pub step: u64,
-    pub total_steps: u64,
-    pub epoch: u64,
-    pub epochs: u64,
-    pub samples: u64,
-    pub samples_per_second: f64,
-    pub elapsed: f64,
-}
-
-/// What subscribers (terminal, notebook) receive while the job runs.
-#[derive(Clone, Debug)]
-pub enum Update {
-    Log(Shown),
-    Metric(MetricRow),
-    Progress(Progress),
-    Checkpoint { epoch: u64, path: PathBuf },
-    Finished(JobStatus),
-}
-
-/// The outcome of a job.
-#[derive(Clone, Debug)]
-pub struct TrainResult {
-    pub status: JobStatus,
-    pub recipe: String,
-    pub workers: usize,
-    pub device: DeviceKind,
-    /// Final metrics: the last value of every global metric plus run statistics.
-    pub metrics: BTreeMap<String, f64>,
-    pub metrics_df: polars::prelude::DataFrame,
-    /// The last epoch's checkpoint.
-    pub last_checkpoint: Option<PathBuf>,
-    /// The checkpoint of the epoch with the lowest `eval_loss` (`None` without evaluation).
-    pub best_checkpoint: Option<PathBuf>,
-    pub run_dir: PathBuf,
-    pub error: Option<String>,
-    pub steps: u64,
-    pub samples_per_second: f64,
-    pub final_train_loss: f64,
-    pub param_sum: f64,
-    pub param_l2: f64,
-    pub elapsed: f64,
-}
-
-impl TrainResult {
-    /// One row per epoch: train loss/accuracy, eval loss/accuracy, samples/s, time (see
-    /// [`crate::metrics::per_epoch`]); `metrics_df` has every step.
-    pub fn epochs(&self) -> Result<polars::prelude::DataFrame> {
-        crate::metrics::per_epoch(&self.metrics_df)
-    }
-
-    /// The summary the CLI prints with `--json`.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "status": self.status.name(),
-            "recipe": self.recipe,
-            "workers": self.workers,
-            "device": self.device.name(),
-            "steps": self.steps,
-            "final_train_loss": finite_or_null(self.final_train_loss),
-            "samples_per_second": finite_or_null(self.samples_per_second),
-            "elapsed_seconds": self.elapsed,
-            "run_dir": self.run_dir.display().to_string(),
-            "param_sum": finite_or_null(self.param_sum),
-            "param_l2": finite_or_null(self.param_l2),
-            "metrics": self.metrics.iter().map(|(k, v)| (k.clone(), finite_or_null(*v))).collect::<serde_json::Map<_, _>>(),
-            "last_checkpoint": self.last_checkpoint.as_ref().map(|p| p.display().to_string()),
-            "best_checkpoint": self.best_checkpoint.as_ref().map(|p| p.display().to_string()),
-            "error": self.error,
-        })
-    }
-}
-
-fn finite_or_null(v: f64) -> serde_json::Value {
-    if v.is_finite() {
-        serde_json::json!(v)
-    } else {
-        serde_json::Value::Null
-    }
-}
+pub use trainbook_api::job::{
+    Job, JobControl, JobStatus, JobView, LogRecord, MetricRow, Progress, TrainError, TrainResult,
+    Update,
+};
 
 struct State {
     status: JobStatus,
@@ -205,14 +62,6 @@ struct Shared {
     stop_requested: AtomicBool,
     subscribers: Mutex<Vec<mpsc::Sender<Update>>>,
     views: Mutex<Vec<Arc<dyn JobView>>>,
-}
-
-/// Something that shows a job as it runs (the notebook's live dashboard). [`Job::wait`] gives
-/// every attached view a few seconds to draw the job's final state before it returns, so the
-/// waiting cell receives that state; the engine calls nothing else of it.
-pub trait JobView: Send + Sync {
-    /// Returns once the view has drawn the finished job, or after `timeout`.
-    fn settle(&self, timeout: Duration);
 }
 
 /// How long [`Job::wait`] waits for views to settle.
@@ -261,10 +110,16 @@ impl Shared {
     }
 }
 
-/// A handle on a running or finished job. Cheap to clone.
+/// The engine's side of a [`Job`] handle.
 #[derive(Clone)]
-pub struct Job {
+struct Driven {
     shared: Arc<Shared>,
+}
+
+impl Driven {
+    fn handle(self) -> Job {
+        Job::new(Arc::new(self))
+    }
 }
 
 static REGISTRY: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
@@ -272,18 +127,22 @@ static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 
 /// Jobs of this process that have not finished.
 pub fn running_jobs() -> Vec<Job> {
+    running().into_iter().map(Driven::handle).collect()
+}
+
+fn running() -> Vec<Driven> {
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|w| w.strong_count() > 0);
     reg.iter()
         .filter_map(|w| w.upgrade())
-        .map(|shared| Job { shared })
+        .map(|shared| Driven { shared })
         .filter(|j| !j.status().is_finished())
         .collect()
 }
 
 /// Stops every running job of this process (what a notebook interrupt does first).
 pub fn stop_all() -> usize {
-    let jobs = running_jobs();
+    let jobs = running();
     for j in &jobs {
         j.request_stop();
     }
@@ -295,7 +154,7 @@ pub fn stop_all() -> usize {
 
 /// Starts a job and returns at once; see [`Job::wait`]. The recipe is looked up in `recipes`.
 pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
-    spec.validate(recipes)?;
+    crate::spec::validate(&spec, recipes)?;
     // The preset and every option resolved here, before any process starts: a bad option
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
@@ -396,7 +255,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     spawned_rx
         .recv()
         .map_err(|_| anyhow!("the job driver thread died while starting workers"))??;
-    Ok(Job { shared })
+    Ok(Driven { shared }.handle())
 }
 
 enum Incoming {
@@ -733,91 +592,7 @@ fn drive(
     shared.finished.notify_all();
 }
 
-impl Job {
-    pub fn id(&self) -> u64 {
-        self.shared.id
-    }
-
-    pub fn spec(&self) -> &JobSpec {
-        &self.shared.spec
-    }
-
-    pub fn device(&self) -> DeviceKind {
-        self.shared.device
-    }
-
-    pub fn run_dir(&self) -> &Path {
-        &self.shared.run_dir
-    }
-
-    /// The zeromq endpoint workers report to (loopback; messages need the job's token).
-    pub fn events_endpoint(&self) -> &str {
-        &self.shared.events_endpoint
-    }
-
-    pub fn status(&self) -> JobStatus {
-        self.shared.lock().status
-    }
-
-    /// Worker process ids (for diagnostics and tests).
-    pub fn pids(&self) -> Vec<u32> {
-        self.shared.lock().pids.clone()
-    }
-
-    pub fn progress(&self) -> Option<Progress> {
-        self.shared.lock().progress.clone()
-    }
-
-    /// Every metric reported so far: columns rank, step, epoch, name, value, time.
-    pub fn metrics(&self) -> Result<polars::prelude::DataFrame> {
-        let rows = self.shared.lock().metrics.clone();
-        metrics::to_dataframe(&rows)
-    }
-
-    /// Attaches a view that [`Job::wait`] lets settle before it returns (see [`JobView`]).
-    pub fn attach_view(&self, view: Arc<dyn JobView>) {
-        self.shared
-            .views
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(view);
-    }
-
-    /// Every metric row reported so far, in arrival order.
-    pub fn metric_rows(&self) -> Vec<MetricRow> {
-        self.shared.lock().metrics.clone()
-    }
-
-    /// The most recent log lines of all workers (the run directory holds the full logs).
-    pub fn logs(&self) -> Vec<LogRecord> {
-        self.shared.lock().logs.iter().cloned().collect()
-    }
-
-    /// Messages that reached the event socket without this job's token (dropped).
-    pub fn dropped_events(&self) -> u64 {
-        self.shared.lock().dropped_events
-    }
-
-    /// Live updates from now on. Dropping the receiver unsubscribes.
-    pub fn subscribe(&self) -> mpsc::Receiver<Update> {
-        let (tx, rx) = mpsc::channel();
-        // Holding the subscriber list while reading the status closes the race with the
-        // driver, which sets the final status before it publishes `Finished` to this list:
-        // either we see the final status here, or we are on the list when it is published.
-        let mut subs = self
-            .shared
-            .subscribers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let status = self.status();
-        if status.is_finished() {
-            let _ = tx.send(Update::Finished(status));
-        } else {
-            subs.push(tx);
-        }
-        rx
-    }
-
+impl Driven {
     fn request_stop(&self) {
         self.shared.stop_requested.store(true, Ordering::Relaxed);
     }
@@ -841,14 +616,94 @@ impl Job {
         }
         true
     }
+}
+
+impl JobControl for Driven {
+    fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn spec(&self) -> &JobSpec {
+        &self.shared.spec
+    }
+
+    fn device(&self) -> DeviceKind {
+        self.shared.device
+    }
+
+    fn run_dir(&self) -> &Path {
+        &self.shared.run_dir
+    }
+
+    /// The zeromq endpoint workers report to (loopback; messages need the job's token).
+    fn events_endpoint(&self) -> &str {
+        &self.shared.events_endpoint
+    }
+
+    fn status(&self) -> JobStatus {
+        self.shared.lock().status
+    }
+
+    /// Worker process ids (for diagnostics and tests).
+    fn pids(&self) -> Vec<u32> {
+        self.shared.lock().pids.clone()
+    }
+
+    fn progress(&self) -> Option<Progress> {
+        self.shared.lock().progress.clone()
+    }
+
+    /// Attaches a view that [`Job::wait`] lets settle before it returns (see [`JobView`]).
+    fn attach_view(&self, view: Arc<dyn JobView>) {
+        self.shared
+            .views
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(view);
+    }
+
+    /// Every metric row reported so far, in arrival order.
+    fn metric_rows(&self) -> Vec<MetricRow> {
+        self.shared.lock().metrics.clone()
+    }
+
+    /// The most recent log lines of all workers (the run directory holds the full logs).
+    fn logs(&self) -> Vec<LogRecord> {
+        self.shared.lock().logs.iter().cloned().collect()
+    }
+
+    /// Messages that reached the event socket without this job's token (dropped).
+    fn dropped_events(&self) -> u64 {
+        self.shared.lock().dropped_events
+    }
+
+    /// Live updates from now on. Dropping the receiver unsubscribes.
+    fn subscribe(&self) -> mpsc::Receiver<Update> {
+        let (tx, rx) = mpsc::channel();
+        // Holding the subscriber list while reading the status closes the race with the
+        // driver, which sets the final status before it publishes `Finished` to this list:
+        // either we see the final status here, or we are on the list when it is published.
+        let mut subs = self
+            .shared
+            .subscribers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let status = JobControl::status(self);
+        if status.is_finished() {
+            let _ = tx.send(Update::Finished(status));
+        } else {
+            subs.push(tx);
+        }
+        rx
+    }
 
     /// Stops the workers (SIGTERM, then SIGKILL after a grace period) and waits for them.
-    pub fn stop(&self) -> Result<()> {
+    fn stop(&self) -> Result<()> {
         self.request_stop();
         if !self.wait_finished(STOP_GRACE + Duration::from_secs(5)) {
             bail!(
                 "job {} did not stop within {} s; its workers were sent SIGKILL",
-                self.id(),
+                JobControl::id(self),
                 STOP_GRACE.as_secs() + 5
             );
         }
@@ -857,7 +712,7 @@ impl Job {
 
     /// Blocks until the job ends. Ok for a successful job; the error names the failing rank
     /// or says the job was stopped. [`Job::result`] has the details either way.
-    pub fn wait(&self) -> Result<TrainResult> {
+    fn wait(&self) -> Result<TrainResult> {
         self.wait_finished(Duration::MAX);
         let views =
             std::mem::take(&mut *self.shared.views.lock().unwrap_or_else(|e| e.into_inner()));
@@ -883,7 +738,7 @@ impl Job {
     }
 
     /// The job's result so far (final once the job has finished).
-    pub fn result(&self) -> Result<TrainResult> {
+    fn result(&self) -> Result<TrainResult> {
         let st = self.shared.lock();
         let summaries: Vec<&WorkerSummary> = st.summaries.iter().flatten().collect();
         let s0 = st.summaries.first().cloned().flatten().unwrap_or_default();
@@ -921,7 +776,7 @@ impl Job {
             workers: self.shared.spec.workers,
             device: self.shared.device,
             metrics: final_metrics,
-            metrics_df: metrics::to_dataframe(&st.metrics)?,
+            metric_rows: st.metrics.clone(),
             last_checkpoint,
             best_checkpoint,
             run_dir: self.shared.run_dir.clone(),
@@ -943,21 +798,6 @@ impl Job {
                 self.shared.started.elapsed().as_secs_f64()
             },
         })
-    }
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Job({} {} x{} on {}, {}, {})",
-            self.id(),
-            self.spec().recipe,
-            self.spec().workers,
-            self.device(),
-            self.status(),
-            self.run_dir().display()
-        )
     }
 }
 
@@ -1167,7 +1007,7 @@ mod tests {
             d.event(log(rank, "loading the tokenizer"));
         }
         d.flush_dedup(true);
-        let shown: Vec<Shown> = updates
+        let shown: Vec<crate::dedup::Shown> = updates
             .try_iter()
             .filter_map(|u| match u {
                 Update::Log(s) => Some(s),

@@ -18,7 +18,6 @@ pub mod job;
 pub mod launch;
 pub mod metrics;
 pub mod optim;
-pub mod options;
 pub mod precision;
 pub mod recipe;
 pub mod sampler;
@@ -32,3 +31,7 @@ pub use job::{
 };
 pub use recipe::{Recipe, RecipeEntry, Registry};
 pub use spec::{Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, TrainConfig};
+/// The notebook-facing types the engine's own are made of (specs, options, jobs, results).
+pub use trainbook_api as api;
+/// Declares a group of options (see `trainbook_api::options`).
+pub use trainbook_api::options;

@@ -11,41 +11,11 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::spec::OptimizerKind;
 
-/// How the learning rate changes over the run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Schedule {
-    /// The same learning rate throughout (after any warm-up).
-    #[default]
-    Constant,
-    /// Linear warm-up, then linear decay to 0 at the last step (Transformers' default).
-    Linear,
-}
-
-impl std::fmt::Display for Schedule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Constant => "constant",
-            Self::Linear => "linear",
-        })
-    }
-}
-
-impl std::str::FromStr for Schedule {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "constant" => Ok(Self::Constant),
-            "linear" => Ok(Self::Linear),
-            o => bail!("unknown schedule '{o}': use constant or linear"),
-        }
-    }
-}
+pub use trainbook_api::spec::Schedule;
 
 /// Learning rate at optimizer step `step` (0-based) of `total`.
 pub fn lr_at(schedule: Schedule, base: f64, step: u64, warmup: u64, total: u64) -> f64 {

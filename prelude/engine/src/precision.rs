@@ -5,35 +5,8 @@
 use std::os::raw::{c_char, c_int};
 
 use anyhow::{bail, Result};
-use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    #[default]
-    Fp32,
-    Bf16,
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Fp32 => "fp32",
-            Self::Bf16 => "bf16",
-        })
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "fp32" | "float32" | "f32" => Ok(Self::Fp32),
-            "bf16" | "bfloat16" => Ok(Self::Bf16),
-            o => bail!("unknown precision '{o}': use fp32 or bf16"),
-        }
-    }
-}
+pub use trainbook_api::spec::Precision;
 
 extern "C" {
     fn tb_autocast_enter(device_type: c_int, err: *mut c_char, errlen: usize) -> c_int;

@@ -90,7 +90,7 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(rank);
-    let tdev = device.tch_device(local_rank)?;
+    let tdev = crate::device::tch_device(device, local_rank)?;
     events.send(Event::Started {
         rank,
         pid: std::process::id(),

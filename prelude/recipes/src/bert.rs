@@ -25,35 +25,7 @@ use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 use trainbook_engine::recipe::{Hyper, Recipe, Split};
 use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
-trainbook_engine::options! {
-    /// Options of the text-classification recipe (bert).
-    struct TextOptions => TextSettings, trait ConfigureText(text_options) {
-        /// Tokens per text after truncation (at most the model's position embeddings).
-        #[arg(value_name = "N")]
-        max_length: usize => usize,
-        /// max-length (pad every text, the reference's) or dynamic (pad each batch to its
-        /// longest text: same results, less work for short texts).
-        #[arg(value_name = "max-length|dynamic")]
-        padding: Padding => Padding,
-        /// Name of the text column.
-        #[arg(value_name = "COLUMN")]
-        text_column: String [into] => String,
-        /// Name of the label column (strings or integers).
-        #[arg(value_name = "COLUMN")]
-        label_column: String [into] => String,
-        /// Fraction held out for evaluation (used when the data has no test table, or when
-        /// set; 0.2 otherwise).
-        eval_fraction: f64 => Option<f64>,
-        /// A separate evaluation table (otherwise the data's test table or a held-out split).
-        #[arg(value_name = "TABLE")]
-        eval_data: PathBuf [into] => Option<PathBuf>,
-    }
-    extra {
-        /// The model's architecture with random weights (the tiny preset, when no model is
-        /// given).
-        random_init: bool,
-    }
-}
+pub use trainbook_api::text::{ConfigureText, TextOptions, TextSettings};
 
 /// Held out for evaluation when the data has no test table and no fraction is set.
 const EVAL_FRACTION: f64 = 0.2;

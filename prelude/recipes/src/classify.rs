@@ -1,10 +1,5 @@
-//! Inference with a trained checkpoint, in the calling process (the notebook kernel or a
-//! script): `TextClassifier::load(dir)?.predict(&["the food was great"])`,
-//! `ImageClassifier::load(dir)?.predict(&["ant.jpg"])`.
-//!
-//! Generic public methods only convert their arguments and call a private non-generic one: a
-//! generic body is compiled into its caller, and a notebook cell, linked against the prelude
-//! library, can reach only the library's exported symbols, not private helpers.
+//! The models behind `trainbook_api`'s `TextClassifier` and `ImageClassifier`: a trained
+//! checkpoint loaded for inference in the calling process (the notebook kernel or a program).
 
 use std::path::{Path, PathBuf};
 
@@ -13,27 +8,11 @@ use tch::{nn, Device, Kind};
 
 use crate::models::bert::{load_weights, BertClassifier};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
-
-/// One prediction: the most likely label and every label's probability.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Prediction {
-    pub label: String,
-    pub label_id: usize,
-    /// Probability of `label`.
-    pub score: f64,
-    /// `(label, probability)` for every label, in id order.
-    pub probabilities: Vec<(String, f64)>,
-}
-
-impl std::fmt::Display for Prediction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({:.3})", self.label, self.score)
-    }
-}
+use trainbook_api::classify::{ImageModel, Prediction, TextModel};
 
 /// A BERT sequence classifier loaded from a Hugging Face-style directory (what trainbook's
 /// BERT checkpoints are).
-pub struct TextClassifier {
+pub struct BertTextModel {
     _vs: nn::VarStore,
     model: BertClassifier,
     tokenizer: TextTokenizer,
@@ -42,7 +21,7 @@ pub struct TextClassifier {
     dir: PathBuf,
 }
 
-impl TextClassifier {
+impl BertTextModel {
     /// Loads `dir` (e.g. `result.last_checkpoint`) on the CPU.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
         Self::load_on(dir, Device::Cpu)
@@ -75,17 +54,18 @@ impl TextClassifier {
             dir: dir.to_path_buf(),
         })
     }
+}
 
-    /// Label names in id order.
-    pub fn labels(&self) -> &[String] {
+impl TextModel for BertTextModel {
+    fn labels(&self) -> &[String] {
         &self.labels
     }
 
-    pub fn checkpoint(&self) -> &Path {
+    fn checkpoint(&self) -> &Path {
         &self.dir
     }
 
-    pub fn predict(&self, texts: &[&str]) -> Result<Vec<Prediction>> {
+    fn predict(&self, texts: &[&str]) -> Result<Vec<Prediction>> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(32) {
             let enc = self.tokenizer.encode_batch(chunk)?;
@@ -104,20 +84,17 @@ impl TextClassifier {
                     .to(Device::Cpu)
             });
             let rows: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&probs)?;
-            out.extend(rows.into_iter().map(|p| to_prediction(&self.labels, p)));
+            for p in rows {
+                out.push(Prediction::from_probabilities(&self.labels, p)?);
+            }
         }
         Ok(out)
-    }
-
-    /// Convenience for one text.
-    pub fn predict_one(&self, text: &str) -> Result<Prediction> {
-        Ok(self.predict(&[text])?.remove(0))
     }
 }
 
 /// An image classifier loaded from a trainbook ResNet checkpoint (`model.safetensors` +
 /// `config.json` with the architecture, input size and class names).
-pub struct ImageClassifier {
+pub struct ResnetImageModel {
     _vs: nn::VarStore,
     model: crate::models::resnet::Model,
     classes: Vec<String>,
@@ -126,7 +103,7 @@ pub struct ImageClassifier {
     device: Device,
 }
 
-impl ImageClassifier {
+impl ResnetImageModel {
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
         Self::load_dir(dir.as_ref())
     }
@@ -156,19 +133,16 @@ impl ImageClassifier {
             device: Device::Cpu,
         })
     }
+}
 
-    pub fn classes(&self) -> &[String] {
+impl ImageModel for ResnetImageModel {
+    fn classes(&self) -> &[String] {
         &self.classes
     }
 
     /// Classifies image files (any format the `image` crate reads), with the evaluation
     /// transform the model was validated with.
-    pub fn predict<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Vec<Prediction>> {
-        let paths: Vec<&Path> = paths.iter().map(|p| p.as_ref()).collect();
-        self.predict_paths(&paths)
-    }
-
-    fn predict_paths(&self, paths: &[&Path]) -> Result<Vec<Prediction>> {
+    fn predict(&self, paths: &[&Path]) -> Result<Vec<Prediction>> {
         use crate::vision::transforms::eval_transform;
         let mut images = Vec::with_capacity(paths.len());
         for &p in paths {
@@ -188,23 +162,8 @@ impl ImageClassifier {
                 .to(Device::Cpu)
         });
         let rows: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&probs)?;
-        Ok(rows
-            .into_iter()
-            .map(|p| to_prediction(&self.classes, p))
-            .collect())
-    }
-}
-
-fn to_prediction(labels: &[String], p: Vec<f64>) -> Prediction {
-    let (best, score) = p
-        .iter()
-        .copied()
-        .enumerate()
-        .fold((0, f64::MIN), |a, (i, v)| if v > a.1 { (i, v) } else { a });
-    Prediction {
-        label: labels[best].clone(),
-        label_id: best,
-        score,
-        probabilities: labels.iter().cloned().zip(p).collect(),
+        rows.into_iter()
+            .map(|p| Prediction::from_probabilities(&self.classes, p))
+            .collect()
     }
 }

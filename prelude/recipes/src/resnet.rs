@@ -21,7 +21,7 @@ use tch::nn;
 use tch::{Device, Tensor};
 
 use crate::models::resnet::{self, Arch};
-use crate::vision::folder::{find_splits, ImageFolder};
+use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, Normalize};
 use trainbook_engine::recipe::{Hyper, Recipe, Split};
@@ -38,24 +38,7 @@ pub const PRESETS: &[(&str, &str)] = &[
 /// The hymenoptera folder the reference notebook downloads, when it is on this machine.
 pub const REFERENCE_DATA: &str = "hymenoptera_data";
 
-trainbook_engine::options! {
-    /// Options of the image-classification recipe (resnet).
-    struct VisionOptions => VisionSettings, trait ConfigureVision(vision_options) {
-        /// The network: resnet18, resnet34 or resnet50.
-        #[arg(value_name = "resnet18|resnet34|resnet50")]
-        arch: Arch => Arch,
-        /// Side of the square input in pixels (the reference's 224).
-        #[arg(value_name = "PX")]
-        image_size: u32 => u32,
-        /// Threads per worker that decode and augment images ahead of the training loop.
-        #[arg(value_name = "N")]
-        loader_threads: usize => usize,
-    }
-    extra {
-        /// The training augmentation (the preset's).
-        augment: Augment,
-    }
-}
+pub use trainbook_api::vision::{ConfigureVision, VisionOptions, VisionSettings};
 
 /// What a preset decides; the job's options go on top.
 struct Preset {
@@ -206,8 +189,8 @@ impl ResnetRecipe {
                 .context("the resnet recipe needs data (an ImageFolder root)")?,
         );
         let (train_dir, val_dir) = find_splits(&root)?;
-        let train = ImageFolder::scan(&train_dir)?;
-        let val = ImageFolder::scan(&val_dir)?;
+        let train = folder::scan(&train_dir)?;
+        let val = folder::scan(&val_dir)?;
         if train.classes != val.classes {
             bail!("{} and {} have different class folders ({:?} vs {:?}): give both splits the same classes", train_dir.display(), val_dir.display(), train.classes, val.classes);
         }

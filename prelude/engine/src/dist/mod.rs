@@ -34,24 +34,7 @@ fn call<T>(
     Ok(out)
 }
 
-/// Which c10d backend carries the model's tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Gloo,
-    Nccl,
-    Hccl,
-}
-
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Gloo => "gloo",
-            Backend::Nccl => "nccl",
-            Backend::Hccl => "hccl",
-        }
-    }
-}
+pub use trainbook_api::device::Backend;
 
 /// Whether this build can create NCCL process groups (the `cuda` feature).
 pub fn have_nccl() -> bool {

@@ -10,36 +10,7 @@ use tch::Tensor;
 
 use super::{load_into, LoadReport, LoadRules};
 
-/// The network of an image-classification recipe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    Resnet18,
-    Resnet34,
-    Resnet50,
-}
-
-impl std::str::FromStr for Arch {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace(['-', '_'], "").as_str() {
-            "resnet18" | "18" => Ok(Self::Resnet18),
-            "resnet34" | "34" => Ok(Self::Resnet34),
-            "resnet50" | "50" => Ok(Self::Resnet50),
-            o => bail!("unknown architecture '{o}': use resnet18, resnet34 or resnet50"),
-        }
-    }
-}
-
-impl std::fmt::Display for Arch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Resnet18 => "resnet18",
-            Self::Resnet34 => "resnet34",
-            Self::Resnet50 => "resnet50",
-        })
-    }
-}
+pub use trainbook_api::vision::Arch;
 
 /// A built network: `forward_t(images, train)` gives logits.
 pub type Model = Box<dyn ModuleT>;

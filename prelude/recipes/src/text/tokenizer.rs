@@ -12,36 +12,7 @@ use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{Tokenizer, TruncationParams};
 
-/// How a batch is padded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Padding {
-    /// Every sequence to `max_length` (Transformers' `padding="max_length"`, the reference's).
-    #[default]
-    MaxLength,
-    /// To the longest sequence of each batch (less work for short texts).
-    Dynamic,
-}
-
-impl std::str::FromStr for Padding {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().replace('-', "_").as_str() {
-            "max_length" | "max" => Ok(Self::MaxLength),
-            "dynamic" | "longest" => Ok(Self::Dynamic),
-            o => bail!("unknown padding '{o}': use max-length or dynamic"),
-        }
-    }
-}
-
-impl std::fmt::Display for Padding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::MaxLength => "max-length",
-            Self::Dynamic => "dynamic",
-        })
-    }
-}
+pub use trainbook_api::text::Padding;
 
 /// One encoded text, truncated but not padded.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -34,196 +34,160 @@ pub const HELD_OUT_SPLITS: &[&str] = &["val", "validation", "test"];
 const LAYOUT_HINT: &str =
     "expected root/<class>/<image files>, e.g. hymenoptera_data/train/ants/x.jpg";
 
-/// A scanned image-classification split (see the module docs for the rules).
-#[derive(Debug, Clone)]
-pub struct ImageFolder {
-    /// The directory that was scanned (the split directory, e.g. `.../train`).
-    pub root: PathBuf,
-    /// Class names, sorted; a sample's class id indexes this list.
-    pub classes: Vec<String>,
-    /// `(path, class id)` for every file whose header decoded, in torchvision's order.
-    pub samples: Vec<(PathBuf, usize)>,
-    /// Image-extension files that were left out, with the reason (not fatal).
-    pub skipped: Vec<(PathBuf, String)>,
+pub use trainbook_api::vision::ImageFolder;
+
+/// Scans `root/<class>/<image files>`. Fails when `root` is missing or not a directory, when it
+/// has no class directories, when no file decodes, or when some class ends up with no valid
+/// image (as torchvision does: an empty class would leave an id that can never be predicted
+/// correctly, which is almost always a broken download).
+pub fn scan(root: &Path) -> Result<ImageFolder> {
+    let meta = fs::metadata(root).map_err(|e| {
+        anyhow::anyhow!(
+            "image folder {} cannot be read ({e}): {LAYOUT_HINT}. Check the path; for the \
+             bundled digits data run `bash scripts/fetch-data.sh`",
+            root.display()
+        )
+    })?;
+    if !meta.is_dir() {
+        bail!(
+            "image folder {} is a file, not a directory: {LAYOUT_HINT}. Pass the split \
+             directory (unpack archives first)",
+            root.display()
+        );
+    }
+
+    let entries = list_dir(root)?;
+    let mut classes: Vec<(Vec<u8>, String, PathBuf)> = Vec::new();
+    let mut loose_images = 0usize;
+    for path in entries {
+        let name = path.file_name().unwrap_or_default();
+        let is_dir = fs::metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
+        if is_dir && !is_hidden(name) {
+            let key = name.as_encoded_bytes().to_vec();
+            classes.push((key, name.to_string_lossy().into_owned(), path));
+        } else if !is_dir && has_image_ext(&path) {
+            loose_images += 1;
+        }
+    }
+    if classes.is_empty() {
+        let hint = if loose_images > 0 {
+            format!(
+                "; it holds {loose_images} image file(s) directly — move them into one \
+                 subdirectory per class (a single class is fine: root/all/x.jpg)"
+            )
+        } else {
+            String::new()
+        };
+        bail!(
+            "image folder {} has no class directories: {LAYOUT_HINT}{hint}",
+            root.display()
+        );
+    }
+    // Byte order of the names = Python's code-point order of `sorted(...)` for UTF-8 names.
+    classes.sort_by(|a, b| a.0.cmp(&b.0));
+    // `train` next to `val` as "classes" is a dataset root passed where a split was meant: it
+    // would scan fine and train a 2-class split classifier, so refuse it.
+    let is_class = |n: &str| classes.iter().any(|c| c.1 == n);
+    if is_class("train") && HELD_OUT_SPLITS.iter().any(|s| is_class(s)) {
+        bail!(
+            "{} holds split directories (train, {}), not class directories: scan one split, \
+             e.g. ImageFolder::scan_split(root, \"train\"), or use find_splits(root)",
+            root.display(),
+            HELD_OUT_SPLITS
+                .iter()
+                .filter(|s| is_class(s))
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+
+    let mut candidates: Vec<(PathBuf, usize)> = Vec::new();
+    for (id, (_, _, dir)) in classes.iter().enumerate() {
+        let mut files = Vec::new();
+        walk(dir, &mut HashSet::new(), &mut files)?;
+        // torchvision: `sorted(os.walk(dir))`, then `sorted(fnames)` within each directory.
+        files.sort_by_cached_key(|p| {
+            let dir = p.parent().unwrap_or(Path::new("")).as_os_str();
+            let name = p.file_name().unwrap_or_default();
+            (
+                dir.as_encoded_bytes().to_vec(),
+                name.as_encoded_bytes().to_vec(),
+            )
+        });
+        candidates.extend(files.into_iter().map(|p| (p, id)));
+    }
+
+    let checks = check_headers(&candidates);
+    let mut samples = Vec::with_capacity(candidates.len());
+    let mut skipped = Vec::new();
+    for ((path, id), check) in candidates.into_iter().zip(checks) {
+        match check {
+            Ok(()) => samples.push((path, id)),
+            Err(reason) => skipped.push((path, reason)),
+        }
+    }
+    let class_names: Vec<String> = classes.into_iter().map(|(_, name, _)| name).collect();
+
+    if samples.is_empty() {
+        let why = match skipped.first() {
+            Some((p, reason)) => format!(
+                "; {} file(s) with image extensions failed to decode, e.g. {}: {reason}",
+                skipped.len(),
+                p.display()
+            ),
+            None => format!(" (extensions looked for: {})", IMG_EXTENSIONS.join(", ")),
+        };
+        bail!(
+            "no valid images under {} (classes: {}){why}. {LAYOUT_HINT}; check the download \
+             or re-extract the archive",
+            root.display(),
+            class_names.join(", ")
+        );
+    }
+    let mut counts = vec![0usize; class_names.len()];
+    for (_, id) in &samples {
+        counts[*id] += 1;
+    }
+    let empty: Vec<&str> = counts
+        .iter()
+        .zip(&class_names)
+        .filter(|(n, _)| **n == 0)
+        .map(|(_, name)| name.as_str())
+        .collect();
+    if !empty.is_empty() {
+        let undecodable = match skipped.len() {
+            0 => String::new(),
+            n => format!(" ({n} undecodable file(s) are listed in `skipped`)"),
+        };
+        bail!(
+            "class directories without a valid image under {}: {}{undecodable}. Add images \
+             (extensions {}) or remove those directories, so that class ids stay meaningful",
+            root.display(),
+            empty.join(", "),
+            IMG_EXTENSIONS.join(", "),
+        );
+    }
+
+    Ok(ImageFolder {
+        root: root.to_path_buf(),
+        classes: class_names,
+        samples,
+        skipped,
+    })
 }
 
-impl ImageFolder {
-    /// Scans `root/<class>/<image files>`. Fails when `root` is missing or not a directory, when it
-    /// has no class directories, when no file decodes, or when some class ends up with no valid
-    /// image (as torchvision does: an empty class would leave an id that can never be predicted
-    /// correctly, which is almost always a broken download).
-    pub fn scan(root: &Path) -> Result<ImageFolder> {
-        let meta = fs::metadata(root).map_err(|e| {
-            anyhow::anyhow!(
-                "image folder {} cannot be read ({e}): {LAYOUT_HINT}. Check the path; for the \
-                 bundled digits data run `bash scripts/fetch-data.sh`",
-                root.display()
-            )
-        })?;
-        if !meta.is_dir() {
-            bail!(
-                "image folder {} is a file, not a directory: {LAYOUT_HINT}. Pass the split \
-                 directory (unpack archives first)",
-                root.display()
-            );
-        }
-
-        let entries = list_dir(root)?;
-        let mut classes: Vec<(Vec<u8>, String, PathBuf)> = Vec::new();
-        let mut loose_images = 0usize;
-        for path in entries {
-            let name = path.file_name().unwrap_or_default();
-            let is_dir = fs::metadata(&path).map(|m| m.is_dir()).unwrap_or(false);
-            if is_dir && !is_hidden(name) {
-                let key = name.as_encoded_bytes().to_vec();
-                classes.push((key, name.to_string_lossy().into_owned(), path));
-            } else if !is_dir && has_image_ext(&path) {
-                loose_images += 1;
-            }
-        }
-        if classes.is_empty() {
-            let hint = if loose_images > 0 {
-                format!(
-                    "; it holds {loose_images} image file(s) directly — move them into one \
-                     subdirectory per class (a single class is fine: root/all/x.jpg)"
-                )
-            } else {
-                String::new()
-            };
-            bail!(
-                "image folder {} has no class directories: {LAYOUT_HINT}{hint}",
-                root.display()
-            );
-        }
-        // Byte order of the names = Python's code-point order of `sorted(...)` for UTF-8 names.
-        classes.sort_by(|a, b| a.0.cmp(&b.0));
-        // `train` next to `val` as "classes" is a dataset root passed where a split was meant: it
-        // would scan fine and train a 2-class split classifier, so refuse it.
-        let is_class = |n: &str| classes.iter().any(|c| c.1 == n);
-        if is_class("train") && HELD_OUT_SPLITS.iter().any(|s| is_class(s)) {
-            bail!(
-                "{} holds split directories (train, {}), not class directories: scan one split, \
-                 e.g. ImageFolder::scan_split(root, \"train\"), or use find_splits(root)",
-                root.display(),
-                HELD_OUT_SPLITS
-                    .iter()
-                    .filter(|s| is_class(s))
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-
-        let mut candidates: Vec<(PathBuf, usize)> = Vec::new();
-        for (id, (_, _, dir)) in classes.iter().enumerate() {
-            let mut files = Vec::new();
-            walk(dir, &mut HashSet::new(), &mut files)?;
-            // torchvision: `sorted(os.walk(dir))`, then `sorted(fnames)` within each directory.
-            files.sort_by_cached_key(|p| {
-                let dir = p.parent().unwrap_or(Path::new("")).as_os_str();
-                let name = p.file_name().unwrap_or_default();
-                (
-                    dir.as_encoded_bytes().to_vec(),
-                    name.as_encoded_bytes().to_vec(),
-                )
-            });
-            candidates.extend(files.into_iter().map(|p| (p, id)));
-        }
-
-        let checks = check_headers(&candidates);
-        let mut samples = Vec::with_capacity(candidates.len());
-        let mut skipped = Vec::new();
-        for ((path, id), check) in candidates.into_iter().zip(checks) {
-            match check {
-                Ok(()) => samples.push((path, id)),
-                Err(reason) => skipped.push((path, reason)),
-            }
-        }
-        let class_names: Vec<String> = classes.into_iter().map(|(_, name, _)| name).collect();
-
-        if samples.is_empty() {
-            let why = match skipped.first() {
-                Some((p, reason)) => format!(
-                    "; {} file(s) with image extensions failed to decode, e.g. {}: {reason}",
-                    skipped.len(),
-                    p.display()
-                ),
-                None => format!(" (extensions looked for: {})", IMG_EXTENSIONS.join(", ")),
-            };
-            bail!(
-                "no valid images under {} (classes: {}){why}. {LAYOUT_HINT}; check the download \
-                 or re-extract the archive",
-                root.display(),
-                class_names.join(", ")
-            );
-        }
-        let mut counts = vec![0usize; class_names.len()];
-        for (_, id) in &samples {
-            counts[*id] += 1;
-        }
-        let empty: Vec<&str> = counts
-            .iter()
-            .zip(&class_names)
-            .filter(|(n, _)| **n == 0)
-            .map(|(_, name)| name.as_str())
-            .collect();
-        if !empty.is_empty() {
-            let undecodable = match skipped.len() {
-                0 => String::new(),
-                n => format!(" ({n} undecodable file(s) are listed in `skipped`)"),
-            };
-            bail!(
-                "class directories without a valid image under {}: {}{undecodable}. Add images \
-                 (extensions {}) or remove those directories, so that class ids stay meaningful",
-                root.display(),
-                empty.join(", "),
-                IMG_EXTENSIONS.join(", "),
-            );
-        }
-
-        Ok(ImageFolder {
-            root: root.to_path_buf(),
-            classes: class_names,
-            samples,
-            skipped,
-        })
-    }
-
-    /// `scan(root.join(split))`, e.g. `ImageFolder::scan_split(&data, "train")`.
-    pub fn scan_split(root: &Path, split: &str) -> Result<ImageFolder> {
-        Self::scan(&root.join(split))
-    }
-
-    /// Number of (valid) samples.
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-
-    /// Samples per class id.
-    pub fn class_counts(&self) -> Vec<usize> {
-        let mut counts = vec![0usize; self.classes.len()];
-        for (_, id) in &self.samples {
-            counts[*id] += 1;
-        }
-        counts
-    }
-
-    /// Decodes sample `i` as 8-bit RGB (see [`load_rgb`]).
-    pub fn load(&self, i: usize) -> Result<RgbImage> {
-        let (path, _) = self.samples.get(i).with_context(|| {
-            format!(
-                "sample index {i} is out of range: {} has {} samples (0..{})",
-                self.root.display(),
-                self.samples.len(),
-                self.samples.len()
-            )
-        })?;
-        load_rgb(path)
-    }
+/// Decodes sample `i` as 8-bit RGB (see [`load_rgb`]).
+pub fn load(folder: &ImageFolder, i: usize) -> Result<RgbImage> {
+    let (path, _) = folder.samples.get(i).with_context(|| {
+        format!(
+            "sample index {i} is out of range: {} has {} samples (0..{})",
+            folder.root.display(),
+            folder.samples.len(),
+            folder.samples.len()
+        )
+    })?;
+    load_rgb(path)
 }
 
 /// Decodes an image file as 8-bit RGB like PIL's `Image.open(p).convert("RGB")`: grayscale is
@@ -466,7 +430,7 @@ mod tests {
     #[test]
     fn scans_sorted_classes_and_skips_corrupt_files() {
         let t = fixture();
-        let f = ImageFolder::scan(&t.0).unwrap();
+        let f = scan(&t.0).unwrap();
         assert_eq!(f.classes, vec!["ants", "cats"]);
         assert_eq!(f.len(), 5);
         assert!(!f.is_empty());
@@ -497,11 +461,11 @@ mod tests {
     #[test]
     fn load_returns_rgb_of_the_file_size() {
         let t = fixture();
-        let f = ImageFolder::scan(&t.0).unwrap();
-        let img = f.load(1).unwrap(); // ants/y.png, 5x7, shade 50
+        let f = scan(&t.0).unwrap();
+        let img = load(&f, 1).unwrap(); // ants/y.png, 5x7, shade 50
         assert_eq!(img.dimensions(), (5, 7));
         assert_eq!(img.get_pixel(3, 2), &Rgb([50, 3, 2]));
-        let err = f.load(99).unwrap_err().to_string();
+        let err = load(&f, 99).unwrap_err().to_string();
         assert!(
             err.contains("out of range") && err.contains("5 samples"),
             "{err}"
@@ -516,14 +480,14 @@ mod tests {
         GrayImage::from_fn(28, 28, |x, _| Luma([x as u8 * 9]))
             .save(&p)
             .unwrap();
-        let img = ImageFolder::scan(&t.0).unwrap().load(0).unwrap();
+        let img = load(&scan(&t.0).unwrap(), 0).unwrap();
         assert_eq!(img.dimensions(), (28, 28));
         assert_eq!(img.get_pixel(3, 0), &Rgb([27, 27, 27]));
     }
 
     #[test]
     fn missing_root_says_what_layout_is_expected() {
-        let err = ImageFolder::scan(Path::new("/nonexistent/hymenoptera/train"))
+        let err = scan(Path::new("/nonexistent/hymenoptera/train"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("/nonexistent/hymenoptera/train"), "{err}");
@@ -535,7 +499,7 @@ mod tests {
         // Images directly in root: no class directories.
         let t = TempDir::new("flat");
         write_png(&t.0.join("a.png"), 4, 4, 0);
-        let err = ImageFolder::scan(&t.0).unwrap_err().to_string();
+        let err = scan(&t.0).unwrap_err().to_string();
         assert!(
             err.contains("no class directories") && err.contains("move them"),
             "{err}"
@@ -545,7 +509,7 @@ mod tests {
         let t = TempDir::new("junk");
         fs::create_dir_all(t.0.join("a")).unwrap();
         fs::write(t.0.join("a/x.jpg"), b"<html>404</html>").unwrap();
-        let err = ImageFolder::scan(&t.0).unwrap_err().to_string();
+        let err = scan(&t.0).unwrap_err().to_string();
         assert!(
             err.contains("no valid images") && err.contains("x.jpg"),
             "{err}"
@@ -555,7 +519,7 @@ mod tests {
         let t = TempDir::new("emptyclass");
         write_png(&t.0.join("a/x.png"), 4, 4, 0);
         fs::create_dir_all(t.0.join("b")).unwrap();
-        let err = ImageFolder::scan(&t.0).unwrap_err().to_string();
+        let err = scan(&t.0).unwrap_err().to_string();
         assert!(
             err.contains("without a valid image") && err.contains(": b. Add images"),
             "{err}"
@@ -572,15 +536,12 @@ mod tests {
             (t.0.join("train"), t.0.join("test"))
         );
         // Scanning the dataset root instead of a split is refused, with the fix.
-        let err = ImageFolder::scan(&t.0).unwrap_err().to_string();
+        let err = scan(&t.0).unwrap_err().to_string();
         assert!(
             err.contains("split directories (train, test)") && err.contains("scan_split"),
             "{err}"
         );
-        assert_eq!(
-            ImageFolder::scan_split(&t.0, "test").unwrap().classes,
-            vec!["a"]
-        );
+        assert_eq!(scan(&t.0.join("test")).unwrap().classes, vec!["a"]);
         fs::create_dir_all(t.0.join("validation")).unwrap();
         assert_eq!(find_splits(&t.0).unwrap().1, t.0.join("validation"));
 
@@ -603,8 +564,8 @@ mod tests {
             return;
         }
         let (train, val) = find_splits(&root).unwrap();
-        let train = ImageFolder::scan(&train).unwrap();
-        let val = ImageFolder::scan(&val).unwrap();
+        let train = scan(&train).unwrap();
+        let val = scan(&val).unwrap();
         let digits: Vec<String> = (0..10).map(|d| d.to_string()).collect();
         assert_eq!(
             (train.classes.clone(), val.classes.clone()),
@@ -613,7 +574,7 @@ mod tests {
         assert_eq!(train.class_counts(), vec![400; 10]);
         assert_eq!(val.class_counts(), vec![100; 10]);
         assert!(train.skipped.is_empty() && val.skipped.is_empty());
-        let img = val.load(999).unwrap();
+        let img = load(&val, 999).unwrap();
         assert_eq!(img.dimensions(), (28, 28));
         assert!(
             img.pixels().all(|p| p[0] == p[1] && p[1] == p[2]),

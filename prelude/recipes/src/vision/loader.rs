@@ -43,7 +43,7 @@ pub fn sample(
     mode: Mode,
     norm: &Normalize,
 ) -> Result<Tensor> {
-    let img = folder.load(i)?;
+    let img = crate::vision::folder::load(folder, i)?;
     Ok(match mode {
         Mode::Train {
             seed,

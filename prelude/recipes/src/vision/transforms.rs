@@ -66,7 +66,7 @@ impl Normalize {
 }
 
 /// `RandomResizedCrop`'s default range of the crop's area, as a fraction of the image's.
-pub const SCALE: (f64, f64) = (0.08, 1.0);
+pub const SCALE: (f64, f64) = (Augment::TORCHVISION.min_scale, 1.0);
 /// `RandomResizedCrop`'s default range of the crop's aspect ratio (width / height).
 pub const RATIO: (f64, f64) = (3.0 / 4.0, 4.0 / 3.0);
 
@@ -139,22 +139,7 @@ pub fn random_resized_crop_params(
     }
 }
 
-/// How strong the training augmentation is.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Augment {
-    /// Smallest crop area as a fraction of the image (torchvision: 0.08).
-    pub min_scale: f64,
-    /// RandomHorizontalFlip(0.5); wrong for data where mirroring changes the class (digits).
-    pub flip: bool,
-}
-
-impl Augment {
-    /// torchvision's `RandomResizedCrop(size)` + `RandomHorizontalFlip()`, the reference's.
-    pub const TORCHVISION: Augment = Augment {
-        min_scale: SCALE.0,
-        flip: true,
-    };
-}
+pub use trainbook_api::vision::Augment;
 
 /// Training transform: RandomResizedCrop(size, (`augment.min_scale`, 1), [`RATIO`]) with
 /// bilinear resampling, RandomHorizontalFlip(0.5) when `augment.flip`, ToTensor, Normalize.
@@ -551,12 +536,5 @@ mod tests {
         };
         let err = eval_transform(&img, 8, &bad).unwrap_err();
         assert!(err.to_string().contains("std must be a positive"), "{err}");
-    }
-}
-
-/// torchvision's (what a setting recorded before augmentation was recorded meant).
-impl Default for Augment {
-    fn default() -> Self {
-        Augment::TORCHVISION
     }
 }

@@ -1,0 +1,136 @@
+//! Inference with a trained checkpoint, in the calling process (the notebook kernel or a
+//! program): `TextClassifier::load(dir)?.predict(&["the food was great"])`,
+//! `ImageClassifier::load(dir)?.predict(&["ant.jpg"])`. The models themselves (libtorch) are
+//! the recipes'; these handles hold them.
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::runtime::runtime;
+
+/// One prediction: the most likely label and every label's probability.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Prediction {
+    pub label: String,
+    pub label_id: usize,
+    /// Probability of `label`.
+    pub score: f64,
+    /// `(label, probability)` for every label, in id order.
+    pub probabilities: Vec<(String, f64)>,
+}
+
+impl Prediction {
+    /// The prediction for one row of class probabilities (`labels[i]` has `probs[i]`).
+    pub fn from_probabilities(labels: &[String], probs: Vec<f64>) -> Result<Prediction> {
+        if labels.len() != probs.len() || labels.is_empty() {
+            bail!(
+                "the model gave {} probabilities for {} labels: its checkpoint's label list does \
+                 not match its head",
+                probs.len(),
+                labels.len()
+            );
+        }
+        let (best, score) = probs
+            .iter()
+            .copied()
+            .enumerate()
+            .fold((0, f64::MIN), |a, (i, v)| if v > a.1 { (i, v) } else { a });
+        Ok(Prediction {
+            label: labels[best].clone(),
+            label_id: best,
+            score,
+            probabilities: labels.iter().cloned().zip(probs).collect(),
+        })
+    }
+}
+
+impl std::fmt::Display for Prediction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({:.3})", self.label, self.score)
+    }
+}
+
+/// A loaded text classifier (the recipes implement it).
+pub trait TextModel {
+    /// Label names in id order.
+    fn labels(&self) -> &[String];
+    /// The checkpoint directory it was loaded from.
+    fn checkpoint(&self) -> &Path;
+    fn predict(&self, texts: &[&str]) -> Result<Vec<Prediction>>;
+}
+
+/// A loaded image classifier (the recipes implement it).
+pub trait ImageModel {
+    /// Class names in id order.
+    fn classes(&self) -> &[String];
+    fn predict(&self, paths: &[&Path]) -> Result<Vec<Prediction>>;
+}
+
+/// A BERT sequence classifier loaded from a Hugging Face-style directory (what trainbook's
+/// BERT checkpoints are), on the CPU.
+pub struct TextClassifier(Box<dyn TextModel>);
+
+impl TextClassifier {
+    /// Loads `dir` (e.g. `result.last_checkpoint`) on the CPU.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Ok(TextClassifier(runtime()?.load_text_model(dir.as_ref())?))
+    }
+
+    /// Label names in id order.
+    pub fn labels(&self) -> &[String] {
+        self.0.labels()
+    }
+
+    pub fn checkpoint(&self) -> &Path {
+        self.0.checkpoint()
+    }
+
+    pub fn predict(&self, texts: &[&str]) -> Result<Vec<Prediction>> {
+        self.0.predict(texts)
+    }
+
+    /// Convenience for one text.
+    pub fn predict_one(&self, text: &str) -> Result<Prediction> {
+        Ok(self.predict(&[text])?.remove(0))
+    }
+}
+
+/// An image classifier loaded from a trainbook ResNet checkpoint (`model.safetensors` +
+/// `config.json` with the architecture, input size and class names), on the CPU.
+pub struct ImageClassifier(Box<dyn ImageModel>);
+
+impl ImageClassifier {
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Ok(ImageClassifier(runtime()?.load_image_model(dir.as_ref())?))
+    }
+
+    pub fn classes(&self) -> &[String] {
+        self.0.classes()
+    }
+
+    /// Classifies image files (any format the `image` crate reads), with the evaluation
+    /// transform the model was validated with.
+    pub fn predict<P: AsRef<Path>>(&self, paths: &[P]) -> Result<Vec<Prediction>> {
+        let paths: Vec<&Path> = paths.iter().map(|p| p.as_ref()).collect();
+        self.0.predict(&paths)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prediction_is_the_most_likely_label() {
+        let labels = ["neg".to_string(), "pos".to_string()];
+        let p = Prediction::from_probabilities(&labels, vec![0.25, 0.75]).unwrap();
+        assert_eq!((p.label.as_str(), p.label_id, p.score), ("pos", 1, 0.75));
+        assert_eq!(p.to_string(), "pos (0.750)");
+        let e = Prediction::from_probabilities(&labels, vec![1.0]).unwrap_err();
+        assert!(
+            e.to_string().contains("1 probabilities for 2 labels"),
+            "{e}"
+        );
+    }
+}

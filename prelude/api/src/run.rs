@@ -1,0 +1,146 @@
+//! Running a job: `fit`, `launch` and `plan` for every job builder ([`Train`]), and what its
+//! live view shows ([`View`], options that ride along in the spec: the engine carries them but
+//! never reads them).
+
+use anyhow::{anyhow, Result};
+
+use crate::device::DeviceKind;
+use crate::job::{Job, TrainResult};
+use crate::logs::LogLevel;
+use crate::runtime::runtime;
+use crate::spec::{Configure, Hyper, JobSpec};
+
+/// Starts a job with trainbook's recipes and returns at once; in the trainbook kernel the cell
+/// shows its live dashboard. See [`Job::wait`].
+pub fn launch(spec: JobSpec) -> Result<Job> {
+    view_options(&spec).log_level()?;
+    runtime()?.launch(spec)
+}
+
+/// Launches and waits: the blocking form of [`launch`].
+pub fn fit(spec: JobSpec) -> Result<TrainResult> {
+    launch(spec)?.wait()
+}
+
+/// What a job would run with, resolved as `fit` resolves it, with nothing started.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The device its workers would use (`DeviceRequest::Auto`: HPU, then CUDA, then CPU).
+    pub device: DeviceKind,
+    /// Every hyper-parameter: the preset's (named, or chosen as the recipe chooses: e.g.
+    /// bert's "reference" when its model and data are on this machine), with the job's options
+    /// on top; the recipe's own settings in `recipe_options`.
+    pub hyper: Hyper,
+}
+
+/// `fit`, `launch` and `plan` for every job builder (`JobSpec`, `BertTrainer`, ...).
+pub trait Train: Configure {
+    /// The device and hyper-parameters this job would run with (see [`Plan`]); a bad option
+    /// fails here as it would in `fit`.
+    fn plan(&self) -> Result<Plan> {
+        runtime()?.plan(self.spec())
+    }
+    /// Runs the job to the end (see [`fit`]).
+    fn fit(self) -> Result<TrainResult> {
+        fit(self.into_spec())
+    }
+    /// Starts the job and returns at once; follow it with `job.wait()`, `job.progress()`, ...
+    fn launch(self) -> Result<Job> {
+        launch(self.into_spec())
+    }
+}
+
+impl<T: Configure> Train for T {}
+
+/// What the live dashboard shows, for every job builder.
+pub trait View: Configure {
+    /// Draw the loss plot in the live view (default on).
+    fn show_plot(mut self, on: bool) -> Self {
+        self.job_spec().extensions.get_mut::<ViewOptions>().plot = on;
+        self
+    }
+    /// Show worker logs in the live view (default on).
+    fn show_logs(mut self, on: bool) -> Self {
+        self.job_spec().extensions.get_mut::<ViewOptions>().logs = on;
+        self
+    }
+    /// Which worker lines the live view and the terminal show: `LogLevel::Warn` keeps
+    /// warnings and errors only (default: `$TRAINBOOK_LOG`, else `info`).
+    fn log_level(mut self, level: LogLevel) -> Self {
+        self.job_spec()
+            .extensions
+            .get_mut::<ViewOptions>()
+            .log_level = Some(level);
+        self
+    }
+    /// Logarithmic loss axis in the plot.
+    fn log_scale(mut self, on: bool) -> Self {
+        self.job_spec()
+            .extensions
+            .get_mut::<ViewOptions>()
+            .log_scale = on;
+        self
+    }
+}
+
+impl<T: Configure> View for T {}
+
+/// The view options set on `spec` (the defaults when none were).
+pub fn view_options(spec: &JobSpec) -> ViewOptions {
+    spec.extensions
+        .get::<ViewOptions>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// What a job's live view shows; see the `show_*`/`log_level` builder methods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewOptions {
+    pub plot: bool,
+    pub logs: bool,
+    /// `None`: `$TRAINBOOK_LOG`, else `info`.
+    pub log_level: Option<LogLevel>,
+    pub log_scale: bool,
+}
+
+impl Default for ViewOptions {
+    fn default() -> Self {
+        ViewOptions {
+            plot: true,
+            logs: true,
+            log_level: None,
+            log_scale: false,
+        }
+    }
+}
+
+/// Environment variable with the default log level of live views (`off`, `error`, `warn`,
+/// `info`, `debug`), like `RUST_LOG`.
+pub const LOG_LEVEL_ENV: &str = "TRAINBOOK_LOG";
+
+impl ViewOptions {
+    /// The level the view filters at: the one set, else `$TRAINBOOK_LOG`, else `info`.
+    pub fn log_level(&self) -> Result<LogLevel> {
+        match self.log_level {
+            Some(l) => Ok(l),
+            None => match std::env::var(LOG_LEVEL_ENV) {
+                Ok(v) => v.parse().map_err(|e| anyhow!("{LOG_LEVEL_ENV}={v:?}: {e}")),
+                Err(_) => Ok(LogLevel::Info),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn view_options_ride_along_in_the_spec() {
+        let spec = JobSpec::new("synthetic").show_plot(false).log_scale(true);
+        let copy = spec.clone();
+        let v = view_options(&copy);
+        assert!(!v.plot && v.logs && v.log_scale, "{v:?}");
+        assert_eq!(view_options(&JobSpec::new("bert")), ViewOptions::default());
+    }
+}

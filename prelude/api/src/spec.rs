@@ -1,0 +1,497 @@
+//! What a training job is: recipe, workers, device and hyper-parameters. Serialised as the run
+//! directory's `config.json`, which is also how workers receive it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceRequest;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    #[default]
+    Sgd,
+    Adamw,
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Sgd => "sgd",
+            Self::Adamw => "adamw",
+        })
+    }
+}
+
+impl std::str::FromStr for OptimizerKind {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "sgd" => Ok(Self::Sgd),
+            "adamw" => Ok(Self::Adamw),
+            o => bail!("unknown optimizer '{o}': use sgd or adamw"),
+        }
+    }
+}
+
+/// How the learning rate changes over the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// The same learning rate throughout (after any warm-up).
+    #[default]
+    Constant,
+    /// Linear warm-up, then linear decay to 0 at the last step (Transformers' default).
+    Linear,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Constant => "constant",
+            Self::Linear => "linear",
+        })
+    }
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "constant" => Ok(Self::Constant),
+            "linear" => Ok(Self::Linear),
+            o => bail!("unknown schedule '{o}': use constant or linear"),
+        }
+    }
+}
+
+/// Numeric precision of the forward and backward passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Fp32 => "fp32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" | "f32" => Ok(Self::Fp32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            o => bail!("unknown precision '{o}': use fp32 or bf16"),
+        }
+    }
+}
+
+/// How worker logs are de-duplicated across workers (see the engine's `dedup`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DedupConfig {
+    /// When false every line passes straight through.
+    pub enabled: bool,
+    /// How long repeats are collected after a key's first occurrence.
+    pub window: Duration,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            enabled: true,
+            window: Duration::from_secs(5),
+        }
+    }
+}
+
+crate::options! {
+    /// The training options every recipe shares.
+    struct TrainConfig => Hyper, trait ConfigureTraining(train_options) {
+        /// A recipe preset (e.g. tiny): the defaults of every other option; each recipe
+        /// documents its own (`trainbook recipes`).
+        #[arg(value_name = "NAME")]
+        preset: String [into] => String,
+        /// Passes over the training set.
+        epochs: u64 => u64,
+        /// Stop after this many optimizer steps (when fewer than the epochs would take).
+        #[arg(value_name = "N")]
+        max_steps: u64 => Option<u64>,
+        /// Samples per optimizer step over all workers and micro-batches (each worker gets an
+        /// equal share).
+        #[arg(value_name = "N")]
+        global_batch_size: usize => usize,
+        /// Learning rate (peak, when a schedule or warm-up is used).
+        lr: f64 => f64,
+        /// sgd (with momentum) or adamw.
+        #[arg(value_name = "sgd|adamw")]
+        optimizer: OptimizerKind => OptimizerKind,
+        /// SGD momentum.
+        momentum: f64 => f64,
+        /// Decoupled weight decay (AdamW) or L2 penalty (SGD); not applied to biases and norms.
+        weight_decay: f64 => f64,
+        /// Dropout probability of the model, in [0, 1); 0 makes runs reproducible across
+        /// worker counts.
+        dropout: f64 => f64,
+        /// Seed for initialisation and data order; the same seed gives the same run.
+        seed: u64 => u64,
+        /// Clip the global gradient norm to this value.
+        grad_clip: f64 => Option<f64>,
+        /// Micro-batches per optimizer step: the same global batch in smaller forward passes
+        /// (less memory per step).
+        #[arg(value_name = "N")]
+        grad_accum: usize => usize,
+        /// Learning-rate schedule: constant or linear (decays to 0 at the last step).
+        #[arg(value_name = "constant|linear")]
+        schedule: Schedule => Schedule,
+        /// Fraction of the optimizer steps spent warming the learning rate up from 0 (e.g. 0.1).
+        warmup_ratio: f64 => f64,
+        /// fp32, or bf16 autocast (CUDA and Gaudi; also runs on CPU, where it is rarely faster).
+        #[arg(value_name = "fp32|bf16")]
+        precision: Precision => Precision,
+        /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer
+        /// state, step count and data order; needs the same workers and batch.
+        #[arg(value_name = "CHECKPOINT")]
+        resume_from: PathBuf [into] => Option<PathBuf>,
+        /// Model to start from: a Hugging Face-style directory, a weights file or a Hub id (each
+        /// recipe documents what it accepts).
+        model: String [into] => Option<String>,
+        /// Training data: a table (.parquet/.csv/.tsv/.jsonl), a directory with train*/test*
+        /// tables or an ImageFolder, or a Hub dataset id (each recipe documents what it accepts).
+        data: String [into] => Option<String>,
+        /// Train on the first N rows only (the reference's `select(range(N))`; images: N spread
+        /// over the classes).
+        #[arg(value_name = "N")]
+        train_rows: usize => Option<usize>,
+        /// Evaluate on the first N held-out rows (0: no evaluation).
+        #[arg(value_name = "N")]
+        eval_rows: usize => Option<usize>,
+    }
+    extra {
+        /// The recipe's own resolved options (text or image settings), by name.
+        recipe_options: serde_json::Map<String, serde_json::Value>,
+    }
+}
+
+impl Hyper {
+    /// Preset defaults shared by every recipe: no accumulation, constant learning rate, fp32,
+    /// momentum 0.9, dropout 0.1, seed 42, model and data left to the recipe.
+    pub fn new(
+        preset: &str,
+        epochs: u64,
+        global_batch_size: usize,
+        lr: f64,
+        optimizer: OptimizerKind,
+    ) -> Self {
+        Self {
+            preset: preset.to_string(),
+            epochs,
+            max_steps: None,
+            global_batch_size,
+            lr,
+            optimizer,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            dropout: 0.1,
+            seed: 42,
+            grad_clip: None,
+            grad_accum: 1,
+            schedule: Schedule::Constant,
+            warmup_ratio: 0.0,
+            precision: Precision::Fp32,
+            resume_from: None,
+            model: None,
+            data: None,
+            train_rows: None,
+            eval_rows: None,
+            recipe_options: Default::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub recipe: String,
+    pub workers: usize,
+    pub device: DeviceRequest,
+    pub train: TrainConfig,
+    /// The recipe's own options, by name (e.g. bert's `max_length`); the recipe reads them
+    /// typed with [`JobSpec::recipe_options`].
+    #[serde(default)]
+    pub options: serde_json::Map<String, serde_json::Value>,
+    pub master_addr: String,
+    /// Fixed rendezvous port; `None` picks a free one.
+    pub master_port: Option<u16>,
+    /// Intra-op threads per worker; `None` shares the cores evenly (CPU).
+    pub threads_per_worker: Option<usize>,
+    /// Parent of the run directory (default `$TRAINBOOK_RUNS` or `./trainbook_runs`).
+    pub runs_root: Option<PathBuf>,
+    pub collective_timeout_secs: u64,
+    /// Extra environment for workers.
+    pub env: Vec<(String, String)>,
+    #[serde(skip)]
+    pub dedup: DedupConfig,
+    /// Options of the caller's own layers, such as how the facade's views show the job; the
+    /// engine only carries them.
+    #[serde(skip)]
+    pub extensions: Extensions,
+}
+
+/// Typed values a caller attaches to a job spec (one per type), for options the engine carries
+/// but does not read.
+#[derive(Default)]
+pub struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn Extension>>);
+
+trait Extension: std::any::Any + Send + Sync {
+    fn clone_box(&self) -> Box<dyn Extension>;
+    fn as_any(&self) -> &dyn std::any::Any;
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+impl<T: std::any::Any + Clone + Send + Sync> Extension for T {
+    fn clone_box(&self) -> Box<dyn Extension> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl Extensions {
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.0
+            .get(&std::any::TypeId::of::<T>())
+            .and_then(|v| (**v).as_any().downcast_ref())
+    }
+
+    /// The value of type `T`, inserted as `T::default()` when there is none.
+    pub fn get_mut<T: Default + Clone + Send + Sync + 'static>(&mut self) -> &mut T {
+        self.0
+            .entry(std::any::TypeId::of::<T>())
+            .or_insert_with(|| Box::new(T::default()))
+            .as_any_mut()
+            .downcast_mut()
+            .expect("extensions are keyed by their type")
+    }
+}
+
+impl Clone for Extensions {
+    fn clone(&self) -> Self {
+        Extensions(
+            self.0
+                .iter()
+                .map(|(k, v)| (*k, (**v).clone_box()))
+                .collect(),
+        )
+    }
+}
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Extensions({})", self.0.len())
+    }
+}
+
+/// The builder methods of how a job runs (workers, device, ports, logs): `JobSpec`,
+/// `BertTrainer` and the other trainers share them through this trait (in the prelude). Their
+/// training options come with [`ConfigureTraining`], which every `Configure` has.
+pub trait Configure: Sized {
+    fn job_spec(&mut self) -> &mut JobSpec;
+    fn into_spec(self) -> JobSpec;
+    /// The job this builder would run.
+    fn spec(&self) -> &JobSpec;
+
+    /// Number of worker processes (one per device).
+    fn workers(mut self, n: usize) -> Self {
+        self.job_spec().workers = n;
+        self
+    }
+    /// `DeviceRequest::Auto` (default) picks HPU, then CUDA, then CPU.
+    fn device(mut self, d: DeviceRequest) -> Self {
+        self.job_spec().device = d;
+        self
+    }
+    fn master_port(mut self, p: u16) -> Self {
+        self.job_spec().master_port = Some(p);
+        self
+    }
+    /// Intra-op threads per worker (default: cores / workers on CPU).
+    fn threads_per_worker(mut self, t: usize) -> Self {
+        self.job_spec().threads_per_worker = Some(t);
+        self
+    }
+    /// Parent of the run directory (default `$TRAINBOOK_RUNS` or `./trainbook_runs`).
+    fn runs_root(mut self, p: impl Into<PathBuf>) -> Self {
+        self.job_spec().runs_root = Some(p.into());
+        self
+    }
+    /// How long a collective (or the rendezvous) may wait for peers before it fails.
+    fn collective_timeout(mut self, t: Duration) -> Self {
+        self.job_spec().collective_timeout_secs = t.as_secs().max(1);
+        self
+    }
+    /// Merge identical log lines across workers (default on).
+    fn dedup(mut self, enabled: bool) -> Self {
+        self.job_spec().dedup.enabled = enabled;
+        self
+    }
+    fn dedup_window(mut self, w: Duration) -> Self {
+        self.job_spec().dedup.window = w;
+        self
+    }
+    /// Extra environment variable for the workers.
+    fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.job_spec().env.push((k.into(), v.into()));
+        self
+    }
+}
+
+impl<T: Configure> ConfigureTraining for T {
+    fn train_options(&mut self, edit: impl FnOnce(&mut TrainConfig)) {
+        edit(&mut self.job_spec().train)
+    }
+}
+
+impl Configure for JobSpec {
+    fn job_spec(&mut self) -> &mut JobSpec {
+        self
+    }
+    fn into_spec(self) -> JobSpec {
+        self
+    }
+    fn spec(&self) -> &JobSpec {
+        self
+    }
+}
+
+impl JobSpec {
+    pub fn new(recipe: impl Into<String>) -> Self {
+        Self {
+            recipe: recipe.into(),
+            workers: 1,
+            device: DeviceRequest::Auto,
+            train: TrainConfig::default(),
+            options: Default::default(),
+            master_addr: "127.0.0.1".into(),
+            master_port: None,
+            threads_per_worker: None,
+            runs_root: None,
+            collective_timeout_secs: 300,
+            env: Vec::new(),
+            dedup: DedupConfig::default(),
+            extensions: Extensions::default(),
+        }
+    }
+
+    /// This job's recipe options as the recipe's options type `T`. An option `T` does not have
+    /// is an error that lists the ones it has.
+    pub fn recipe_options<T>(&self) -> Result<T>
+    where
+        T: serde::de::DeserializeOwned + Serialize + Default,
+    {
+        let known = crate::options::names::<T>();
+        if let Some(k) = self.options.keys().find(|k| !known.contains(k)) {
+            bail!(
+                "recipe {} has no option '{k}': its options are {}",
+                self.recipe,
+                known.join(", ")
+            );
+        }
+        serde_json::from_value(serde_json::Value::Object(self.options.clone()))
+            .map_err(|e| anyhow::anyhow!("recipe {}: {e}", self.recipe))
+    }
+
+    /// Lets `edit` change the options of type `T` among this job's recipe options (unset ones
+    /// are left out, so a job's options name only what was set).
+    pub fn edit_recipe_options<T>(&mut self, edit: impl FnOnce(&mut T))
+    where
+        T: serde::de::DeserializeOwned + Serialize + Default,
+    {
+        let known = crate::options::names::<T>();
+        let mine: serde_json::Map<_, _> = self
+            .options
+            .iter()
+            .filter(|(k, _)| known.contains(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut value: T =
+            serde_json::from_value(serde_json::Value::Object(mine)).unwrap_or_default();
+        edit(&mut value);
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(value) {
+            for (k, v) in m {
+                if v.is_null() {
+                    self.options.remove(&k);
+                } else {
+                    self.options.insert(k, v);
+                }
+            }
+        }
+    }
+
+    /// Checks what can be checked without the recipes: worker count, batch split, ranges.
+    /// The engine checks the recipe, its preset and a resume checkpoint as well before any
+    /// process starts.
+    pub fn check(&self) -> Result<()> {
+        if self.workers == 0 {
+            bail!("num_workers is 0: a job needs at least one worker (e.g. --workers 2)");
+        }
+        if self.workers > 1024 {
+            bail!(
+                "num_workers is {}: more than 1024 workers on one machine is surely a typo",
+                self.workers
+            );
+        }
+        let t = &self.train;
+        if let Some(b) = t.global_batch_size {
+            if b < self.workers {
+                bail!("global batch size {b} is smaller than the {} workers: each worker needs at least one sample per step", self.workers);
+            }
+        }
+        if let Some(lr) = t.lr {
+            if !(lr.is_finite() && lr > 0.0) {
+                bail!("learning rate {lr} must be a positive number");
+            }
+        }
+        if let Some(p) = t.dropout {
+            if !(0.0..1.0).contains(&p) {
+                bail!("dropout {p} must be in [0, 1)");
+            }
+        }
+        if t.grad_accum == Some(0) {
+            bail!("grad_accum is 0: use 1 (no accumulation) or more micro-batches per step");
+        }
+        if let (Some(b), Some(a)) = (t.global_batch_size, t.grad_accum) {
+            if b < self.workers * a {
+                bail!("global batch size {b} cannot be split into {a} micro-batches on each of {} workers: use a global batch of at least {}", self.workers, self.workers * a);
+            }
+        }
+        if let Some(w) = t.warmup_ratio {
+            if !(0.0..1.0).contains(&w) {
+                bail!("warmup_ratio {w} must be in [0, 1): it is the fraction of steps spent warming up");
+            }
+        }
+        if t.train_rows == Some(0) {
+            bail!("train_rows is 0: nothing to train on");
+        }
+        if t.epochs == Some(0) {
+            bail!("epochs is 0: train for at least one epoch (or use max_steps)");
+        }
+        if self.collective_timeout_secs == 0 {
+            bail!("collective timeout must be at least 1 s");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! Text classification (the `bert` recipe) as notebooks drive it: [`train_bert`] with the
+//! reference's defaults, [`BertTrainer`] for everything else, and the recipe's own options.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+
+use crate::job::TrainResult;
+use crate::run::Train;
+use crate::runtime::runtime;
+use crate::spec::Configure;
+use crate::table::Table;
+
+/// How a batch is padded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Padding {
+    /// Every sequence to `max_length` (Transformers' `padding="max_length"`, the reference's).
+    #[default]
+    MaxLength,
+    /// To the longest sequence of each batch (less work for short texts).
+    Dynamic,
+}
+
+impl std::str::FromStr for Padding {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().replace('-', "_").as_str() {
+            "max_length" | "max" => Ok(Self::MaxLength),
+            "dynamic" | "longest" => Ok(Self::Dynamic),
+            o => bail!("unknown padding '{o}': use max-length or dynamic"),
+        }
+    }
+}
+
+impl std::fmt::Display for Padding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::MaxLength => "max-length",
+            Self::Dynamic => "dynamic",
+        })
+    }
+}
+
+crate::options! {
+    /// Options of the text-classification recipe (bert).
+    struct TextOptions => TextSettings, trait ConfigureText(text_options) {
+        /// Tokens per text after truncation (at most the model's position embeddings).
+        #[arg(value_name = "N")]
+        max_length: usize => usize,
+        /// max-length (pad every text, the reference's) or dynamic (pad each batch to its
+        /// longest text: same results, less work for short texts).
+        #[arg(value_name = "max-length|dynamic")]
+        padding: Padding => Padding,
+        /// Name of the text column.
+        #[arg(value_name = "COLUMN")]
+        text_column: String [into] => String,
+        /// Name of the label column (strings or integers).
+        #[arg(value_name = "COLUMN")]
+        label_column: String [into] => String,
+        /// Fraction held out for evaluation (used when the data has no test table, or when
+        /// set; 0.2 otherwise).
+        eval_fraction: f64 => Option<f64>,
+        /// A separate evaluation table (otherwise the data's test table or a held-out split).
+        #[arg(value_name = "TABLE")]
+        eval_data: PathBuf [into] => Option<PathBuf>,
+    }
+    extra {
+        /// The model's architecture with random weights (the tiny preset, when no model is
+        /// given).
+        random_init: bool,
+    }
+}
+
+/// Trains BERT sequence classification with `num_workers` data-parallel workers and the
+/// defaults of the reference notebook (see `trainbook train bert --help` and
+/// the `bert` recipe's presets): the reference's model and data when they are on this machine,
+/// else the offline all-MiniLM-L6-v2 on Rotten Tomatoes.
+pub fn train_bert(num_workers: usize) -> Result<TrainResult> {
+    BertTrainer::new().workers(num_workers).fit()
+}
+
+trainer!(
+    /// Every option of the BERT recipe:
+    /// `BertTrainer::new().workers(2).epochs(1).max_length(64).optimizer(OptimizerKind::Adamw).fit()?`
+    /// The shared options (workers, epochs, lr, model, data, ...) come from [`Configure`] and
+    /// [`crate::spec::ConfigureTraining`], the text options from [`ConfigureText`].
+    BertTrainer,
+    "bert"
+);
+
+impl BertTrainer {
+    /// The file of the table this job will train on, as its preset and `data` option choose it
+    /// (nothing is started).
+    pub fn training_file(&self) -> Result<PathBuf> {
+        runtime()?.text_training_file(&self.plan()?.hyper)
+    }
+    /// The table this job will train on, all its rows (the BERT notebook previews it).
+    pub fn training_table(&self) -> Result<Table> {
+        runtime()?.read_table(&self.training_file()?)
+    }
+}
+
+/// `max_length`, `padding`, `text_column`, `label_column`, `eval_fraction`, `eval_data`.
+impl ConfigureText for BertTrainer {
+    fn text_options(&mut self, edit: impl FnOnce(&mut TextOptions)) {
+        self.spec.edit_recipe_options(edit)
+    }
+}
