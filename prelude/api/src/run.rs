@@ -13,7 +13,6 @@ use crate::spec::{Configure, Hyper, JobSpec};
 /// Starts a job with trainbook's recipes and returns at once; in the trainbook kernel the cell
 /// shows its live dashboard. See [`Job::wait`].
 pub fn launch(spec: JobSpec) -> Result<Job> {
-    view_options(&spec).log_level()?;
     runtime()?.launch(spec)
 }
 
