@@ -14,6 +14,8 @@
 # h: Jupyter kernel latency, trainbook vs stock evcxr_jupyter 0.22 (bench/kernel_bench.py):
 #    start -> first result, trivial round trip, execute -> first training display;
 #    BENCH_KERNEL_ROUNDS (3) alternating rounds
+# t: untyped `let` and completion latency, the kernel with its trainbook-aware analyzer vs
+#    without (bench/kernel_types.py), alternating BENCH_KERNEL_ROUNDS (2) rounds
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -21,7 +23,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -126,5 +128,9 @@ if has h; then
   bench/evcxr-stock.sh
   JUPYTER_PATH="$root/.venv/share/jupyter:$root/.bench-evcxr/share/jupyter" \
     .venv/bin/python bench/kernel_bench.py --rounds "${BENCH_KERNEL_ROUNDS:-3}"
+fi
+if has t; then
+  JUPYTER_PATH="$root/.venv/share/jupyter" \
+    .venv/bin/python bench/kernel_types.py --rounds "${BENCH_KERNEL_ROUNDS:-2}"
 fi
 rm -f "$out"

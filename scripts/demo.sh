@@ -3,7 +3,7 @@
 # kernel), on the offline default model and data, scaled to the device by the notebook itself.
 # Leaves the executed notebook, with its final dashboard, and an HTML copy to open in a browser.
 #   TRAINBOOK_DEMO_OUT=DIR   where to put them (default trainbook_runs/notebooks)
-#   extra arguments go to scripts/notebook.py, e.g. -p 'epochs=Some(2)'
+#   extra arguments go to scripts/notebook.py, e.g. -p epochs 2 (papermill's -p NAME VALUE)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

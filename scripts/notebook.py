@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Runs trainbook's notebooks headless and prepares parameterised copies of them.
 
-    notebook.py params  IN OUT [-p NAME=RUST_EXPR ...]   write a parameterised copy
-    notebook.py execute IN OUT [-p NAME=RUST_EXPR ...] [--html] [--timeout S]
+    notebook.py params  IN OUT [-p NAME VALUE ...] [-r NAME VALUE ...]   a parameterised copy
+    notebook.py execute IN OUT [-p NAME VALUE ...] [-r NAME VALUE ...] [--html] [--timeout S]
     notebook.py check-stripped NOTEBOOK...               fail if a notebook has outputs
 
-Parameters follow papermill's convention (papermill itself has no Rust translator): the values
-go into a new code cell tagged `injected-parameters` right after the cell tagged `parameters`,
-as Rust `let` bindings that shadow the defaults. A value is a Rust expression, e.g.
-`-p epochs=1 -p 'preset="tiny"'`; `-p NAME=VALUE` for a name the parameters cell does not bind
-is an error, so a typo cannot silently run the full job.
+Parameters are papermill's, translated by the same translator papermill uses for the trainbook
+kernel (python/trainbook-papermill, installed into .venv by scripts/setup.sh): `-p NAME VALUE`
+reads VALUE as papermill's command line does (True/False, None, an integer, a float, else a
+string), `-r NAME VALUE` passes it as a string, and papermill's own `parameterize_notebook` adds
+the cell tagged `injected-parameters` after the cell tagged `parameters`, e.g.
+`let preset = trainbook::param!(preset = "tiny")?;`, which rebinds the name with the type the
+parameters cell declares. A name the parameters cell does not declare is an error here, before
+anything runs, so a typo cannot silently run the full job.
 
 `execute` runs every cell with the trainbook kernel (nbconvert's executor, as
 `jupyter nbconvert --execute` does), writes the executed notebook (and with --html an HTML copy next
@@ -17,53 +20,53 @@ to it) and exits non-zero when a cell fails, after saving what ran so far.
 """
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
 import nbformat
+from papermill.cli import _resolve_type as papermill_value  # how `papermill -p` reads a value
+from papermill.iorw import load_notebook_node
+from papermill.parameterize import parameterize_notebook
 
-KERNEL = "trainbook"
-LET = re.compile(r"^\s*let\s+(?:mut\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(?::\s*([^=]+?))?\s*=", re.M)
+try:
+    from trainbook_papermill import KERNEL_NAME as KERNEL, RustTranslator, UntranslatableParameter
+except ImportError:  # not installed (yet): the same package, from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "trainbook-papermill" / "src"))
+    from trainbook_papermill import KERNEL_NAME as KERNEL, RustTranslator, UntranslatableParameter
 
 
 def parameters_cell(nb):
-    for i, cell in enumerate(nb.cells):
+    for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
-            return i
+            return cell
     return None
 
 
 def parametrize(nb, params):
-    """Returns `nb` with an `injected-parameters` cell after the `parameters` cell."""
-    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+    """Returns `nb` with an `injected-parameters` cell after the `parameters` cell, as papermill
+    writes it; `params` is a dict of papermill values."""
     if not params:
+        nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
         return nb
-    at = parameters_cell(nb)
-    if at is None:
+    cell = parameters_cell(nb)
+    if cell is None:
         raise SystemExit("error: the notebook has no code cell tagged 'parameters'; tag one to pass -p")
-    declared = {m.group(1): (m.group(2) or "").strip() for m in LET.finditer(nb.cells[at].source)}
-    lines = ["// Parameters injected by scripts/notebook.py"]
-    for name, value in params:
+    declared = [p.name for p in RustTranslator.inspect(cell)]
+    for name in params:
         if name not in declared:
             known = ", ".join(declared) or "none"
-            raise SystemExit(f"error: parameter '{name}' is not bound in the parameters cell (it binds: {known})")
-        ty = f": {declared[name]}" if declared[name] else ""
-        lines.append(f"let {name}{ty} = {value};")
-    cell = nbformat.v4.new_code_cell("\n".join(lines))
-    cell.metadata["tags"] = ["injected-parameters"]
-    nb.cells.insert(at + 1, cell)
-    return nb
+            raise SystemExit(f"error: parameter '{name}' is not declared in the parameters cell (it declares: {known})")
+    try:
+        return parameterize_notebook(nb, params, kernel_name=KERNEL, language="rust")
+    except UntranslatableParameter as e:
+        raise SystemExit(f"error: {e}") from None
 
 
-def parse_params(items):
-    out = []
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            raise SystemExit(f"error: bad parameter '{item}': write NAME=RUST_EXPRESSION, e.g. epochs=1")
-        out.append((name.strip(), value.strip()))
+def parse_params(params, raw_params):
+    """`-p` then `-r` pairs (papermill's order), their values as papermill's command line reads them."""
+    out = {name: papermill_value(value) for name, value in params or []}
+    out.update(raw_params or [])
     return out
 
 
@@ -95,7 +98,10 @@ def main(argv=None):
         p = sub.add_parser(name)
         p.add_argument("input", type=Path)
         p.add_argument("output", type=Path)
-        p.add_argument("-p", "--param", action="append", metavar="NAME=RUST_EXPR")
+        p.add_argument("-p", "--parameters", action="append", nargs=2, metavar=("NAME", "VALUE"),
+                       help="a parameter, its value read as papermill's -p reads it")
+        p.add_argument("-r", "--parameters_raw", action="append", nargs=2, metavar=("NAME", "VALUE"),
+                       help="a parameter whose value is a string, as papermill's -r")
         if name == "execute":
             p.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
             p.add_argument("--html", action="store_true", help="also write an HTML copy beside OUT")
@@ -114,7 +120,8 @@ def main(argv=None):
 
     if not args.input.is_file():
         raise SystemExit(f"error: no notebook at {args.input}")
-    nb = parametrize(nbformat.read(args.input, as_version=4), parse_params(args.param))
+    # Read as papermill reads it (papermill's metadata, every cell with a `tags` list).
+    nb = parametrize(load_notebook_node(str(args.input)), parse_params(args.parameters, args.parameters_raw))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     if args.cmd == "params":
         nbformat.write(nb, args.output)

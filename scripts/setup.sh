@@ -47,6 +47,19 @@ if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
   echo "$want" > .venv/.trainbook-setup
 fi
 
+# 2b. papermill's translator for the trainbook kernel (python/trainbook-papermill), installed as
+#     users install it; again only when its source changed since the last install.
+pkg=python/trainbook-papermill
+pkg_hash=$(find "$pkg" -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' \) \
+  -not -path "$pkg/build/*" -not -path '*.egg-info/*' | LC_ALL=C sort \
+  | while read -r f; do echo "$f"; cat "$f"; done | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.trainbook-papermill 2>/dev/null)" != "$pkg_hash" ] \
+  || ! .venv/bin/python -c 'import importlib.metadata as m; m.version("trainbook-papermill")' 2>/dev/null; then
+  say "installing the papermill translator ($pkg) into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-warn-conflicts --no-deps --force-reinstall "./$pkg"
+  echo "$pkg_hash" > .venv/.trainbook-papermill
+fi
+
 # 3. LIBTORCH layout for tch and the shim.
 LIBTORCH=${LIBTORCH:-$root/.libtorch} scripts/libtorch-layout.sh
 

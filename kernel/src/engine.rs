@@ -5,6 +5,7 @@
 //! runs, so it lives on its own thread and the Jupyter handlers talk to it through a queue;
 //! interrupts and shutdown never wait for it (see `kernel.rs`).
 
+use crate::analysis::{self, Analyzer};
 use crate::iopub::Publisher;
 use crate::prelude::{Prelude, init_code};
 use crate::toolchain::Toolchain;
@@ -98,6 +99,8 @@ pub struct ChildSetup {
     pub prelude: Option<Prelude>,
     pub toolchain: Option<Toolchain>,
     pub channel_socket: PathBuf,
+    /// Where the trainbook-aware analyzer keeps its crate (`analysis.rs`); None: no analyzer.
+    pub analysis_dir: Option<PathBuf>,
 }
 
 impl Engine {
@@ -162,7 +165,7 @@ fn run(
     rx: mpsc::Receiver<Request>,
 ) {
     let t0 = Instant::now();
-    let (mut ctx, outputs, init_error) = match create_context(&setup) {
+    let (mut ctx, outputs) = match create_context(&setup) {
         Ok(x) => x,
         Err(e) => {
             let msg = format!("the Rust engine failed to start: {e:#}");
@@ -192,22 +195,30 @@ fn run(
              scope: {e}\n"
         ));
     };
-    let init = |ctx: &mut CommandContext, publisher: &Publisher| {
-        if has_prelude && let Err(e) = ctx.execute(&init_code()) {
+    // `extra`: code compiled with it (the prelude's init is a cell, and each cell a compile).
+    let init = |ctx: &mut CommandContext, publisher: &Publisher, extra: &str| {
+        if has_prelude && let Err(e) = ctx.execute(&format!("{}{extra}", init_code())) {
             report(publisher, &e);
         }
     };
-    if let Some(e) = &init_error {
-        report(&publisher, e);
-    }
     drains.flush();
-    timing("engine and prelude ready after", t0);
+    timing("engine ready after", t0);
+    let mut analysis = match (&setup.analysis_dir, has_prelude) {
+        (Some(dir), true) => Analysis::start(dir.clone()),
+        _ => Analysis::Off,
+    };
 
-    // A cell that is already waiting (a headless run sends its first cell at once) goes first;
-    // otherwise the idle engine warms rust-analyzer up for the user's first `let`.
+    // A cell that is already waiting (a headless run sends its first cell at once) goes first,
+    // compiled together with the prelude's init; otherwise the idle engine loads the prelude
+    // and warms rust-analyzer up for the user's first `let`.
+    let mut prelude_pending = has_prelude;
     let first = match rx.try_recv() {
         Ok(req) => Some(req),
         Err(mpsc::TryRecvError::Empty) => {
+            init(&mut ctx, &publisher, "");
+            prelude_pending = false;
+            drains.flush();
+            timing("prelude ready after", t0);
             warm_up_analyzer(&mut ctx);
             None
         }
@@ -217,11 +228,26 @@ fn run(
     let mut next_id = 1u64;
     let mut question_marks = false;
     for req in first.into_iter().chain(rx) {
+        if prelude_pending && !matches!(req, Request::Execute { .. }) {
+            init(&mut ctx, &publisher, "");
+            prelude_pending = false;
+        }
         match req {
             Request::Execute { code, reply } => {
                 let id = next_id;
                 next_id += 1;
-                if !question_marks && !question_mark_lines(&code).is_empty() {
+                let uses_question_marks = !question_mark_lines(&code).is_empty();
+                // The first cell and the prelude's init in one compile (they would be two).
+                // Not with `?` in the cell: evcxr's retry that turns `?` on would drop its
+                // value's rich display (see below); that cell gets init plus the switch.
+                let merged = prelude_pending && !uses_question_marks;
+                if prelude_pending && !merged {
+                    init(&mut ctx, &publisher, "\nOk::<(), std::fmt::Error>(())?;");
+                    question_marks = true;
+                    prelude_pending = false;
+                    timing("prelude ready after", t0);
+                }
+                if !question_marks && uses_question_marks {
                     // evcxr turns on `?` in cells the first time one fails to compile, and when
                     // that `?` is in the cell's final expression it also drops the value's rich
                     // display (`result.epochs()?` would show as text, not as a table). Turning
@@ -231,7 +257,25 @@ fn run(
                     question_marks = true;
                 }
                 state.executing.store(id, Ordering::SeqCst);
-                let result = crate::infer::execute(&mut ctx, &code);
+                let result = if merged {
+                    prelude_pending = false;
+                    let both = format!("{}\n{code}", init_code());
+                    let result = crate::infer::execute(&mut ctx, &both, analysis.ready());
+                    timing("prelude ready after", t0);
+                    // Nothing ran (it did not compile): the prelude alone, then the cell alone,
+                    // so its errors are reported against its own lines.
+                    if matches!(
+                        result,
+                        Err(evcxr::Error::CompilationErrors(_) | evcxr::Error::Message(_))
+                    ) {
+                        init(&mut ctx, &publisher, "");
+                        crate::infer::execute(&mut ctx, &code, analysis.ready())
+                    } else {
+                        result
+                    }
+                } else {
+                    crate::infer::execute(&mut ctx, &code, analysis.ready())
+                };
                 state.executing.store(0, Ordering::SeqCst);
                 drains.flush();
                 let interrupted = state.interrupted.load(Ordering::SeqCst) == id;
@@ -242,7 +286,7 @@ fn run(
                 });
                 if restarted {
                     // evcxr has started a fresh process; give it the prelude and kernel link.
-                    init(&mut ctx, &publisher);
+                    init(&mut ctx, &publisher, "");
                     drains.flush();
                 }
                 let _ = reply.send(outcome);
@@ -252,11 +296,17 @@ fn run(
                 cursor,
                 reply,
             } => {
-                let c = ctx.completions(&code, cursor).ok().map(|c| Completion {
-                    matches: c.completions.into_iter().map(|c| c.code).collect(),
-                    start: c.start_offset,
-                    end: c.end_offset,
-                });
+                let c = analysis
+                    .get()
+                    .and_then(|a| trainbook_completions(&mut ctx, a, &code, cursor))
+                    .or_else(|| {
+                        let c = ctx.completions(&code, cursor).ok()?;
+                        Some(Completion {
+                            matches: c.completions.into_iter().map(|c| c.code).collect(),
+                            start: c.start_offset,
+                            end: c.end_offset,
+                        })
+                    });
                 let _ = reply.send(c);
             }
             Request::Inspect {
@@ -264,10 +314,127 @@ fn run(
                 cursor,
                 reply,
             } => {
-                let _ = reply.send(ctx.hover_at(&code, cursor).ok());
+                let docs = analysis
+                    .get()
+                    .and_then(|a| trainbook_hover(&mut ctx, a, &code, cursor))
+                    .or_else(|| ctx.hover_at(&code, cursor).ok());
+                let _ = reply.send(docs);
             }
         }
     }
+}
+
+/// The trainbook-aware analyzer (`analysis.rs`): loading on its own thread, ready, or off.
+enum Analysis {
+    Loading(std::thread::JoinHandle<Option<Analyzer>>),
+    Ready(Box<Analyzer>),
+    Off,
+}
+
+impl Analysis {
+    /// `TRAINBOOK_KERNEL_ANALYZER=off` keeps it off (it holds a few hundred MB).
+    fn start(dir: PathBuf) -> Analysis {
+        if std::env::var("TRAINBOOK_KERNEL_ANALYZER").is_ok_and(|v| v == "off") {
+            return Analysis::Off;
+        }
+        let Some(api) = analysis::api_sources() else {
+            return Analysis::Off;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("analysis".into())
+            .spawn(move || {
+                // Behind the cells, which share these cores.
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+                let t = Instant::now();
+                let lock = analysis::lock_file(&api);
+                match Analyzer::load(&dir, &api, lock.as_deref()) {
+                    Ok(a) => {
+                        timing("trainbook analyzer loaded in", t);
+                        Some(a)
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "trainbook-kernel: completion and types will not know trainbook: {e:#}"
+                        );
+                        None
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => Analysis::Loading(handle),
+            Err(_) => Analysis::Off,
+        }
+    }
+
+    /// The analyzer, waiting for it if it is still loading.
+    fn get(&mut self) -> Option<&mut Analyzer> {
+        if let Analysis::Loading(_) = self {
+            let Analysis::Loading(handle) = std::mem::replace(self, Analysis::Off) else {
+                unreachable!()
+            };
+            if let Ok(Some(a)) = handle.join() {
+                *self = Analysis::Ready(Box::new(a));
+            }
+        }
+        match self {
+            Analysis::Ready(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The analyzer if it has loaded; a cell never waits for it.
+    fn ready(&mut self) -> Option<&mut Analyzer> {
+        match self {
+            Analysis::Loading(h) if h.is_finished() => self.get(),
+            Analysis::Ready(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Marks the cursor in the cell so it can be found in the source evcxr writes for it.
+const CURSOR: &str = "trainbook_cursor_mark";
+
+/// The source evcxr analyses for `code` (earlier variables and items around the cell) and the
+/// cursor's offset in it. evcxr writes that source to its crate's `src/lib.rs` when asked for
+/// completions; the cursor is marked so it can be found there.
+fn analysed_source(ctx: &mut CommandContext, code: &str, cursor: usize) -> Option<(String, usize)> {
+    let marked = format!("{}{CURSOR}{}", code.get(..cursor)?, code.get(cursor..)?);
+    ctx.completions(&marked, cursor + CURSOR.len()).ok()?;
+    let source = ctx.last_source().ok()?;
+    let at = source.find(CURSOR)?;
+    Some((source.replacen(CURSOR, "", 1), at))
+}
+
+fn trainbook_completions(
+    ctx: &mut CommandContext,
+    analyzer: &mut Analyzer,
+    code: &str,
+    cursor: usize,
+) -> Option<Completion> {
+    let (source, at) = analysed_source(ctx, code, cursor)?;
+    let c = analyzer.completions(&source, at).ok()?;
+    // The replaced text surrounds the cursor, so it maps back by the same distances.
+    let start = cursor.checked_sub(at.checked_sub(c.start)?)?;
+    let end = cursor + c.end.checked_sub(at)?;
+    (end <= code.len()).then_some(Completion {
+        matches: c.matches,
+        start,
+        end,
+    })
+}
+
+fn trainbook_hover(
+    ctx: &mut CommandContext,
+    analyzer: &mut Analyzer,
+    code: &str,
+    cursor: usize,
+) -> Option<(String, String)> {
+    let (source, at) = analysed_source(ctx, code, cursor)?;
+    // Jupyter puts the cursor after the name it asks about.
+    analyzer
+        .hover(&source, at)
+        .or_else(|| analyzer.hover(&source, at.checked_sub(1)?))
 }
 
 /// With `TRAINBOOK_KERNEL_TIMING` set, prints how long a start-up step took (on stderr).
@@ -293,9 +460,7 @@ fn warm_up_analyzer(ctx: &mut CommandContext) {
 
 /// evcxr's context with the cell flags set and, when there is a prelude, [`init_code`] run
 /// (the same compile that applies the flags). A failed init is returned, not fatal.
-fn create_context(
-    setup: &ChildSetup,
-) -> Result<(CommandContext, EvalContextOutputs, Option<evcxr::Error>)> {
+fn create_context(setup: &ChildSetup) -> Result<(CommandContext, EvalContextOutputs)> {
     let exe = std::env::current_exe().context("cannot locate this executable")?;
     let mut cmd = Command::new(exe);
     cmd.env(trainbook_channel::SOCKET_ENV, &setup.channel_socket)
@@ -333,20 +498,11 @@ fn create_context(
     // Cells build offline: no registry round trip per cell, and kernels on machines without a
     // network work; `:dep` takes crates from cargo's cache.
     state.set_offline_mode(true);
-    let mut init_error = None;
-    // The cell flags are in this process's environment already (`toolchain.rs`), so evcxr's
-    // first compile used them too.
-    if setup.prelude.is_some()
-        && let Err(e) = eval.eval_with_state(&init_code(), state.clone())
-    {
-        init_error = Some(e);
-    }
-    if setup.prelude.is_none() || init_error.is_some() {
-        // Commit the settings without the prelude code.
-        eval.eval_with_state("", state)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
-    Ok((CommandContext::with_eval_context(eval), outputs, init_error))
+    // Commits the settings without a compile. The cell flags are in this process's environment
+    // already (`toolchain.rs`), so evcxr's first compile used them too.
+    eval.eval_with_state("", state)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((CommandContext::with_eval_context(eval), outputs))
 }
 
 /// `generated`: the source evcxr compiled for the cell, to place a panic on a cell line.
@@ -504,13 +660,40 @@ fn cell_line_of(code: &str, generated: &str, line: u32) -> Option<usize> {
     if text.is_empty() {
         return None;
     }
-    code.lines().position(|l| l.trim() == text).map(|i| i + 1)
+    code.lines()
+        .position(|l| same_statement(l.trim(), text))
+        .map(|i| i + 1)
+}
+
+/// Whether `ran` is the cell's line `written`, possibly with the type the kernel added to its
+/// `let` (`let v = f();` runs as `let v: u32 = f();`, see `infer`).
+fn same_statement(written: &str, ran: &str) -> bool {
+    if written == ran {
+        return true;
+    }
+    let Some(eq) = written.find(" = ").filter(|_| written.starts_with("let ")) else {
+        return false;
+    };
+    let (head, tail) = written.split_at(eq);
+    ran.len() > written.len()
+        && ran.starts_with(head)
+        && ran.ends_with(tail)
+        && ran[head.len()..].starts_with(':')
 }
 
 /// rustc's diagnostics drawn over the cell's own code (not evcxr's generated wrapper).
 fn compile_error(code: &str, errors: &[evcxr::CompilationError]) -> Outcome {
+    // An undeclared parameter also leaves rustc unable to type `param!`'s value, which it reports
+    // as "`!: Param` is not satisfied": noise next to the hint that says what to fix.
+    let undeclared = errors
+        .iter()
+        .any(|e| undeclared_parameter(code, &e.message()).is_some());
+    let errors: Vec<&evcxr::CompilationError> = errors
+        .iter()
+        .filter(|e| !(undeclared && e.message().contains("Param` is not satisfied")))
+        .collect();
     let mut traceback = Vec::new();
-    for e in errors {
+    for e in &errors {
         let mut drawn = None;
         if let Some(report) = e.build_report("cell".into(), code.to_string(), evcxr::Theme::Light) {
             let mut buf = Vec::new();
@@ -534,10 +717,19 @@ fn compile_error(code: &str, errors: &[evcxr::CompilationError]) -> Outcome {
         for help in e.help() {
             traceback.push(format!("help: {help}"));
         }
+        if let Some(hint) = undeclared_parameter(code, &e.message()) {
+            traceback.push(format!("help: {hint}"));
+        }
     }
     let evalue = errors
         .iter()
-        .map(|e| e.message())
+        .map(|e| {
+            let message = e.message();
+            match undeclared_parameter(code, &message) {
+                Some(hint) => hint,
+                None => message,
+            }
+        })
         .collect::<Vec<_>>()
         .join("; ");
     Outcome::Error {
@@ -545,6 +737,28 @@ fn compile_error(code: &str, errors: &[evcxr::CompilationError]) -> Outcome {
         evalue,
         traceback,
     }
+}
+
+/// papermill (and `scripts/notebook.py`) inject parameters as `let NAME =
+/// trainbook::param!(NAME = VALUE)?;`, which needs a `NAME` declared by the notebook's
+/// parameters cell; when there is none, rustc only says it cannot find the value. This says
+/// what the user did wrong and how to fix it.
+fn undeclared_parameter(code: &str, message: &str) -> Option<String> {
+    let name = message
+        .strip_prefix("cannot find value `")?
+        .split_once("` in this scope")?
+        .0;
+    let injected = code.lines().any(|line| {
+        let line: String = line.split_whitespace().collect();
+        line.contains(&format!("param!({name}="))
+    });
+    injected.then(|| {
+        format!(
+            "the notebook has no parameter `{name}`: its cell tagged `parameters` declares none \
+             by that name. Check the spelling of `-p {name}`, or declare it there, e.g. \
+             `let {name}: usize = 2;`"
+        )
+    })
 }
 
 fn strip_ansi(s: &str) -> String {
@@ -652,6 +866,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_injected_parameter_the_notebook_does_not_declare_is_named() {
+        let code = "// Parameters\nlet preset = trainbook::param!(preset = \"tiny\")?;\nlet nope = trainbook::param!( nope = 1 )?;";
+        let hint = undeclared_parameter(code, "cannot find value `nope` in this scope").unwrap();
+        assert!(hint.contains("no parameter `nope`"), "{hint}");
+        assert!(hint.contains("-p nope"), "{hint}");
+        // Other unknown names keep rustc's message.
+        assert_eq!(
+            undeclared_parameter(code, "cannot find value `x` in this scope"),
+            None
+        );
+        assert_eq!(
+            undeclared_parameter(
+                "let y = nope + 1;",
+                "cannot find value `nope` in this scope"
+            ),
+            None
+        );
+    }
+
+    #[test]
     fn finds_the_lines_with_a_question_mark() {
         let code = "let a = f()?;\nlet s = \"why?\"; // ok?\nlet c = '?';\n/* x? */ g()?.h()?;";
         assert_eq!(question_mark_lines(code), [1, 4]);
@@ -663,6 +897,10 @@ mod tests {
         let code = "let w = 1;\nlet v = None::<u32>.unwrap();";
         assert_eq!(cell_line_of(code, generated, 2), Some(2));
         assert_eq!(cell_line_of(code, generated, 9), None);
+        // The kernel may have given the binding its type before compiling.
+        let typed = "fn x() {\n    let v: u32 = None::<u32>.unwrap();\n}";
+        assert_eq!(cell_line_of(code, typed, 2), Some(2));
+        assert!(!same_statement("let v = a;", "let w: u8 = a;"));
     }
 
     #[test]

@@ -9,11 +9,20 @@
 //! have the pattern's type), so one check types them all; since evcxr reads a type only from a
 //! `let` of a single name, `let (a, b) = e;` becomes `let a: A; let b: B; (a, b) = e;`.
 
+use crate::analysis::Analyzer;
 use evcxr::{CommandContext, EvalCallbacks};
 
 /// Runs a cell, writing the types evcxr could not find into its `let`s (up to four rounds).
-pub fn execute(ctx: &mut CommandContext, code: &str) -> Result<evcxr::EvalOutputs, evcxr::Error> {
-    let mut code = code.to_string();
+/// With `analyzer`, the cell's top-level `let`s are typed by it first, which costs no compile.
+pub fn execute(
+    ctx: &mut CommandContext,
+    code: &str,
+    analyzer: Option<&mut Analyzer>,
+) -> Result<evcxr::EvalOutputs, evcxr::Error> {
+    let mut code = match analyzer {
+        Some(a) => typed_by_analyzer(ctx, a, code),
+        None => code.to_string(),
+    };
     let mut callbacks = EvalCallbacks::default();
     for _ in 0..4 {
         let result = ctx.execute_with_callbacks(&code, &mut callbacks);
@@ -37,6 +46,7 @@ pub fn execute(ctx: &mut CommandContext, code: &str) -> Result<evcxr::EvalOutput
         for binding in lets.iter().rev() {
             // In a block, so evcxr does not try to keep (and type) the cell's variables itself.
             let probe = format!("{{\n{code}\nlet _: () = {};\n}}", binding.expression());
+            note(&format!("probe compile for `{}`", binding.expression()));
             let ty = ctx
                 .check(&probe)
                 .ok()
@@ -52,6 +62,75 @@ pub fn execute(ctx: &mut CommandContext, code: &str) -> Result<evcxr::EvalOutput
         }
     }
     ctx.execute_with_callbacks(&code, &mut callbacks)
+}
+
+/// The cell with its top-level untyped `let`s typed by the trainbook-aware analyzer, where it
+/// can name the type. It reads the source evcxr writes for its own analysis of the cell (the
+/// earlier cells' variables and items around it), so both see the same program.
+fn typed_by_analyzer(ctx: &mut CommandContext, analyzer: &mut Analyzer, code: &str) -> String {
+    let lets: Vec<UntypedLet> = untyped_lets(code)
+        .into_iter()
+        .filter(|l| top_level(code, l.start))
+        .collect();
+    if lets.is_empty() || ctx.completions(code, code.len()).is_err() {
+        return code.to_string();
+    }
+    let Ok(source) = ctx.last_source() else {
+        return code.to_string();
+    };
+    let mut typed = code.to_string();
+    // Later bindings first, so earlier offsets stay valid.
+    for (i, binding) in lets.iter().enumerate().rev() {
+        let Some(name) = binding.names().first().map(|n| n.to_string()) else {
+            continue;
+        };
+        let nth = lets[..i].iter().filter(|l| l.binds(&name)).count();
+        if let Some(ty) = analyzer.let_type(&source, &name, nth) {
+            note(&format!("typed `{name}` as `{ty}` by the analyzer"));
+            typed = binding.annotate(&typed, &ty);
+        }
+    }
+    typed
+}
+
+/// With `TRAINBOOK_KERNEL_TIMING` set, says how a type was found (on stderr).
+fn note(what: &str) {
+    if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
+        eprintln!("trainbook-kernel: {what}");
+    }
+}
+
+/// Whether byte `at` of the cell is outside every block (a statement evcxr keeps variables
+/// from), skipping braces in strings and comments.
+fn top_level(code: &str, at: usize) -> bool {
+    let mut depth = 0i32;
+    let mut chars = code[..at].chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            '"' => {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    depth == 0
 }
 
 /// A top-level `let PATTERN = ...` without a type, where PATTERN is a name or a tuple or array
@@ -351,6 +430,18 @@ mod tests {
             split_top("a, (b, c), HashMap<u8, u8>, fn(u8) -> u8,"),
             ["a", " (b, c)", " HashMap<u8, u8>", " fn(u8) -> u8"]
         );
+    }
+
+    #[test]
+    fn only_lets_outside_blocks_are_top_level() {
+        let code = "let a = 1;\nlet s = \"{\"; // {\nlet b = { let c = 2; c };\nlet d = 3;";
+        let lets = untyped_lets(code);
+        let tops: Vec<Vec<&str>> = lets
+            .iter()
+            .filter(|l| top_level(code, l.start))
+            .map(|l| l.names())
+            .collect();
+        assert_eq!(tops, [vec!["a"], vec!["s"], vec!["b"], vec!["d"]]);
     }
 
     #[test]

@@ -82,6 +82,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
             prelude: config.prelude.clone(),
             toolchain: config.toolchain.clone(),
             channel_socket: channel.path().to_path_buf(),
+            analysis_dir: Some(config.run_dir.join("analysis")),
         },
         publisher.clone(),
     );

@@ -1,6 +1,7 @@
 //! trainbook-kernel: the Jupyter kernel for trainbook notebooks (Rust cells via evcxr, with the
 //! trainbook prelude preloaded). `trainbook kernel ...` runs this program.
 
+mod analysis;
 mod channel;
 mod complete;
 mod engine;
@@ -215,6 +216,7 @@ fn check(code: &str) -> Result<f64> {
                 prelude: Some(prelude),
                 toolchain,
                 channel_socket: channel.path().to_path_buf(),
+                analysis_dir: None,
             },
             publisher.clone(),
         );

@@ -10,7 +10,8 @@
 //! told where by `TRAINBOOK_PRELUDE_DYLIB`); so every cell shares one copy of its statics.
 //!
 //! evcxr learns the types of a cell's variables from rust-analyzer, which cannot see a crate
-//! passed with `--extern`; the kernel asks the compiler instead (see `infer.rs`).
+//! passed with `--extern`; the kernel asks its own analyzer, which sees the api's sources
+//! (`analysis.rs`), and else the compiler (`infer.rs`).
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};

@@ -26,7 +26,7 @@ const TOTAL_S = Number(process.env.TRAINBOOK_BROWSER_TIMEOUT || 900);
 const KERNEL = 'trainbook';
 const NB_NAME = 'bert.ipynb';
 // Tiny preset, but enough steps (~15 s of training on 2 cores) for many 0.5 s redraws.
-const PARAMS = ['preset=Some("tiny")', 'epochs=Some(3)', 'train_rows=Some(2000)'];
+const PARAMS = [['preset', 'tiny'], ['epochs', '3'], ['train_rows', '2000']];
 const EPOCHS = 3;
 // Identifies the training cell by its source.
 const TRAIN_NEEDLE = 'trainer.fit()';
@@ -138,7 +138,7 @@ function prepareNotebook(dir, runsRoot) {
   check(fs.existsSync(NOTEBOOK), `${NOTEBOOK} not found`);
   const out = path.join(dir, NB_NAME);
   const args = ['scripts/notebook.py', 'params', NOTEBOOK, out];
-  for (const p of [...PARAMS, `runs_root=Some(${JSON.stringify(runsRoot)})`]) args.push('-p', p);
+  for (const [name, value] of [...PARAMS, ['runs_root', runsRoot]]) args.push('-p', name, value);
   const r = spawnSync(path.join(VENV, 'bin', 'python'), args, { cwd: ROOT, encoding: 'utf8', timeout: 60000 });
   check(r.status === 0, `scripts/notebook.py params failed (${r.status ?? r.signal}): ${r.stderr}`);
   const nb = JSON.parse(fs.readFileSync(out, 'utf8'));
@@ -293,7 +293,7 @@ async function run() {
   // The server starts while the notebook is prepared: both take seconds.
   await spawnServer(path.join(tmp, 'jupyter'), nbdir);
   prepareNotebook(nbdir, runsRoot);
-  log(`notebook ${path.join(nbdir, NB_NAME)} with ${PARAMS.join(' ')}`);
+  log(`notebook ${path.join(nbdir, NB_NAME)} with ${PARAMS.map(([name, value]) => `${name}=${value}`).join(' ')}`);
   await waitForServer(path.join(tmp, 'jupyter'));
 
   browser = await chromium.launch({

@@ -370,6 +370,60 @@ def test_completeness_and_completion(kernel):
     assert any(m.startswith("push") for m in r["matches"]), r["matches"][:20]
 
 
+def test_completion_and_inspection_know_trainbook(kernel):
+    """The builder's methods complete after `BertTrainer::new().` and Shift-Tab shows their
+    docs, also on a variable bound in an earlier cell."""
+    _, kc = kernel
+    code = 'BertTrainer::new().preset("tiny").epo'
+    kc.complete(code, len(code))
+    r = kc.get_shell_msg(timeout=120)["content"]
+    assert r["status"] == "ok", r
+    assert any(m.startswith("epochs") for m in r["matches"]), r["matches"][:30]
+    assert r["cursor_start"] == len(code) - 3 and r["cursor_end"] == len(code), r
+
+    reply, _ = run(kc, 'let trainer_for_completion = BertTrainer::new().preset("tiny");')
+    assert reply["status"] == "ok", reply
+    code = "trainer_for_completion."
+    kc.complete(code, len(code))
+    matches = kc.get_shell_msg(timeout=60)["content"]["matches"]
+    for method in ("workers", "lr", "launch", "fit", "spec"):
+        assert any(m.startswith(method) for m in matches), (method, matches[:40])
+
+    code = "BertTrainer::new().max_length"
+    kc.inspect(code, len(code))
+    r = kc.get_shell_msg(timeout=60)["content"]
+    assert r["status"] == "ok" and r["found"], r
+    text = r["data"]["text/plain"]
+    assert "max_length" in text and "token" in text.lower(), text
+
+
+def test_a_trainbook_value_bound_without_a_type_needs_no_second_compile(tmp_path):
+    """rust-analyzer sees trainbook, so `let spec = ...;` is typed before evcxr compiles, and
+    neither evcxr's type check nor the kernel's probe compile runs (the kernel says so in its
+    timing log)."""
+    log = tmp_path / "kernel.log"
+    km = jupyter_client.KernelManager(kernel_name=KERNEL)
+    km.start_kernel(env={**os.environ, "TRAINBOOK_KERNEL_TIMING": "1"}, stderr=log.open("w"))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        deadline = time.monotonic() + 120
+        while "trainbook analyzer loaded" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        reply, _ = run(kc, 'let spec_untyped = JobSpec::new("synthetic").workers(3);')
+        assert reply["status"] == "ok", reply
+        reply, msgs = run(kc, "spec_untyped.clone().into_spec().workers")
+        assert result_text(msgs) == "3", (reply, msgs)
+        text = log.read_text()
+        assert "typed `spec_untyped` as `JobSpec` by the analyzer" in text, text
+        assert "probe compile" not in text, text
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def sign(key, parts):
     h = hmac.new(key, digestmod=hashlib.sha256)
     for p in parts:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts" / "notebook.py"
 NOTEBOOKS = ["bert", "resnet"]
 # Enough steps for several live redraws, seconds of training on 2 CPU cores.
-TINY = ['preset=Some("tiny")', "epochs=Some(2)"]
+TINY = [("preset", "tiny"), ("epochs", "2")]
 
 
 def notebook_tool(*args, timeout=900):
@@ -30,8 +30,8 @@ def execute(name, out_dir, params):
     out = out_dir / f"{name}.ipynb"
     runs = out_dir / "runs"
     args = ["execute", str(ROOT / "notebooks" / f"{name}.ipynb"), str(out), "--timeout", "600"]
-    for p in params + [f'runs_root=Some("{runs}")']:
-        args += ["-p", p]
+    for name, value in params + [("runs_root", str(runs))]:
+        args += ["-p", name, value]
     proc = notebook_tool(*args)
     assert out.exists(), proc.stderr
     return proc, nbformat.read(out, as_version=4)
@@ -87,7 +87,7 @@ def test_notebook_runs_headless_and_keeps_the_final_dashboard(name, tmp_path):
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
     assert counts == list(range(1, len(counts) + 1))
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
-    assert len(injected) == 1 and 'let preset: Option<&str> = Some("tiny");' in injected[0].source
+    assert len(injected) == 1 and 'let preset = trainbook::param!(preset = "tiny")?;' in injected[0].source
 
     # The training cell holds exactly one dashboard, in its final (result) state.
     train = cell_with(nb, "trainer.fit()")
@@ -112,22 +112,22 @@ def test_notebook_runs_headless_and_keeps_the_final_dashboard(name, tmp_path):
     assert re.search(r"\w \(\d\.\d{3}\)", predictions), predictions  # "label (score)"
 
 
-def test_a_parameter_the_notebook_does_not_bind_is_an_error(tmp_path):
+def test_a_parameter_the_notebook_does_not_declare_is_an_error(tmp_path):
     proc = notebook_tool(
-        "params", str(ROOT / "notebooks" / "bert.ipynb"), str(tmp_path / "x.ipynb"), "-p", "epoch=Some(1)"
+        "params", str(ROOT / "notebooks" / "bert.ipynb"), str(tmp_path / "x.ipynb"), "-p", "epoch", "1"
     )
     assert proc.returncode != 0
-    assert "parameter 'epoch' is not bound" in proc.stderr and "epochs" in proc.stderr
+    assert "parameter 'epoch' is not declared" in proc.stderr and "epochs" in proc.stderr
     assert not (tmp_path / "x.ipynb").exists()
 
 
 def test_a_failing_training_cell_fails_the_headless_run(tmp_path):
     """A notebook whose training cell fails stops there, and both headless runners exit
     non-zero: scripts/notebook.py (as `make demo` runs it) and `jupyter nbconvert --execute`."""
-    bad = ['preset=Some("nope")', "epochs=Some(1)", f'runs_root=Some("{tmp_path / "runs"}")']
+    bad = [("preset", "nope"), ("epochs", "1"), ("runs_root", str(tmp_path / "runs"))]
     args = ["execute", str(ROOT / "notebooks" / "bert.ipynb"), str(tmp_path / "bad.ipynb")]
-    for p in bad:
-        args += ["-p", p]
+    for name, value in bad:
+        args += ["-p", name, value]
     proc = notebook_tool(*args)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "a cell failed" in proc.stderr and "unknown preset 'nope'" in proc.stderr, proc.stderr

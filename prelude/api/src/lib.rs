@@ -53,6 +53,7 @@ pub mod display;
 pub mod job;
 pub mod logs;
 pub mod options;
+pub mod params;
 pub mod run;
 pub mod runtime;
 pub mod spec;
@@ -65,6 +66,7 @@ pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
 pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
 pub use logs::LogLevel;
+pub use params::{Param, ParamError};
 pub use run::{fit, launch, Plan, Train, View, ViewOptions};
 pub use spec::{
     Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule, TrainConfig,
@@ -89,6 +91,7 @@ pub mod prelude {
     pub use crate::display::ShowValue;
     pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
     pub use crate::logs::LogLevel;
+    pub use crate::param;
     pub use crate::run::{fit, launch, Plan, Train, View};
     pub use crate::spec::{
         Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule,
