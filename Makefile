@@ -16,18 +16,22 @@ help:
 setup:
 	@scripts/setup.sh
 
-# CUDA builds (set up on a machine whose nvidia-smi sees a GPU) add the `cuda` feature.
-FEATURES = $$(test "$$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda)
+# CUDA builds (set up on a machine whose nvidia-smi sees a GPU) add the `cuda` feature; builds
+# whose torch Python can be embedded add `hpu` (Intel Gaudi through its Python bridge), with
+# PYO3_PYTHON naming that Python.
+FEATURES = $$(test "$$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda) \
+	$$(test -s .libtorch/hpu-python && echo --features trainbook/hpu)
+PYO3 = PYO3_PYTHON=$$(cat .libtorch/hpu-python 2>/dev/null || echo python3)
 
 # The default members (everything but the kernel's prelude dylib, which build-prelude.sh makes).
 build: setup
-	$(CARGO) build --release --bins $(FEATURES)
+	$(PYO3) $(CARGO) build --release --bins $(FEATURES)
 	@scripts/build-prelude.sh
 	@scripts/install-bins.sh
 	@scripts/install-kernel.sh
 
 test: build
-	$(CARGO) test --release $(FEATURES) -- --test-threads=1
+	$(PYO3) $(CARGO) test --release $(FEATURES) -- --test-threads=1
 	@scripts/test-kernel.sh
 	@scripts/test-browser.sh
 

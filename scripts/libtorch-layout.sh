@@ -37,6 +37,14 @@ if [ "${TRAINBOOK_CUDA:-0}" = 1 ]; then
 else
   rm -f "$out"/lib/libtorch_cuda.so "$out"/lib/libc10_cuda.so "$out/cuda-includes" "$out/cuda"
 fi
+# The hpu build (Intel Gaudi: prelude/hpu) embeds this same Python, so that the bridge it imports
+# registers HPU in the libtorch trainbook links; it needs that Python's headers and shared
+# libpython. TRAINBOOK_HPU=0 turns it off, =1 makes a missing piece an error.
+hpu_ok=$("$py" -c 'import os, sysconfig as s; inc = s.get_config_var("INCLUDEPY") or ""; lib = os.path.join(s.get_config_var("LIBDIR") or "", s.get_config_var("LDLIBRARY") or ""); print(int(os.path.exists(os.path.join(inc, "Python.h")) and lib.endswith(".so") and os.path.exists(lib)))')
+if [ "${TRAINBOOK_HPU:-}" = 1 ] && [ "$hpu_ok" != 1 ]; then
+  echo "error: TRAINBOOK_HPU=1 but $py has no Python.h or shared libpython (Debian: apt-get install python3-dev)" >&2; exit 1
+fi
+if [ "${TRAINBOOK_HPU:-}" != 0 ] && [ "$hpu_ok" = 1 ]; then echo "$py" > "$out/hpu-python"; else rm -f "$out/hpu-python"; fi
 # torch-sys reads the version from this file when present (the wheel keeps it in torch/version.py).
 v=$("$py" -c 'import re,sys; s=open(sys.argv[1]).read(); print(re.search(r"__version__ = .([0-9.]+)", s).group(1))' "$torch/version.py")
 echo "$v" > "$out/build-version"

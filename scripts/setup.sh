@@ -16,6 +16,13 @@ export TRAINBOOK_CUDA
 # 1. System packages: a C++ toolchain, gloo's headers for the c10d shim (headers only:
 #    libtorch carries its own gloo), and a font for the labels of the loss plot's PNG.
 apt_pkgs=(build-essential pkg-config libgloo-dev fonts-dejavu-core)
+# The hpu build embeds the Python whose torch trainbook links and needs its headers; a system
+# Python (the Gaudi container's) gets them from python3-dev.
+torch_py=${TRAINBOOK_TORCH_PYTHON:-${PYTHON:-python3}}
+if ! "$torch_py" -c 'import os, sysconfig as s; raise SystemExit(not os.path.exists(os.path.join(s.get_config_var("INCLUDEPY") or "", "Python.h")))' 2>/dev/null \
+  && [ "$(command -v "$torch_py" | cut -c1-9)" = /usr/bin/ ]; then
+  apt_pkgs+=(python3-dev)
+fi
 missing=()
 for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

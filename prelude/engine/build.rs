@@ -9,6 +9,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
+    println!("cargo:rerun-if-changed=csrc/device.cpp");
+    println!("cargo:rerun-if-changed=csrc/errors.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=TRAINBOOK_GLOO_INCLUDE");
 
@@ -55,6 +57,7 @@ fn main() {
         .file("csrc/c10d_shim.cpp")
         .file("csrc/autocast.cpp")
         .file("csrc/optim.cpp")
+        .file("csrc/device.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(&gloo_include)
@@ -93,6 +96,13 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // errors.h, for the C++ of packages that extend the engine (trainbook-hpu).
+    println!(
+        "cargo:include={}",
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
+            .join("csrc")
+            .display()
+    );
     // Read by link_binaries.rs in the packages that depend on this one.
     println!("cargo:libtorch_lib={}", lib_dir.display());
     println!("cargo:cuda={}", if cuda { 1 } else { 0 });

@@ -13,6 +13,13 @@ fn main() {
         println!("cargo:rustc-link-arg=-ltorch_cuda");
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
+    // hpu builds: the Python the worker embeds may live outside the loader's default path.
+    println!("cargo:rerun-if-env-changed=DEP_TRAINBOOK_HPU_PYTHON_LIBDIR");
+    if let Ok(py) = std::env::var("DEP_TRAINBOOK_HPU_PYTHON_LIBDIR") {
+        if !py.is_empty() {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{py}");
+        }
+    }
     println!("cargo:rustc-link-search=native={lib}");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
 }

@@ -2,23 +2,18 @@
 // leaves its dtype at float16; trainbook wants bfloat16 (no loss scaling needed) on CUDA, and
 // the same on CPU so the code path runs on every machine.
 
+#include "errors.h"
 #include <ATen/autocast_mode.h>
 
 #include <cstring>
 #include <exception>
 #include <string>
 
-namespace {
-void set_err(char* err, size_t len, const char* msg) {
-  if (err == nullptr || len == 0) return;
-  std::strncpy(err, msg, len - 1);
-  err[len - 1] = '\0';
-}
-}  // namespace
+using trainbook::set_err;
 
 extern "C" {
 
-// Enables autocast to bfloat16 on `device_type` (c10::DeviceType as int: 0 CPU, 1 CUDA).
+// Enables autocast to bfloat16 on `device_type` (c10::DeviceType as int: 0 CPU, 1 CUDA, 15 HPU).
 int tb_autocast_enter(int device_type, char* err, size_t errlen) {
   try {
     auto dt = static_cast<c10::DeviceType>(device_type);

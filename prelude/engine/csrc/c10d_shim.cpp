@@ -1,8 +1,9 @@
 // trainbook's bridge to PyTorch's c10d: a TCPStore rendezvous and a generic c10d::ProcessGroup
 // whose per-device backends are gloo (CPU tensors), NCCL (CUDA tensors, when built with
-// TRAINBOOK_WITH_NCCL) and an HCCL slot for Intel Gaudi. Everything crosses the C boundary as
+// TRAINBOOK_WITH_NCCL) and, for Intel Gaudi, the hccl backend its bridge creates. Everything crosses the C boundary as
 // opaque pointers and error strings: no C++ exception may unwind into Rust.
 
+#include "errors.h"
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -23,22 +24,10 @@
 #include <vector>
 
 namespace {
+using trainbook::set_err;
+using trainbook::trim_what;
 
-void set_err(char* err, size_t len, const std::string& msg) {
-  if (err == nullptr || len == 0) return;
-  size_t n = msg.size() < len - 1 ? msg.size() : len - 1;
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
-}
 
-// c10d error messages carry a long C++ stack trace after the first line of interest; keep the
-// head so Rust errors stay readable (the full text is still logged by libtorch itself).
-std::string trim_what(const char* what) {
-  std::string s(what);
-  auto pos = s.find("\nException raised from");
-  if (pos != std::string::npos) s.resize(pos);
-  return s;
-}
 
 template <typename F>
 int guarded(char* err, size_t len, F&& f) {
@@ -120,7 +109,7 @@ tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, in
     auto store = c10::make_intrusive<c10d::PrefixStore>("trainbook/default_pg", tcp);
     auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
 
-    if (be == "gloo" || be == "nccl") {
+    if (be == "gloo" || be == "nccl" || be == "hccl") {
       // gloo always serves CPU tensors: metrics and barriers work whatever the device.
       auto gopts = c10d::ProcessGroupGloo::Options::create(ms(timeout_ms));
       std::string addr(master_addr);
@@ -150,10 +139,8 @@ tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, in
           "(make setup detects the GPU, or set TRAINBOOK_CUDA=1)");
 #endif
     } else if (be == "hccl") {
-      throw std::runtime_error(
-          "the hccl backend is registered by Intel Gaudi's PyTorch bridge "
-          "(habana_frameworks.torch.distributed), which this trainbook build does not load; "
-          "run with --device cpu, or build trainbook inside the Gaudi container");
+      // The HPU backend comes from Intel Gaudi's bridge, which creates it in Python on this
+      // store; the worker attaches it with tb_pg_set_backend before the first HPU collective.
     } else if (be != "gloo") {
       throw std::runtime_error("unknown c10d backend '" + be + "' (expected gloo, nccl or hccl)");
     }
@@ -163,6 +150,17 @@ tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, in
 }
 
 void tb_pg_free(tb_pg* p) { delete p; }
+
+// Serves tensors of `device_type` (c10::DeviceType) with `backend`, an owned
+// `c10::intrusive_ptr<c10d::Backend>*` made by a device plugin (Gaudi's hccl). Collectives on
+// such tensors dispatch to the plugin's c10d kernels, which look the backend up here.
+int tb_pg_set_backend(tb_pg* p, int device_type, void* backend, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    auto b = *static_cast<c10::intrusive_ptr<c10d::Backend>*>(backend);
+    p->pg->setBackend(static_cast<c10::DeviceType>(device_type),
+                      c10d::ProcessGroup::BackendType::CUSTOM, b);
+  });
+}
 
 int tb_pg_rank(const tb_pg* p) { return p->pg->getRank(); }
 int tb_pg_size(const tb_pg* p) { return p->pg->getSize(); }

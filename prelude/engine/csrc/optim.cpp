@@ -2,6 +2,7 @@
 // multi-threaded pass over each parameter instead of a chain of elementwise ops), which tch does
 // not expose. Tensors arrive as tch's `at::Tensor*`; errors come back as strings.
 
+#include "errors.h"
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <ATen/ops/_fused_adamw.h>
@@ -12,11 +13,8 @@
 #include <vector>
 
 namespace {
-void set_err(char* err, size_t len, const char* msg) {
-  if (err == nullptr || len == 0) return;
-  std::strncpy(err, msg, len - 1);
-  err[len - 1] = '\0';
-}
+using trainbook::set_err;
+using trainbook::trim_what;
 
 std::vector<at::Tensor> list(void* const* ts, size_t n) {
   std::vector<at::Tensor> v;

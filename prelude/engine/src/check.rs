@@ -3,10 +3,24 @@
 //! training anything. The first thing to run when a new machine or container misbehaves.
 
 use anyhow::{bail, Result};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
+
+use crate::device::Device;
 
 use crate::dist::{ProcessGroup, ReduceOp};
 use crate::events::Emitter;
+
+/// A tensor of `value`s on `device`, checked to be there: a device plugin that silently left
+/// tensors on the CPU would otherwise pass every check.
+fn full(device: Device, size: &[i64], value: f64, kind: Kind) -> Result<Tensor> {
+    let t = device.put(&Tensor::full(size, value, (kind, tch::Device::Cpu)))?;
+    if !device.holds(&t) {
+        bail!(
+            "a tensor placed on {device} is not there: the device plugin did not register {device}"
+        );
+    }
+    Ok(t)
+}
 
 fn expect_close(what: &str, got: &Tensor, want: f64) -> Result<()> {
     let diff = (got.to_kind(Kind::Double) - want)
@@ -24,29 +38,29 @@ pub fn run(pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
     let (rank, world) = (pg.rank() as f64, pg.world_size() as f64);
     let tri = world * (world + 1.0) / 2.0; // sum over ranks of (rank + 1)
     for &n in &[1i64, 7, 1 << 20] {
-        let t = Tensor::full([n], rank + 1.0, (Kind::Float, device));
+        let t = full(device, &[n], rank + 1.0, Kind::Float)?;
         pg.allreduce(&[&t], ReduceOp::Sum)?;
         expect_close(&format!("allreduce sum of {n} floats"), &t, tri)?;
     }
-    let t = Tensor::full([1000], rank + 1.0, (Kind::Double, device));
+    let t = full(device, &[1000], rank + 1.0, Kind::Double)?;
     pg.allreduce(&[&t], ReduceOp::Mean)?;
     expect_close("allreduce mean", &t, tri / world)?;
-    let t = Tensor::full([3], rank, (Kind::Float, device));
+    let t = full(device, &[3], rank, Kind::Float)?;
     pg.allreduce(&[&t], ReduceOp::Max)?;
     expect_close("allreduce max", &t, world - 1.0)?;
     // Several tensors in one call.
-    let a = Tensor::full([5], 1.0, (Kind::Float, device));
-    let b = Tensor::full([2, 2], 2.0, (Kind::Float, device));
+    let a = full(device, &[5], 1.0, Kind::Float)?;
+    let b = full(device, &[2, 2], 2.0, Kind::Float)?;
     pg.allreduce(&[&a, &b], ReduceOp::Sum)?;
     expect_close("allreduce of two tensors (first)", &a, world)?;
     expect_close("allreduce of two tensors (second)", &b, 2.0 * world)?;
     // Broadcast from the last rank, so it is not trivially rank 0's own data.
     let root = pg.world_size() - 1;
-    let t = Tensor::full([4096], rank * 10.0 + 3.0, (Kind::Float, device));
+    let t = full(device, &[4096], rank * 10.0 + 3.0, Kind::Float)?;
     pg.broadcast(&[&t], root)?;
     expect_close("broadcast from the last rank", &t, root as f64 * 10.0 + 3.0)?;
     pg.barrier()?;
-    events.log(format!("collectives ok: sum, mean, max, multi-tensor allreduce, broadcast, barrier across {world} ranks"));
+    events.log(format!("collectives ok on {device} tensors: sum, mean, max, multi-tensor allreduce, broadcast, barrier across {world} ranks"));
     Ok(())
 }
 
@@ -60,7 +74,7 @@ pub fn bench_allreduce(
     numel: i64,
     iters: u64,
 ) -> Result<()> {
-    let t = Tensor::full([numel], 1.0, (Kind::Float, device));
+    let t = full(device, &[numel], 1.0, Kind::Float)?;
     for _ in 0..2 {
         pg.allreduce(&[&t], ReduceOp::Sum)?;
     }

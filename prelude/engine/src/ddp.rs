@@ -11,6 +11,7 @@
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
+use crate::device::OnDeviceOf;
 use crate::dist::ProcessGroup;
 
 /// Default bucket size in bytes.
@@ -36,15 +37,19 @@ impl GradSync {
         let mut slots: Vec<(usize, i64, i64)> = Vec::new();
         let mut off = 0i64;
         let mut bytes = 0usize;
+        // tch reports every device it cannot name (an HPU) as MPS; buckets never mix devices
+        // anyway, since all parameters of a worker live on its one device.
         let mut key: Option<(Kind, tch::Device)> = None;
         let flush = |slots: &mut Vec<(usize, i64, i64)>,
                      off: &mut i64,
                      key: Option<(Kind, tch::Device)>,
                      buckets: &mut Vec<Bucket>| {
-            if let (false, Some((kind, dev))) = (slots.is_empty(), key) {
+            if let (false, Some((kind, _))) = (slots.is_empty(), key) {
+                // Allocated next to the bucket's first parameter, wherever that lives.
+                let first = &params[slots[0].0];
                 buckets.push(Bucket {
                     slots: std::mem::take(slots),
-                    flat: Tensor::zeros([*off], (kind, dev)),
+                    flat: first.zeros_on_device(&[*off], kind),
                 });
             }
             *off = 0;

@@ -13,6 +13,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use tch::{Kind, Tensor};
 
+use crate::device::OnDeviceOf;
 use crate::spec::OptimizerKind;
 
 pub use trainbook_api::spec::Schedule;
@@ -51,7 +52,6 @@ pub struct Optimizer {
     /// SGD: one momentum buffer; AdamW: first and second moments.
     state: Vec<Vec<Tensor>>,
     steps: u64,
-    device: tch::Device,
 }
 
 extern "C" {
@@ -97,14 +97,12 @@ impl Optimizer {
             .iter()
             .map(|(_, p)| (0..slots).map(|_| p.zeros_like()).collect())
             .collect();
-        let device = params.first().map_or(tch::Device::Cpu, |(_, p)| p.device());
         Self {
             cfg,
             params,
             decays,
             state,
             steps: 0,
-            device,
         }
     }
 
@@ -163,7 +161,10 @@ impl Optimizer {
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         // The fused AdamW kernel reads the (already incremented) step from a float tensor per
         // parameter; one shared scalar serves them all since it never writes it.
-        let step = Tensor::from(self.steps as f32).to_device(self.device);
+        let step = match self.params.first() {
+            Some((_, p)) => Tensor::from(self.steps as f32).to_device_of(p),
+            None => return Ok(()),
+        };
         for decay in [true, false] {
             let idx: Vec<usize> = (0..self.params.len())
                 .filter(|&i| self.decays[i] == decay && grads[i].defined())

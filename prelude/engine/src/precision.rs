@@ -6,6 +6,8 @@ use std::os::raw::{c_char, c_int};
 
 use anyhow::{bail, Result};
 
+use crate::device::Device;
+
 pub use trainbook_api::spec::Precision;
 
 extern "C" {
@@ -13,26 +15,17 @@ extern "C" {
     fn tb_autocast_exit(device_type: c_int);
 }
 
-/// c10::DeviceType numbering.
-fn device_type(d: tch::Device) -> Result<c_int> {
-    Ok(match d {
-        tch::Device::Cpu => 0,
-        tch::Device::Cuda(_) => 1,
-        other => bail!("bf16 autocast is not available for device {other:?}"),
-    })
-}
-
 /// Runs `f` with autocast on `device` when `precision` is bf16 (plain otherwise). The region
 /// is closed even when `f` fails.
 pub fn autocast<T>(
     precision: Precision,
-    device: tch::Device,
+    device: Device,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
     if precision == Precision::Fp32 {
         return f();
     }
-    let dt = device_type(device)?;
+    let dt = device.c10_type();
     let mut err = [0 as c_char; 512];
     // SAFETY: err is a valid buffer of the given length; the call only flips thread-local
     // autocast flags.
@@ -54,11 +47,12 @@ pub fn autocast<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::{Device, Kind, Tensor};
+    use crate::device::Device;
+    use tch::{Kind, Tensor};
 
     #[test]
     fn bf16_autocast_runs_matmuls_in_bf16_and_restores_fp32() {
-        let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+        let a = Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu));
         let inside = autocast(Precision::Bf16, Device::Cpu, || Ok(a.matmul(&a).kind())).unwrap();
         assert_eq!(inside, Kind::BFloat16);
         assert_eq!(a.matmul(&a).kind(), Kind::Float);

@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use tch::{nn, Tensor};
 
+pub use crate::device::Device;
 pub use crate::spec::Hyper;
 use crate::spec::JobSpec;
 
@@ -25,7 +26,7 @@ pub type PresetFn = fn(&JobSpec) -> Result<Hyper>;
 /// Builds a recipe on a device from the job's resolved hyper-parameters. Model initialisation
 /// is seeded, so every rank builds the same model (rank 0's parameters are broadcast anyway).
 /// `log` sends a line to the job's log.
-pub type BuildFn = fn(&Hyper, tch::Device, &dyn Fn(String)) -> Result<Box<dyn Recipe>>;
+pub type BuildFn = fn(&Hyper, Device, &dyn Fn(String)) -> Result<Box<dyn Recipe>>;
 
 /// One recipe: everything the CLI, validation and the workers need to know of it, in one row.
 pub struct RecipeEntry {
@@ -97,7 +98,7 @@ impl Registry {
         &self,
         name: &str,
         hyper: &Hyper,
-        device: tch::Device,
+        device: Device,
         log: &dyn Fn(String),
     ) -> Result<Box<dyn Recipe>> {
         match self.get(name) {
@@ -135,7 +136,7 @@ pub trait Recipe {
 mod tests {
     use super::*;
 
-    fn none(_: &Hyper, _: tch::Device, _: &dyn Fn(String)) -> Result<Box<dyn Recipe>> {
+    fn none(_: &Hyper, _: Device, _: &dyn Fn(String)) -> Result<Box<dyn Recipe>> {
         bail!("not built in this test")
     }
 

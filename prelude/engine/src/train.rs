@@ -21,7 +21,7 @@ use crate::sampler::{self, DistributedSampler};
 pub struct WorkerContext {
     pub rank: usize,
     pub world_size: usize,
-    pub device: tch::Device,
+    pub device: crate::device::Device,
     pub device_name: String,
     pub pg: ProcessGroup,
     pub events: Emitter,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 
 use crate::checkpoint::RunConfig;
-use crate::device::DeviceKind;
+use crate::device::{Device, DeviceKind, HpuBridge, HpuProbe};
 use crate::dist::{InitOptions, ProcessGroup};
 use crate::events::{Emitter, Event};
 use crate::recipe::Registry;
@@ -26,6 +26,9 @@ pub const CONFIG: &str = "TRAINBOOK_CONFIG";
 pub const DEVICE: &str = "TRAINBOOK_DEVICE";
 /// Intra-op threads.
 pub const THREADS: &str = "TRAINBOOK_THREADS";
+/// The argument that makes `trainbook-worker` load Gaudi's bridge, print an
+/// [`HpuProbe`](crate::device::HpuProbe) as JSON and exit (see `device::probe_hpu`).
+pub const PROBE_HPU: &str = "--probe-hpu";
 /// Set when the launcher hosts the rendezvous store (see `dist::InitOptions`).
 pub const AGENT_STORE: &str = crate::dist::AGENT_STORE;
 
@@ -48,8 +51,48 @@ fn watch_parent() {
         });
 }
 
-/// Entry point of `trainbook-worker`, which injects its recipes; returns the process exit code.
-pub fn main(recipes: &Registry) -> i32 {
+/// The HPU bridge a worker binary built with the `hpu` feature injects.
+pub type Hpu = Option<&'static dyn HpuBridge>;
+
+/// Why a worker cannot train on HPU without a bridge.
+fn no_hpu_build() -> anyhow::Error {
+    anyhow!(
+        "this trainbook build has no HPU support (trainbook-worker was built without the `hpu` \
+         feature): inside the Gaudi container, run `make setup && make build` (set-up turns the \
+         feature on when it finds the Gaudi bridge and its torch), or use --device cpu"
+    )
+}
+
+/// `trainbook-worker --probe-hpu`: load the bridge, acquire a device, say what happened.
+fn probe(hpu: Hpu) -> i32 {
+    let result = hpu.ok_or_else(no_hpu_build).and_then(|b| b.load());
+    let answer = match result {
+        Ok(facts) => {
+            let device_count = facts
+                .iter()
+                .find_map(|f| f.strip_prefix("device_count: ")?.trim().parse().ok());
+            HpuProbe {
+                error: None,
+                facts,
+                device_count,
+            }
+        }
+        Err(e) => HpuProbe {
+            error: Some(format!("{e:#}")),
+            facts: Vec::new(),
+            device_count: None,
+        },
+    };
+    println!("{}", serde_json::to_string(&answer).unwrap_or_default());
+    0
+}
+
+/// Entry point of `trainbook-worker`, which injects its recipes and, in `hpu` builds, Gaudi's
+/// bridge; returns the process exit code.
+pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
+    if std::env::args().nth(1).as_deref() == Some(PROBE_HPU) {
+        return probe(hpu);
+    }
     watch_parent();
     let rank: usize = std::env::var("RANK")
         .ok()
@@ -62,7 +105,7 @@ pub fn main(recipes: &Registry) -> i32 {
             return 2;
         }
     };
-    match run(rank, &events, recipes) {
+    match run(rank, &events, recipes, hpu) {
         Ok(()) => {
             events.flush(Duration::from_secs(5));
             0
@@ -77,7 +120,7 @@ pub fn main(recipes: &Registry) -> i32 {
     }
 }
 
-fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
+fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()> {
     let RunConfig { spec, hyper } = RunConfig::read(Path::new(&env(CONFIG)?))?;
     let device: DeviceKind = serde_json::from_value(serde_json::Value::String(env(DEVICE)?))
         .with_context(|| format!("{DEVICE} must be cpu, cuda or hpu"))?;
@@ -90,11 +133,23 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(rank);
-    let tdev = crate::device::tch_device(device, local_rank)?;
+    let tdev = Device::for_worker(device, local_rank);
+    // The bridge registers the HPU device in this process's libtorch: before any tensor.
+    let bridge = match device {
+        DeviceKind::Hpu => {
+            let bridge = hpu.ok_or_else(no_hpu_build)?;
+            let facts = bridge
+                .load()
+                .context("loading Intel Gaudi's PyTorch bridge")?;
+            events.log(format!("hpu: {}", facts.join(", ")));
+            Some(bridge)
+        }
+        _ => None,
+    };
     events.send(Event::Started {
         rank,
         pid: std::process::id(),
-        device: format!("{tdev:?}"),
+        device: tdev.to_string(),
         threads,
     });
 
@@ -103,6 +158,10 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry) -> Result<()> {
         Duration::from_secs(spec.collective_timeout_secs),
     )?;
     let pg = ProcessGroup::new(&init)?;
+    if let Some(bridge) = bridge {
+        let backend = bridge.hccl_backend(&init, "trainbook/default_pg/hccl")?;
+        pg.attach_backend(tdev, backend)?;
+    }
     if spec.recipe == crate::recipe::CHECK {
         crate::check::run(&pg, tdev, events)?;
         events.send(Event::Done {

@@ -16,7 +16,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
+use trainbook_engine::device::Device;
 
 use crate::models::bert::{load_weights, BertClassifier, BertConfig};
 use crate::text::cache;
@@ -273,7 +274,7 @@ impl BertRecipe {
                 .collect(),
         );
         tch::manual_seed(hyper.seed as i64);
-        let vs = nn::VarStore::new(device);
+        let mut vs = device.var_store();
         let model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
         if !opts.random_init {
             let report = load_weights(&vs, &model_dir)?;
@@ -286,6 +287,7 @@ impl BertRecipe {
                 }
             }
         }
+        device.place_vars(&mut vs)?;
         let train = encode(&tokenizer, &train, log)?;
         let eval = encode(&tokenizer, &test, log)?;
         Ok(Self {
@@ -325,13 +327,12 @@ impl Recipe for BertRecipe {
         let items: Vec<&Encoded> = indices.iter().map(|&i| &enc[i]).collect();
         let b = self.tokenizer.pad(&items, self.padding);
         let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
-        let labels = labels
-            .index_select(0, &Tensor::from_slice(&idx))
-            .to(self.device);
+        let d = self.device;
+        let labels = d.put(&labels.index_select(0, &Tensor::from_slice(&idx)))?;
         let logits = self.model.forward(
-            &b.input_ids.to(self.device),
-            Some(&b.attention_mask.to(self.device)),
-            Some(&b.token_type_ids.to(self.device)),
+            &d.put(&b.input_ids)?,
+            Some(&d.put(&b.attention_mask)?),
+            Some(&d.put(&b.token_type_ids)?),
             train,
         );
         Ok((logits.to_kind(Kind::Float), labels))

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use tch::nn;
-use tch::{Device, Tensor};
+use tch::Tensor;
+use trainbook_engine::device::Device;
 
 use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
@@ -218,7 +219,7 @@ impl ResnetRecipe {
             train.classes.join(", ")
         ));
         tch::manual_seed(hyper.seed as i64);
-        let vs = nn::VarStore::new(device);
+        let mut vs = device.var_store();
         let model = resnet::build(&vs.root(), arch, train.classes.len() as i64);
         if let Some(weights) = &hyper.model {
             let report = resnet::load_weights(&vs, Path::new(weights))?;
@@ -228,6 +229,7 @@ impl ResnetRecipe {
                 }
             }
         }
+        device.place_vars(&mut vs)?;
         Ok(Self {
             vs,
             model,
@@ -302,8 +304,8 @@ impl Recipe for ResnetRecipe {
                 &IMAGENET,
             )?
         };
-        let logits = self.model.forward_t(&b.images.to(self.device), train);
-        Ok((logits, b.labels.to(self.device)))
+        let logits = self.model.forward_t(&self.device.put(&b.images)?, train);
+        Ok((logits, self.device.put(&b.labels)?))
     }
     /// `model.safetensors` (torchvision names) and `config.json` with the architecture, input
     /// size and class names, which `ImageClassifier::load` reads.

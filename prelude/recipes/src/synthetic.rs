@@ -8,7 +8,8 @@
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
+use trainbook_engine::device::{Device, OnDeviceOf};
 
 use crate::models::bert::{BertClassifier, BertConfig};
 use trainbook_engine::recipe::{Hyper, Recipe, Split};
@@ -25,7 +26,7 @@ struct Data {
     labels: Tensor,
 }
 
-fn generate(n: usize, seed: u64, device: Device) -> Data {
+fn generate(n: usize, seed: u64, device: Device) -> Result<Data> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut ids = vec![0i64; n * SEQ as usize];
     let mut mask = vec![0i64; n * SEQ as usize];
@@ -52,11 +53,11 @@ fn generate(n: usize, seed: u64, device: Device) -> Data {
         labels.push(label);
     }
     let n = n as i64;
-    Data {
-        ids: Tensor::from_slice(&ids).view([n, SEQ]).to(device),
-        mask: Tensor::from_slice(&mask).view([n, SEQ]).to(device),
-        labels: Tensor::from_slice(&labels).to(device),
-    }
+    Ok(Data {
+        ids: device.put(&Tensor::from_slice(&ids).view([n, SEQ]))?,
+        mask: device.put(&Tensor::from_slice(&mask).view([n, SEQ]))?,
+        labels: device.put(&Tensor::from_slice(&labels))?,
+    })
 }
 
 pub struct Synthetic {
@@ -143,10 +144,11 @@ impl Synthetic {
         bert.num_attention_heads = (p.hidden / 16).max(1);
         bert.intermediate_size = p.hidden * 2;
         tch::manual_seed(hyper.seed as i64);
-        let vs = nn::VarStore::new(device);
+        let mut vs = device.var_store();
         let model = BertClassifier::new(&vs.root(), &bert, 2);
-        let train = generate(p.train_len, DATA_SEED, device);
-        let eval = generate(p.eval_len, DATA_SEED + 1, device);
+        device.place_vars(&mut vs)?;
+        let train = generate(p.train_len, DATA_SEED, device)?;
+        let eval = generate(p.eval_len, DATA_SEED + 1, device)?;
         Ok(Self {
             vs,
             model,
@@ -176,7 +178,7 @@ impl Recipe for Synthetic {
             &self.eval
         };
         let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
-        let idx = Tensor::from_slice(&idx).to(d.ids.device());
+        let idx = Tensor::from_slice(&idx).to_device_of(&d.ids);
         let ids = d.ids.index_select(0, &idx);
         let mask = d.mask.index_select(0, &idx);
         let logits = self.model.forward(&ids, Some(&mask), None, train);

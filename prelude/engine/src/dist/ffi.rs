@@ -41,6 +41,13 @@ extern "C" {
         errlen: usize,
     ) -> *mut TbPg;
     pub fn tb_pg_free(p: *mut TbPg);
+    pub fn tb_pg_set_backend(
+        p: *mut TbPg,
+        device_type: c_int,
+        backend: *mut c_void,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
     pub fn tb_pg_rank(p: *const TbPg) -> c_int;
     pub fn tb_pg_size(p: *const TbPg) -> c_int;
     pub fn tb_pg_allreduce_start(

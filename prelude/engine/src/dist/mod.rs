@@ -1,7 +1,8 @@
 //! Collective communication through PyTorch's own c10d engine.
 //!
 //! A [`ProcessGroup`] is the generic `c10d::ProcessGroup` with gloo serving CPU tensors, NCCL
-//! serving CUDA tensors (builds with the `cuda` feature) and an HCCL slot for Intel Gaudi.
+//! serving CUDA tensors (builds with the `cuda` feature) and, for Intel Gaudi, the hccl backend
+//! that Gaudi's bridge creates ([`ProcessGroup::attach_backend`]).
 //! Rendezvous follows torch.distributed's `env://` contract (`MASTER_ADDR`, `MASTER_PORT`,
 //! `RANK`, `WORLD_SIZE`), so trainbook workers can also be started by other launchers.
 //! Every call carries a timeout, so a dead peer turns into an error instead of a hang.
@@ -323,6 +324,46 @@ impl ProcessGroup {
         )
         .map_err(|e| explain_timeout(e, self.timeout))?;
         Ok(())
+    }
+}
+
+impl ProcessGroup {
+    /// Serves tensors of `device` with `backend` (a device plugin's c10d backend, e.g. Gaudi's
+    /// hccl for HPU tensors).
+    pub fn attach_backend(
+        &self,
+        device: crate::device::Device,
+        backend: BackendHandle,
+    ) -> Result<()> {
+        call(
+            &format!("attaching the {device} collective backend"),
+            |e, n| unsafe {
+                ffi::tb_pg_set_backend(self.ptr, device.c10_type(), backend.ptr, e, n)
+            },
+            |rc| *rc != 0,
+        )?;
+        Ok(())
+    }
+}
+
+/// An owned `c10::intrusive_ptr<c10d::Backend>` made outside the engine (by a device plugin).
+pub struct BackendHandle {
+    ptr: *mut c_void,
+    free: unsafe extern "C" fn(*mut c_void),
+}
+
+impl BackendHandle {
+    /// # Safety
+    /// `ptr` must be a heap-allocated `c10::intrusive_ptr<c10d::Backend>` that `free` deletes.
+    pub unsafe fn from_raw(ptr: *mut c_void, free: unsafe extern "C" fn(*mut c_void)) -> Self {
+        Self { ptr, free }
+    }
+}
+
+impl Drop for BackendHandle {
+    fn drop(&mut self) {
+        // SAFETY: `from_raw`'s contract; the process group holds its own reference.
+        unsafe { (self.free)(self.ptr) }
     }
 }
 

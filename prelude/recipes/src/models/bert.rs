@@ -173,7 +173,10 @@ impl Embeddings {
 
     fn forward(&self, ids: &Tensor, token_types: Option<&Tensor>, train: bool) -> Tensor {
         let seq = ids.size()[1];
-        let pos = Tensor::arange(seq, (Kind::Int64, ids.device())).unsqueeze(0);
+        // 0..seq on the ids' device, derived from them: tch cannot name every device (an HPU
+        // reads as MPS), and a host-made arange would cost a copy per forward pass.
+        let pos = ids.narrow(0, 0, 1).ones_like().cumsum(1, Kind::Int64) - 1;
+        debug_assert_eq!(pos.size(), [1, seq]);
         let tt = match token_types {
             Some(t) => self.token_type.forward(t),
             None => self.token_type.forward(&ids.zeros_like()),
@@ -277,7 +280,8 @@ impl BertClassifier {
         let mask = attention_mask.map(|m| {
             // (batch, 1, 1, seq): 0 where attended, -inf-ish where padded.
             let keep = m.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
-            Tensor::zeros(keep.size(), (x.kind(), x.device()))
+            keep.zeros_like()
+                .to_kind(x.kind())
                 .masked_fill(&keep.logical_not(), f64::from(f32::MIN))
         });
         for l in &self.layers {

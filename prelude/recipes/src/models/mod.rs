@@ -93,7 +93,8 @@ pub fn load_into(
                     rules.mismatch_hint
                 );
             }
-            dst.copy_(&src.to_kind(dst.kind()).to_device(dst.device()));
+            // copy_ crosses devices itself (tch cannot name an HPU destination).
+            dst.copy_(&src.to_kind(dst.kind()));
         }
         Ok(())
     })?;

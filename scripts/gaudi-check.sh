@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# On a machine with Intel Gaudi cards (in the Gaudi container, after `make build`): checks
+# trainbook's HPU path end to end and prints a Markdown report to paste into an issue.
+#   scripts/gaudi-check.sh [--workers N] [--steps S]
+# 1. the bridge as a worker loads it (versions, module, device count);
+# 2. every collective on HPU tensors through hccl (`trainbook check --device hpu`);
+# 3. HPU vs CPU: 20 SGD steps of the synthetic BERT on N workers each, parameters compared (1e-5;
+#    Gaudi's own kernels may round differently from the CPU's: the difference is reported);
+# 4. throughput of the reference BERT job (bert-base-cased when present, else the offline
+#    default) for S steps in fp32 and bf16, the first steps excluded as the reference does.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+workers=2 steps=60
+while [ $# -gt 0 ]; do
+  case $1 in
+    --workers) workers=${2:?}; shift 2 ;;
+    --steps) steps=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gaudi-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+tb=$root/target/release/trainbook
+worker=$root/target/release/trainbook-worker
+[ -x "$tb" ] && [ -x "$worker" ] || { echo "error: run \`make build\` first" >&2; exit 1; }
+runs=$(mktemp -d /tmp/gaudi-check.XXXXXX)
+export TRAINBOOK_RUNS=$runs
+failed=0
+section() { printf '\n### %s\n\n' "$1"; }
+fenced() { echo '```'; cat; echo '```'; }
+summary_field() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d.get(sys.argv[1]))' "$1"; }
+
+echo "## trainbook Gaudi check"
+echo
+echo "- trainbook: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d)"
+echo "- host: $(uname -srm), $(nproc) cores"
+command -v hl-smi >/dev/null && echo "- hl-smi: $(hl-smi -v 2>/dev/null | head -n1)"
+echo "- libtorch: $(cat "$root/.libtorch/build-version" 2>/dev/null), hpu build: $([ -s "$root/.libtorch/hpu-python" ] && echo yes || echo no)"
+
+section "1. Bridge"
+"$worker" --probe-hpu 2>&1 | tail -n 1 | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("error: "+d["error"] if d["error"] else "\n".join(d["facts"]))' | fenced
+"$worker" --probe-hpu 2>/dev/null | grep -q '"error":null' || failed=1
+
+section "2. Collectives on HPU tensors (hccl)"
+"$tb" check --workers "$workers" --device hpu 2>&1 | tail -n 3 | fenced || failed=1
+
+section "3. HPU vs CPU, 20 SGD steps"
+args=(train synthetic --preset tiny --optimizer sgd --dropout 0 --max-steps 20 --workers "$workers" --json)
+hpu_ckpt=$("$tb" "${args[@]}" --device hpu 2>/dev/null | summary_field last_checkpoint)
+cpu_ckpt=$("$tb" "${args[@]}" --device cpu 2>/dev/null | summary_field last_checkpoint)
+if [ -d "$hpu_ckpt" ] && [ -d "$cpu_ckpt" ]; then
+  python3 "$root/scripts/compare_checkpoints.py" "$hpu_ckpt" "$cpu_ckpt" 2>&1 | fenced
+  python3 "$root/scripts/compare_checkpoints.py" "$hpu_ckpt" "$cpu_ckpt" >/dev/null || failed=1
+else
+  echo "a run failed (hpu: ${hpu_ckpt:-none}, cpu: ${cpu_ckpt:-none}); logs under $runs" | fenced
+  failed=1
+fi
+
+section "4. Throughput, reference BERT job, $steps steps on $workers HPUs"
+for precision in fp32 bf16; do
+  out=$("$tb" train bert --device hpu --workers "$workers" --max-steps "$steps" --precision "$precision" --eval-rows 0 --json 2>/dev/null | tail -n 1)
+  echo "$precision: $(echo "$out" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(d.get("status"), "samples/s", d.get("samples_per_second"), "steps", d.get("steps"), "loss", d.get("final_train_loss"), d.get("error") or "")')"
+done | fenced
+
+echo
+[ "$failed" = 0 ] && echo "**Result: all checks passed.**" || echo "**Result: some checks failed** (run directories under $runs)."
+exit "$failed"

@@ -1,0 +1,347 @@
+// Test stand-in for the eager-mode plugin of Intel Gaudi's PyTorch bridge
+// (libhabana_pytorch2_plugin.so). Like the real plugin it registers PyTorch's built-in
+// c10::DeviceType::HPU from static initialisers when loaded with RTLD_GLOBAL:
+//   - an allocator for HPU (host memory; DataPtr device hpu:0),
+//   - a DeviceGuardImplInterface for HPU (one device),
+//   - HPU hooks (so torch.accelerator / barrier() see an HPU),
+//   - aten kernels for the HPU key: factories, copies, views, resize/set, fill/zero, item,
+//     plus a boxed CPU fallback for every other operator,
+//   - AutocastHPU kernels (PyTorch's own op lists) so torch.autocast("hpu") works,
+//   - on a CUDA-enabled torch wheel: do-nothing CUDA hooks, so that HPU is the accelerator (see
+//     NoCUDAHooks; needs the plugin loaded before `import torch`).
+// "Device memory" is ordinary host memory, so HPU tensors can be viewed as CPU tensors without
+// copying (host_view below); that is how copies, fill_ and the CPU fallback reach the data.
+//
+// Device acquisition (the first allocation) fails like the real bridge when
+// TRAINBOOK_STANDIN_HPU_BUSY=1 ("no free module"), or when PT_HPU_LAZY_MODE asks for the lazy
+// plugin, which this stand-in does not have.
+// Used only by tests: see tests/hpu/README.md.
+
+#include "host_view.h"
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/detail/HPUHooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace trainbook_standin {
+
+constexpr c10::DeviceType kHPU = c10::DeviceType::HPU;
+const c10::Device kDevice(kHPU, 0);
+
+std::atomic<bool> g_acquired{false};
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// The real bridge acquires a Gaudi module on first use. Here: succeed unless told otherwise.
+void acquire_device() {
+  if (g_acquired.load(std::memory_order_acquire)) {
+    return;
+  }
+  const char* lazy = std::getenv("PT_HPU_LAZY_MODE");
+  TORCH_CHECK(
+      lazy == nullptr || std::strcmp(lazy, "0") == 0,
+      "Wrong PT plugin library loaded: the eager plugin (libhabana_pytorch2_plugin.so) is loaded "
+      "but PT_HPU_LAZY_MODE=", lazy, " (trainbook HPU stand-in: eager mode only)");
+  // Real message, raised by synDeviceAcquire* when every module is held by another process.
+  TORCH_CHECK(
+      !env_is("TRAINBOOK_STANDIN_HPU_BUSY", "1"),
+      "synStatus=20 [Device already acquired] Device acquire failed.");
+  g_acquired.store(true, std::memory_order_release);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allocator: host memory that reports device hpu:0.
+
+void hpu_free(void* ptr) {
+  c10::free_cpu(ptr);
+}
+
+struct HostBackedHPUAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    acquire_device();
+    void* data = nbytes == 0 ? nullptr : c10::alloc_cpu(nbytes);
+    return {data, data, &hpu_free, kDevice};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &hpu_free;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+HostBackedHPUAllocator g_allocator;
+REGISTER_ALLOCATOR(c10::DeviceType::HPU, &g_allocator);
+
+// ---------------------------------------------------------------------------------------------
+// Device guard: a single device, synchronous "streams", no-op events.
+
+struct HPUGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  HPUGuardImpl() = default;
+  explicit HPUGuardImpl(c10::DeviceType t) {
+    TORCH_INTERNAL_ASSERT(t == kHPU);
+  }
+  c10::DeviceType type() const override {
+    return kHPU;
+  }
+  static void check(c10::Device d) {
+    TORCH_CHECK(d.type() == kHPU, "expected an hpu device, got ", d);
+    TORCH_CHECK(d.index() <= 0, "Invalid device id ", static_cast<int>(d.index()),
+                ": the HPU stand-in has one device (hpu:0)");
+  }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check(d);
+    return kDevice;
+  }
+  c10::Device getDevice() const override {
+    return kDevice;
+  }
+  void setDevice(c10::Device d) const override {
+    check(d);
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const override {
+    return c10::Stream(c10::Stream::DEFAULT, kDevice);
+  }
+  c10::Stream getDefaultStream(c10::Device) const override {
+    return c10::Stream(c10::Stream::DEFAULT, kDevice);
+  }
+  c10::Stream exchangeStream(c10::Stream) const override {
+    return c10::Stream(c10::Stream::DEFAULT, kDevice);
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return 1;
+  }
+  // Work is synchronous on the host: events are always complete.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override {
+    return true;
+  }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+C10_REGISTER_GUARD_IMPL(HPU, HPUGuardImpl);
+
+// ---------------------------------------------------------------------------------------------
+// HPU hooks: what at::getAccelerator() and torch.accelerator consult.
+
+struct HPUHooks final : at::HPUHooksInterface {
+  explicit HPUHooks(at::HPUHooksArgs) {}
+  void init() const override {}
+  bool hasHPU() const override {
+    return true;
+  }
+  // at::getAccelerator() refuses two built-in accelerators (see NoCUDAHooks below).
+  bool isBuilt() const override {
+    return !at::detail::getCUDAHooks().isBuilt();
+  }
+  bool isAvailable() const override {
+    return true;
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return 1;
+  }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    HPUGuardImpl::check(c10::Device(kHPU, d));
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return 0;
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override {
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override {
+    return 0;
+  }
+  c10::Device getDeviceFromPtr(void*) const override {
+    return kDevice;
+  }
+  bool isPinnedPtr(const void*) const override {
+    return false;
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return c10::GetCPUAllocator();
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return g_acquired.load();
+  }
+  // at::manual_seed (tch::manual_seed) seeds every accelerator's default generator, as the real
+  // bridge's hooks provide one. Random ops run through the CPU fallback with the CPU generator,
+  // so this one only has to exist and take seeds.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    static at::Generator gen = at::make_generator<at::CPUGeneratorImpl>();
+    return gen;
+  }
+};
+
+// Gaudi images run a CPU-only torch, where HPU is *the* accelerator: at::getAccelerator() says
+// hpu, and the autograd engine takes HPU streams from it. On a CUDA-enabled wheel without a GPU
+// (trainbook's CI) the CUDA hooks say "built" and win, and autograd on HPU tensors then asks the
+// CUDA runtime for streams and fails. So the stand-in replaces the "CUDAHooks" registry entry with
+// PyTorch's do-nothing base hooks (higher priority than libtorch_cuda's). This only takes effect
+// if nothing asked for the CUDA hooks before the plugin was loaded; otherwise HPUHooks::isBuilt()
+// steps aside and HPU autograd on such a wheel fails as described. Never load the stand-in where
+// CUDA is wanted.
+struct NoCUDAHooks final : at::CUDAHooksInterface {
+  explicit NoCUDAHooks(at::CUDAHooksArgs) {}
+};
+
+}  // namespace trainbook_standin
+
+namespace at {
+using trainbook_standin::HPUHooks;
+using trainbook_standin::NoCUDAHooks;
+REGISTER_HPU_HOOKS(HPUHooks);
+C10_REGISTER_TYPED_CLASS_WITH_PRIORITY(CUDAHooksRegistry, "CUDAHooks", c10::REGISTRY_PREFERRED, NoCUDAHooks)
+}  // namespace at
+
+namespace trainbook_standin {
+
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+
+constexpr c10::DispatchKeySet kHPUKeys(c10::DispatchKey::HPU);
+
+at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<at::MemoryFormat> memory_format) {
+  if (device.has_value()) {
+    HPUGuardImpl::check(*device);
+  }
+  return at::detail::empty_generic(size, &g_allocator, kHPUKeys, c10::dtype_or_default(dtype),
+                                   memory_format);
+}
+
+at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  if (device.has_value()) {
+    HPUGuardImpl::check(*device);
+  }
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, kHPUKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+// cpu<->hpu and hpu<->hpu copies: plain host copies through CPU views (handles strides, dtype
+// conversion and broadcasting like CPU copy_).
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.device().type() == kHPU || self.is_cpu(), "hpu stand-in: cannot copy from ",
+              self.device());
+  TORCH_CHECK(dst.device().type() == kHPU || dst.is_cpu(), "hpu stand-in: cannot copy to ",
+              dst.device());
+  if (dst.numel() == 0) {
+    return dst;
+  }
+  at::Tensor d = host_view(dst);
+  d.copy_(host_view(self));
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) {
+    dst.resize_(self.sizes());
+  }
+  return copy_from(self, dst, false);
+}
+
+at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
+  if (self.numel() > 0) {
+    host_view(self).fill_(value);
+  }
+  return self;
+}
+
+at::Tensor& zero(at::Tensor& self) {
+  return fill_scalar(self, 0);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, &g_allocator, /*resizable=*/true);
+  return self.set_(storage, 0, {0}, {});
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  at::native::cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(aten, HPU, m) {
+  m.impl("empty.memory_format", &empty_memory_format);
+  m.impl("empty_strided", &empty_strided);
+  m.impl("_copy_from", &copy_from);
+  m.impl("_copy_from_and_resize", &copy_from_and_resize);
+  m.impl("as_strided", &at::native::as_strided_tensorimpl);
+  m.impl("view", &at::native::view);
+  m.impl("_reshape_alias", &at::native::_reshape_alias);
+  m.impl("unfold", &at::native::unfold);
+  m.impl("view_as_real", &at::native::view_as_real);
+  m.impl("view_as_complex", &at::native::view_as_complex);
+  // Storage growth goes through the storage's own allocator (ours), so CPU's resize works.
+  m.impl("resize_", &at::native::resize_);
+  m.impl("set_.source_Storage", static_cast<at::Tensor& (*)(at::Tensor&, c10::Storage)>(&at::native::set_));
+  m.impl("set_.source_Storage_storage_offset", &at::native::set_storage_cpu_);
+  m.impl("set_.source_Tensor", &at::native::set_tensor_);
+  m.impl("set_", &set_empty);
+  m.impl("_local_scalar_dense", &at::native::_local_scalar_dense_cpu);
+  m.impl("fill_.Scalar", &fill_scalar);
+  m.impl("zero_", &zero);
+}
+
+// Everything else runs on the CPU: arguments are copied to CPU, the CPU kernel runs, results and
+// mutated arguments are copied back (PyTorch's generic at::native::cpu_fallback).
+TORCH_LIBRARY_IMPL(_, HPU, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autocast: PyTorch knows the AutocastHPU key and torch.autocast("hpu") but registers no kernels
+// for it (the real bridge brings its own lists). Use PyTorch's shared CUDA/CPU op lists.
+
+#define HPU_LOWER_PRECISION(...) KERNEL(c10::DeviceType::HPU, __VA_ARGS__, lower_precision_fp)
+#define HPU_FP32(...) KERNEL(c10::DeviceType::HPU, __VA_ARGS__, fp32)
+
+TORCH_LIBRARY_IMPL(_, AutocastHPU, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, AutocastHPU, m) {
+  AT_FORALL_LOWER_PRECISION_FP(HPU_LOWER_PRECISION)
+  AT_FORALL_FP32(HPU_FP32)
+}
+
+}  // namespace trainbook_standin

@@ -1,0 +1,263 @@
+"""The HPU stand-in (tests/hpu, a fake Intel Gaudi PyTorch bridge) behaves like the real
+bridge's interfaces. Run: .venv/bin/python -m pytest tests/hpu
+
+Every check runs in a fresh Python process: the plugin registers the HPU device for the life of
+a process, the environment (PYTHONPATH, the CUDA stub libraries) must be set before it starts,
+and habana_frameworks.torch must be imported before torch (see its __init__.py).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_py(env, code, extra=None, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**env, **(extra or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=HERE,
+    )
+
+
+def last_json(proc):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tensors_report_hpu_and_round_trip(env):
+    r = last_json(run_py(env, """
+        import habana_frameworks.torch.core
+        import json, torch
+        a = torch.ones(3, device="hpu")
+        src = torch.randn(4, 6)
+        b = src.to("hpu")
+        nc = b.t()                        # a view, not contiguous
+        out = {
+            "ones": [a.device.type, a.device.index, a.cpu().tolist()],
+            "to": [b.device.type, torch.equal(b.cpu(), src)],
+            "view": [nc.device.type, nc.is_contiguous(), torch.equal(nc.contiguous().cpu(), src.t())],
+            "item": torch.tensor([2.5], device="hpu").item(),
+            "math": torch.allclose((b * 2 + 1).sum(1).cpu(), (src * 2 + 1).sum(1)),
+            "hpu_module": [torch.hpu.is_available(), torch.hpu.device_count()],
+            "accelerator": torch._C._get_accelerator().type,
+        }
+        p = torch.nn.Parameter(torch.ones(2))
+        p.data = torch.zeros(2, device="hpu")   # Tensor.set_data, as Module.to() does
+        out["set_data"] = [p.device.type, p.cpu().tolist()]
+        print(json.dumps(out))
+    """))
+    assert r["ones"] == ["hpu", 0, [1.0, 1.0, 1.0]]
+    assert r["to"] == ["hpu", True]
+    assert r["view"] == ["hpu", False, True]
+    assert r["item"] == 2.5
+    assert r["math"] is True
+    assert r["hpu_module"] == [True, 8]
+    assert r["accelerator"] == "hpu"
+    assert r["set_data"] == ["hpu", [0.0, 0.0]]
+
+
+def test_mlp_training_step_matches_cpu(env):
+    """Forward, backward and AdamW steps (written with the _foreach ops torch's AdamW uses) of a
+    small MLP with embedding and cross-entropy: HPU equals CPU to 1e-6. torch.optim.AdamW itself
+    is also compared when torch.optim can be imported (it needs sympy, which trainbook's .venv
+    does not have)."""
+    r = last_json(run_py(env, """
+        import habana_frameworks.torch.core
+        import copy, json, torch
+
+        def adamw_step(params, state, lr=1e-2, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):
+            grads = [p.grad for p in params]
+            if not state:
+                state.update(m=[torch.zeros_like(p) for p in params],
+                             v=[torch.zeros_like(p) for p in params], t=0)
+            state["t"] += 1
+            t = state["t"]
+            with torch.no_grad():
+                torch._foreach_mul_(params, 1 - lr * wd)
+                torch._foreach_lerp_(state["m"], grads, 1 - b1)
+                torch._foreach_mul_(state["v"], b2)
+                torch._foreach_addcmul_(state["v"], grads, grads, 1 - b2)
+                denom = torch._foreach_sqrt(state["v"])
+                torch._foreach_div_(denom, (1 - b2 ** t) ** 0.5)
+                torch._foreach_add_(denom, eps)
+                torch._foreach_addcdiv_(params, state["m"], denom, -lr / (1 - b1 ** t))
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(20, 8)
+                self.mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                               torch.nn.LayerNorm(16), torch.nn.Linear(16, 5))
+            def forward(self, ids):
+                return self.mlp(self.emb(ids).mean(1))
+
+        torch.manual_seed(0)
+        ref = Net()
+        ids = torch.randint(0, 20, (6, 4))
+        y = torch.randint(0, 5, (6,))
+
+        def train(model, dev, steps=3, optim=None):
+            model = copy.deepcopy(model).to(dev)
+            state, losses = {}, []
+            opt = optim(model.parameters()) if optim else None
+            for _ in range(steps):
+                loss = torch.nn.functional.cross_entropy(model(ids.to(dev)), y.to(dev))
+                model.zero_grad()
+                loss.backward()
+                opt.step() if opt else adamw_step(list(model.parameters()), state)
+                losses.append(loss.item())
+            devs = sorted({p.device.type for p in model.parameters()} | {p.grad.device.type for p in model.parameters()})
+            return [p.detach().cpu() for p in model.parameters()], losses, devs
+
+        def diff(a, b):
+            return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+        pc, lc, _ = train(ref, "cpu")
+        ph, lh, devs = train(ref, "hpu")
+        out = {"param_diff": diff(pc, ph), "loss_diff": max(abs(a - b) for a, b in zip(lc, lh)), "devices": devs}
+        try:
+            import sympy  # noqa: F401  (torch.optim imports torch._dynamo, which needs it)
+            mk = lambda ps: torch.optim.AdamW(ps, lr=1e-2)
+            out["torch_adamw_diff"] = diff(train(ref, "cpu", optim=mk)[0], train(ref, "hpu", optim=mk)[0])
+        except ImportError:
+            out["torch_adamw_diff"] = None
+        print(json.dumps(out))
+    """))
+    assert r["devices"] == ["hpu"]
+    assert r["param_diff"] <= 1e-6
+    assert r["loss_diff"] <= 1e-6
+    if r["torch_adamw_diff"] is not None:
+        assert r["torch_adamw_diff"] <= 1e-6
+
+
+def test_autocast_bf16(env):
+    r = last_json(run_py(env, """
+        import habana_frameworks.torch.core
+        import json, torch
+        lin = torch.nn.Linear(4, 3).to("hpu")
+        x = torch.randn(2, 4, device="hpu")
+        with torch.autocast("hpu", dtype=torch.bfloat16):
+            y = lin(x)
+            n = torch.nn.functional.layer_norm(y, (3,))
+        print(json.dumps([str(y.dtype), y.device.type, str(n.dtype), str(lin(x).dtype)]))
+    """))
+    assert r == ["torch.bfloat16", "hpu", "torch.float32", "torch.float32"]
+
+
+def test_lazy_mode_import_fails(env):
+    p = run_py(env, "import habana_frameworks.torch.core", {"PT_HPU_LAZY_MODE": "1"})
+    assert p.returncode != 0
+    assert "not supported in Lazy mode" in p.stderr
+
+
+def test_busy_device_fails_like_the_bridge(env):
+    r = last_json(run_py(env, """
+        import habana_frameworks.torch.core
+        import json, torch
+        errors = []
+        for make in (lambda: torch.ones(2, device="hpu"), lambda: torch.ones(2).to("hpu")):
+            try:
+                make()
+                errors.append(None)
+            except RuntimeError as e:
+                errors.append(str(e).splitlines()[0])
+        print(json.dumps({"available": torch.hpu.is_available(), "errors": errors}))
+    """, {"TRAINBOOK_STANDIN_HPU_BUSY": "1"}))
+    assert r["available"] is True
+    assert r["errors"] == ["synStatus=20 [Device already acquired] Device acquire failed."] * 2
+
+
+def run_ranks(env, check, world=2, timeout_s=30, limit=120, grace=15):
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CHECK": check, "TIMEOUT_S": str(timeout_s)}
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "dist_check.py")], env=e, cwd=HERE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        # Rank 0 reports; the others get a short grace period after it (a stopped or dead peer
+        # never exits by itself).
+        deadline = time.monotonic() + limit
+        for i, p in enumerate(procs):
+            wait = max(deadline - time.monotonic(), 1) if i == 0 else grace
+            try:
+                out, err = p.communicate(timeout=wait)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            results.append((p.returncode, out, err))
+            if i == 0:
+                deadline = time.monotonic()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def test_hccl_collectives_two_ranks(env):
+    results = run_ranks(env, "collectives")
+    for rank, (rc, out, err) in enumerate(results):
+        assert rc == 0, out + err
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["backend"] == "hccl"
+        assert r["hls_module_id"] == str(rank)
+        assert r["device"] == "hpu:0"
+        assert r["allreduce"] == [3.0] * 5
+        assert r["allreduce_strided"] == [[0.0, 4.0], [2.0, 6.0]]
+        assert r["allreduce_async_max"] == [3.0] * 5
+        assert r["broadcast"] == [1.0] * 3
+        assert r["allgather"] == [[0.0, 0.0], [1.0, 1.0]]
+        assert r["allgather_base"] == [0.0, 0.0, 1.0, 1.0]
+        assert r["reduce_scatter"] == [2.0 * rank] * 2
+        assert r["reduce_scatter_base"] == [[0.0, 2.0], [4.0, 6.0]][rank]
+        assert r["allreduce_coalesced"] == [[2.0, 2.0], [4.0, 4.0, 4.0]]
+        assert r["barrier"] is True
+
+
+def test_backend_from_registry_on_bare_process_group(env):
+    for rc, out, err in run_ranks(env, "registry"):
+        assert rc == 0, out + err
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["extended_api"] is True
+        assert r["backend_type"] == "ProcessGroupHCCL"
+        assert r["backend_name"] == "hccl"
+        assert r["allreduce"] == [3.0] * 3
+        assert r["device"] == "hpu:0"
+
+
+@pytest.mark.parametrize("check", ["kill", "hang"])
+def test_dead_or_stuck_peer_fails_within_timeout(env, check):
+    start = time.monotonic()
+    results = run_ranks(env, check, timeout_s=3, limit=60, grace=15 if check == "kill" else 0.5)
+    if check == "hang":
+        assert results[1][0] == -9  # still stopped until run_ranks killed it
+    rc, out, err = results[0]
+    assert rc == 0, out + err
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["error"] and r["error"].startswith("RuntimeError"), r
+    assert r["seconds"] < 10, r
+    if check == "hang":
+        assert "Timed out" in r["error"], r
+        assert r["seconds"] >= 2.5, r
+    assert time.monotonic() - start < 60
