@@ -73,6 +73,34 @@ def test_tensors_report_hpu_and_round_trip(env):
     assert r["set_data"] == ["hpu", [0.0, 0.0]]
 
 
+def test_mixing_hpu_and_cpu_tensors_is_refused_and_convolutions_match_cpu(env):
+    """Like a real device: an op on an HPU tensor and a CPU tensor fails (0-dim CPU scalars are
+    allowed), and conv2d forward/backward on HPU equals the CPU result."""
+    r = last_json(run_py(env, """
+        import habana_frameworks.torch.core
+        import json, torch
+        out = {}
+        try:
+            torch.ones(3, device="hpu") + torch.ones(3)
+            out["mixed"] = "accepted"
+        except RuntimeError as e:
+            out["mixed"] = str(e).splitlines()[0]
+        out["scalar"] = (torch.ones(3, device="hpu") * torch.tensor(2.0)).cpu().tolist()
+        torch.manual_seed(0)
+        x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+        grads = []
+        for dev in ("cpu", "hpu"):
+            xs = [t.detach().to(dev).requires_grad_() for t in (x, w, b)]
+            torch.nn.functional.conv2d(*xs, padding=1).square().sum().backward()
+            grads.append([t.grad.cpu() for t in xs])
+        out["conv"] = max((a - c).abs().max().item() for a, c in zip(*grads))
+        print(json.dumps(out))
+    """))
+    assert "same device" in r["mixed"] and "hpu:0 and cpu" in r["mixed"], r
+    assert r["scalar"] == [2.0, 2.0, 2.0]
+    assert r["conv"] <= 1e-5, r
+
+
 def test_mlp_training_step_matches_cpu(env):
     """Forward, backward and AdamW steps (written with the _foreach ops torch's AdamW uses) of a
     small MLP with embedding and cross-entropy: HPU equals CPU to 1e-6. torch.optim.AdamW itself

@@ -62,6 +62,14 @@ def test_bert_trains_on_two_hpus_through_hccl(hpu):
     assert "module_id: 1" in log, log[-2000:]
 
 
+def test_resnet_trains_on_hpu_with_every_tensor_on_the_device(hpu):
+    # The stand-in refuses an operator that mixes HPU and CPU tensors, as a Gaudi does, so this
+    # also pins that convolutions, batch-norm buffers and the batches all live on the HPU.
+    s = summary(trainbook(hpu, "train", "resnet", "--device", "hpu", "--workers", "2",
+                          "--preset", "tiny", "--max-steps", "4", "--json"))
+    assert s["device"] == "hpu" and s["status"] == "succeeded" and s["steps"] == 4, s
+
+
 def test_hpu_equals_cpu_after_20_sgd_steps_and_its_checkpoint_resumes_on_cpu(hpu):
     on_hpu = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", *SGD_20))
     on_cpu = summary(trainbook(hpu, "train", "synthetic", "--device", "cpu", *SGD_20))

@@ -5,6 +5,7 @@
 //   - a DeviceGuardImplInterface for HPU (one device),
 //   - HPU hooks (so torch.accelerator / barrier() see an HPU),
 //   - aten kernels for the HPU key: factories, copies, views, resize/set, fill/zero, item,
+//     convolution (forward and backward),
 //     plus a boxed CPU fallback for every other operator,
 //   - AutocastHPU kernels (PyTorch's own op lists) so torch.autocast("hpu") works,
 //   - on a CUDA-enabled torch wheel: do-nothing CUDA hooks, so that HPU is the accelerator (see
@@ -296,7 +297,58 @@ at::Tensor& set_empty(at::Tensor& self) {
   return self.set_(storage, 0, {0}, {});
 }
 
+// A real device refuses an operator that mixes its tensors with CPU tensors (other than 0-dim
+// CPU scalars); the fallback would accept them, so the stand-in refuses them too, or code that
+// forgot to move a tensor would pass here and fail on a Gaudi.
+void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto n = op.schema().arguments().size();
+  bool hpu = false, cpu = false;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() == kHPU) hpu = true;
+    else if (t.device().is_cpu() && t.dim() > 0) cpu = true;
+  };
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const auto& v = stack[i];
+    if (v.isTensor()) see(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) see(t);
+  }
+  TORCH_CHECK(!(hpu && cpu), "Expected all tensors to be on the same device, but found at least "
+              "two devices, hpu:0 and cpu! (when checking arguments for ", op.schema().name(), ")");
+}
+
+// Convolutions: ATen sends a device it has no convolution for to `convolution_overrideable`, whose
+// default kernel throws, so a backend registers its own (the real bridge does). The stand-in runs
+// the CPU convolution on host views of the arguments and copies the results to the device.
+at::Tensor to_hpu(const at::Tensor& t) { return t.defined() ? t.to(kDevice) : t; }
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                       at::IntArrayRef output_padding, int64_t groups) {
+  std::optional<at::Tensor> host_bias;
+  if (bias.has_value()) host_bias = host_view(*bias);
+  return to_hpu(at::convolution(host_view(input), host_view(weight), host_bias, stride, padding,
+                                dilation, transposed, output_padding, groups));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+    at::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  // The bias has one entry per output channel.
+  const int64_t channels = transposed ? weight.size(1) * groups : weight.size(0);
+  const std::vector<c10::SymInt> bias_sizes{c10::SymInt(channels)};
+  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward_symint(
+      host_view(grad_output), host_view(input), host_view(weight), c10::SymIntArrayRef(bias_sizes),
+      c10::fromIntArrayRefSlow(stride), c10::fromIntArrayRefSlow(padding),
+      c10::fromIntArrayRefSlow(dilation), transposed, c10::fromIntArrayRefSlow(output_padding),
+      groups, output_mask);
+  return {to_hpu(grad_input), to_hpu(grad_weight), to_hpu(grad_bias)};
+}
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_one_device(op, *stack);
   at::native::cpu_fallback(op, stack);
 }
 
@@ -320,6 +372,8 @@ TORCH_LIBRARY_IMPL(aten, HPU, m) {
   m.impl("_local_scalar_dense", &at::native::_local_scalar_dense_cpu);
   m.impl("fill_.Scalar", &fill_scalar);
   m.impl("zero_", &zero);
+  m.impl("convolution_overrideable", &convolution);
+  m.impl("convolution_backward_overrideable", &convolution_backward);
 }
 
 // Everything else runs on the CPU: arguments are copied to CPU, the CPU kernel runs, results and
