@@ -8,7 +8,8 @@
 # `--bins` build).
 #
 # Cells link the Rust standard library dynamically (one copy for all cells), so the prelude
-# must too: `-C prefer-dynamic`, which only `cargo rustc` can pass to one crate. The prelude is
+# must too: `-C prefer-dynamic`, which only `cargo rustc` can pass to one crate. The second
+# version script exports tch's C wrapper, which cells that use tch call (see export-torch.map). The prelude is
 # kept out of the workspace's default members so a plain `cargo build` never overwrites it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +28,8 @@ if [ -n "$drift" ]; then
     exit 1
 fi
 messages=$(${CARGO:-cargo} rustc --release -p trainbook-prelude --lib "${features[@]}" \
-    --message-format=json-render-diagnostics -- -C prefer-dynamic)
+    --message-format=json-render-diagnostics -- -C prefer-dynamic \
+    -C "link-arg=-Wl,--version-script=$root/prelude/dylib/export-torch.map")
 api=$(printf '%s\n' "$messages" | grep '"reason":"compiler-artifact"' | grep '"name":"trainbook_api"' \
     | grep -o '"[^"]*/libtrainbook_api-[0-9a-f]*\.rlib"' | tr -d '"' | head -n 1)
 if [ -z "$api" ] || [ ! -f "$api" ]; then
@@ -36,3 +38,29 @@ if [ -z "$api" ] || [ ! -f "$api" ]; then
 fi
 mkdir -p target/release/cells
 cp -f "$api" target/release/cells/libtrainbook_api.rlib
+
+# Cells that name `trainbook_torch` (tch and custom tasks) link the prelude library itself, and
+# with it libtorch's libraries: their directory, as torch-sys's build script found it.
+printf '%s\n' "$messages" | grep '"reason":"build-script-executed"' | grep '"package_id":"[^"]*torch-sys' \
+    | grep -o '"native=[^"]*"' | sed 's/^"native=//; s/"$//' | sort -u > target/release/cells/native-dirs
+if [ ! -s target/release/cells/native-dirs ]; then
+    echo "build-prelude: cargo reported no libtorch library directory (torch-sys's linked paths)" >&2
+    exit 1
+fi
+
+# trainbook-cell-worker: the worker program of tasks defined in notebook cells. It links the
+# prelude library dynamically, as the cells do, so the cell library it loads finds the same
+# (single) copy of trainbook and its statics.
+sysroot_lib="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib"
+worker=target/release/trainbook-cell-worker
+if [ ! -x "$worker" ] || [ "$worker" -ot target/release/libtrainbook_prelude.so ] \
+    || [ "$worker" -ot prelude/dylib/cell_worker.rs ]; then
+    native=()
+    while read -r d; do native+=(-L "native=$d"); done < target/release/cells/native-dirs
+    rustc --edition 2021 -C opt-level=2 -C prefer-dynamic \
+        --extern trainbook_prelude=target/release/libtrainbook_prelude.so \
+        -L dependency=target/release/deps "${native[@]}" \
+        -C "link-arg=-Wl,-rpath,$root/target/release:$sysroot_lib" \
+        -o "$worker.tmp" prelude/dylib/cell_worker.rs
+    mv -f "$worker.tmp" "$worker"
+fi

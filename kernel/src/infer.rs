@@ -85,12 +85,25 @@ fn typed_by_analyzer(ctx: &mut CommandContext, analyzer: &mut Analyzer, code: &s
             continue;
         };
         let nth = lets[..i].iter().filter(|l| l.binds(&name)).count();
-        if let Some(ty) = analyzer.let_type(&source, &name, nth) {
+        // A type with holes (`_`, `Vec<_>`) is the analyzer not seeing into something (e.g. a
+        // crate it was not given); the compiler probe finds those.
+        if let Some(ty) = analyzer
+            .let_type(&source, &name, nth)
+            .filter(|t| is_complete(t))
+        {
             note(&format!("typed `{name}` as `{ty}` by the analyzer"));
             typed = binding.annotate(&typed, &ty);
         }
     }
     typed
+}
+
+/// Whether a type names no placeholder (`_`) and nothing the analyzer could not resolve.
+fn is_complete(ty: &str) -> bool {
+    !ty.contains("{unknown}")
+        && !ty
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|word| word == "_")
 }
 
 /// With `TRAINBOOK_KERNEL_TIMING` set, says how a type was found (on stderr).
@@ -452,6 +465,15 @@ mod tests {
         );
         let names: Vec<Vec<&str>> = lets.iter().map(|l| l.names()).collect();
         assert_eq!(names, [vec!["job"], vec!["n"], vec!["a", "b"]]);
+    }
+
+    #[test]
+    fn types_with_holes_are_left_to_the_compiler() {
+        assert!(is_complete("trainbook_api::spec::JobSpec"));
+        assert!(is_complete("Vec<(String, f64)>"));
+        assert!(!is_complete("_"));
+        assert!(!is_complete("Vec<_>"));
+        assert!(!is_complete("Option<{unknown}>"));
     }
 
     #[test]

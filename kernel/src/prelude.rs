@@ -41,6 +41,9 @@ pub struct Prelude {
     pub deps: PathBuf,
     /// The worker binary jobs start.
     pub worker: Option<PathBuf>,
+    /// Where libtorch's libraries are (`cells/native-dirs`), for cells that link the prelude
+    /// library itself (`trainbook_torch`).
+    pub native: Vec<PathBuf>,
 }
 
 impl Prelude {
@@ -76,26 +79,42 @@ impl Prelude {
             );
         }
         let worker = Some(dir.join("trainbook-worker")).filter(|p| p.is_file());
+        let native = std::fs::read_to_string(dir.join("cells").join("native-dirs"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(PathBuf::from)
+            .collect();
         Ok(Prelude {
             dylib,
             api,
             deps,
             worker,
+            native,
         })
     }
 
     /// The rustc flags for cells, as cargo's `CARGO_ENCODED_RUSTFLAGS` (0x1f-separated, so
     /// paths may contain spaces). evcxr's own flags are replaced, so its one essential flag,
     /// `-Cprefer-dynamic` (one libstd for all cells), is repeated here.
+    ///
+    /// `trainbook_torch` is the prelude library itself (tch, custom tasks): rustc loads an
+    /// `--extern` crate only for a cell that names it, so other cells keep the light graph.
     pub fn encoded_rustflags(&self) -> String {
-        [
+        let mut flags = vec![
             "-Cprefer-dynamic".to_string(),
             "--extern".to_string(),
             format!("trainbook={}", self.api.display()),
+            "--extern".to_string(),
+            format!("trainbook_torch={}", self.dylib.display()),
             "-L".to_string(),
             format!("dependency={}", self.deps.display()),
-        ]
-        .join("\x1f")
+        ];
+        for dir in &self.native {
+            flags.push("-L".to_string());
+            flags.push(format!("native={}", dir.display()));
+        }
+        flags.join("\x1f")
     }
 
     /// Library search path for the process that loads cells: the prelude's directory and

@@ -10,6 +10,9 @@
 
 /// The `trainbook` command line (the `trainbook` binary's entry point).
 pub mod cli;
+/// Your own model and training step ([`custom::Task`]), trained like the built-in recipes.
+pub mod custom;
+pub use custom::worker_hook;
 /// The dashboard model shared by the notebook view and the terminal.
 pub mod dashboard;
 mod display;

@@ -109,7 +109,8 @@ extern "C" {
     fn dlerror() -> *mut c_char;
 }
 
-fn last_dl_error() -> String {
+/// The dynamic loader's last error message.
+pub fn last_dl_error() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated string owned by libc.
     unsafe {
         let e = dlerror();

@@ -159,7 +159,11 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
     let device = device::resolve(spec.device, spec.workers)?;
-    let program = launch::worker_binary()?;
+    let (program, program_env) = if spec.recipe == crate::task::TASK {
+        crate::task::worker_program(&spec)?
+    } else {
+        (launch::worker_binary()?, Vec::new())
+    };
     let run_dir = create_run_dir(&spec)?;
     let config_file = run_dir.join(checkpoint::RUN_CONFIG);
     let config = RunConfig { spec, hyper };
@@ -201,6 +205,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                 ("OMP_NUM_THREADS".into(), threads.to_string()),
                 ("MKL_NUM_THREADS".into(), threads.to_string()),
             ];
+            env.extend(program_env.iter().cloned());
             env.extend(spec.env.iter().cloned());
             WorkerCommand {
                 rank,

@@ -21,7 +21,9 @@ pub mod optim;
 pub mod precision;
 pub mod recipe;
 pub mod sampler;
+pub mod scores;
 pub mod spec;
+pub mod task;
 pub mod train;
 pub mod worker;
 
@@ -29,8 +31,9 @@ pub use device::{DeviceKind, DeviceRequest};
 pub use job::{
     launch, running_jobs, stop_all, Job, JobStatus, JobView, TrainError, TrainResult, Update,
 };
-pub use recipe::{Recipe, RecipeEntry, Registry};
+pub use recipe::{Recipe, RecipeEntry, Registry, Split, Step};
 pub use spec::{Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, TrainConfig};
+pub use task::{Batch, Setup, Task};
 /// The notebook-facing types the engine's own are made of (specs, options, jobs, results).
 pub use trainbook_api as api;
 /// Declares a group of options (see `trainbook_api::options`).

@@ -57,9 +57,13 @@ impl Registry {
     }
 
     /// Ok for a recipe of this registry or one of the engine's own jobs ([`CHECK`],
-    /// [`BENCH_ALLREDUCE`]).
+    /// [`BENCH_ALLREDUCE`], a user's [`TASK`](crate::task::TASK)).
     pub fn check_name(&self, name: &str) -> Result<()> {
-        if name == CHECK || name == BENCH_ALLREDUCE || self.get(name).is_some() {
+        if name == CHECK
+            || name == BENCH_ALLREDUCE
+            || name == crate::task::TASK
+            || self.get(name).is_some()
+        {
             return Ok(());
         }
         let known: Vec<&str> = self.entries.iter().map(|e| e.name).collect();
@@ -87,6 +91,9 @@ impl Registry {
     /// nothing.
     pub fn resolve(&self, spec: &JobSpec) -> Result<Option<Hyper>> {
         self.check_name(&spec.recipe)?;
+        if spec.recipe == crate::task::TASK {
+            return Ok(Some(crate::task::preset(spec)?.with_overrides(&spec.train)));
+        }
         match self.get(&spec.recipe) {
             Some(e) => Ok(Some((e.preset)(spec)?.with_overrides(&spec.train))),
             None => Ok(None),
@@ -114,14 +121,55 @@ pub enum Split {
     Eval,
 }
 
+/// What one forward pass over a batch gives the training loop.
+pub struct Step {
+    /// The batch's mean loss: what is differentiated, and the `loss` metric.
+    pub loss: Tensor,
+    /// Class scores `[batch, classes]` and true labels `[batch]`, for tasks that classify: the
+    /// engine counts accuracy and F1 from them, summed over ranks before any ratio is taken.
+    pub predictions: Option<(Tensor, Tensor)>,
+    /// Named scalars for this batch (e.g. a perplexity): each becomes a metric of the step
+    /// (averaged over micro-batches) and, averaged over the epoch and the ranks, of the epoch.
+    pub metrics: Vec<(String, f64)>,
+}
+
+impl Step {
+    /// A step that reports only its loss.
+    pub fn loss(loss: Tensor) -> Self {
+        Step {
+            loss,
+            predictions: None,
+            metrics: Vec::new(),
+        }
+    }
+
+    /// Classification: cross-entropy of `logits` against `labels`, with accuracy and F1 counted.
+    pub fn classification(logits: Tensor, labels: Tensor) -> Self {
+        Step::loss(logits.cross_entropy_for_logits(&labels)).with_predictions(logits, labels)
+    }
+
+    /// Adds class scores and labels, from which accuracy and F1 are counted.
+    pub fn with_predictions(mut self, logits: Tensor, labels: Tensor) -> Self {
+        self.predictions = Some((logits, labels));
+        self
+    }
+
+    /// Adds a named scalar (shown in the live view and the metrics table).
+    pub fn metric(mut self, name: impl Into<String>, value: f64) -> Self {
+        self.metrics.push((name.into(), value));
+        self
+    }
+}
+
 /// What the training loop needs from a recipe.
 pub trait Recipe {
     fn vars(&self) -> &nn::VarStore;
     fn vars_mut(&mut self) -> &mut nn::VarStore;
     fn train_len(&self) -> usize;
     fn eval_len(&self) -> usize;
-    /// Logits and labels for the given samples of a split.
-    fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)>;
+    /// The loss (and predictions, metrics) for the given samples of a split; `train` is false
+    /// in evaluation, which runs without gradients.
+    fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step>;
     /// Called before each pass over a split with the exact batches `forward` will be asked for,
     /// in order, so the recipe can prepare them in the background (the image pipeline).
     fn plan(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}

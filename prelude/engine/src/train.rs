@@ -16,6 +16,58 @@ use crate::optim::{lr_at, Optimizer, OptimizerConfig};
 use crate::precision::autocast;
 use crate::recipe::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
+use crate::scores::Confusion;
+
+/// Per-name sums of a recipe's own metrics, weighted by batch size.
+#[derive(Default)]
+struct MetricSums(std::collections::BTreeMap<String, (f64, f64)>);
+
+impl MetricSums {
+    fn add(&mut self, metrics: &[(String, f64)], samples: usize) {
+        for (name, v) in metrics {
+            let e = self.0.entry(name.clone()).or_default();
+            e.0 += v * samples as f64;
+            e.1 += samples as f64;
+        }
+    }
+    fn merge(&mut self, other: &MetricSums) {
+        for (name, (s, n)) in &other.0 {
+            let e = self.0.entry(name.clone()).or_default();
+            e.0 += s;
+            e.1 += n;
+        }
+    }
+    fn means(&self) -> Vec<(String, f64)> {
+        self.means_of(&self.to_sums())
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn sums_len(&self) -> usize {
+        2 * self.0.len()
+    }
+    /// (sum, weight) per name, in name order.
+    fn to_sums(&self) -> Vec<f64> {
+        self.0.values().flat_map(|(s, n)| [*s, *n]).collect()
+    }
+    /// The means of `sums` (laid out as [`MetricSums::to_sums`], e.g. summed over ranks).
+    fn means_of(&self, sums: &[f64]) -> Vec<(String, f64)> {
+        self.0
+            .keys()
+            .zip(sums.chunks(2))
+            .map(|(k, c)| (k.clone(), c[0] / c[1].max(1e-300)))
+            .collect()
+    }
+}
+
+/// One rank's evaluation of an epoch.
+#[derive(Default)]
+struct EvalSums {
+    loss: f64,
+    n: f64,
+    confusion: Confusion,
+    metrics: MetricSums,
+}
 
 /// Where a worker stands in its job.
 pub struct WorkerContext {
@@ -213,7 +265,8 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             .copied()
             .collect();
         recipe.plan(Split::Train, epoch, &planned);
-        let (mut loss_sum, mut loss_n, mut correct) = (0.0f64, 0.0f64, 0.0f64);
+        let (mut loss_sum, mut loss_n, mut correct, mut counted) = (0.0f64, 0.0f64, 0.0f64, 0.0);
+        let mut epoch_metrics = MetricSums::default();
         let t0 = Instant::now();
         for group in micro.chunks(accum) {
             if step >= total_steps {
@@ -225,17 +278,27 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             }
             opt.zero_grad();
             let (mut group_loss, mut group_n) = (0.0f64, 0usize);
+            let mut group_metrics = MetricSums::default();
             for batch in group {
-                let (loss, hits) = autocast(h.precision, ctx.device, || {
-                    let (logits, labels) = recipe.forward(Split::Train, batch, true)?;
-                    let hits = logits.argmax(-1, false).eq_tensor(&labels).sum(Kind::Int64);
-                    Ok((logits.cross_entropy_for_logits(&labels), hits))
+                let (loss, hits, metrics) = autocast(h.precision, ctx.device, || {
+                    let out = recipe.step(Split::Train, batch, true)?;
+                    let hits = match &out.predictions {
+                        Some((logits, labels)) => {
+                            Some(logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64))
+                        }
+                        None => None,
+                    };
+                    Ok((out.loss, hits, out.metrics))
                 })?;
-                correct += hits.double_value(&[]);
+                if let Some(hits) = hits {
+                    correct += hits.double_value(&[]);
+                    counted += batch.len() as f64;
+                }
                 // Gradients add up over micro-batches; average them like one big batch.
                 (&loss / group.len() as f64).backward();
                 group_loss += loss.double_value(&[]) * batch.len() as f64;
                 group_n += batch.len();
+                group_metrics.add(&metrics, batch.len());
             }
             // Each rank's share of the global batch (equal shards: 1/world).
             sync.sync(&ctx.pg, 1.0 / world as f64)?;
@@ -254,6 +317,10 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             loss_n += group_n as f64;
             ev.log(format!("train epoch:[{epoch}]\tloss:{l:.6}"));
             ev.metric(step, epoch, "loss", l);
+            for (name, value) in group_metrics.means() {
+                ev.metric(step, epoch, &name, value);
+            }
+            epoch_metrics.merge(&group_metrics);
             if rank == 0 && (h.schedule != crate::optim::Schedule::Constant || warmup > 0) {
                 ev.metric(step, epoch, "lr", lr);
             }
@@ -284,44 +351,65 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         let eval_batches: Vec<&[usize]> =
             sampler::batches(&eval_idx, local_batch.max(32)).collect();
         recipe.plan(Split::Eval, epoch, &eval_batches);
-        let (eval_loss_sum, eval_correct, eval_n) = tch::no_grad(|| -> Result<(f64, f64, f64)> {
-            let (mut ls, mut c, mut n) = (0.0, 0.0, 0.0);
+        let eval = tch::no_grad(|| -> Result<EvalSums> {
+            let mut e = EvalSums::default();
             for batch in eval_batches.iter().copied() {
-                let (logits, labels) = autocast(h.precision, ctx.device, || {
-                    recipe.forward(Split::Eval, batch, false)
+                let out = autocast(h.precision, ctx.device, || {
+                    recipe.step(Split::Eval, batch, false)
                 })?;
-                ls +=
-                    logits.cross_entropy_for_logits(&labels).double_value(&[]) * batch.len() as f64;
-                c += logits
-                    .argmax(-1, false)
-                    .eq_tensor(&labels)
-                    .sum(Kind::Int64)
-                    .double_value(&[]);
-                n += batch.len() as f64;
+                e.loss += out.loss.double_value(&[]) * batch.len() as f64;
+                e.n += batch.len() as f64;
+                if let Some((logits, labels)) = &out.predictions {
+                    e.confusion.add(logits, labels)?;
+                }
+                e.metrics.add(&out.metrics, batch.len());
             }
-            Ok((ls, c, n))
+            Ok(e)
         })?;
-        let sums = ddp::allreduce_sums(
-            &ctx.pg,
-            &[
-                loss_sum,
-                loss_n,
-                eval_loss_sum,
-                eval_correct,
-                eval_n,
-                correct,
-            ],
-        )?;
+        // Each rank's counts in one vector, summed over ranks. Its layout depends on the metric
+        // names and the number of classes, so ranks first check they agree on it.
+        let layout = [
+            epoch_metrics.len() as f64,
+            eval.metrics.len() as f64,
+            eval.confusion.classes() as f64,
+        ];
+        let agreed = ddp::allreduce_sums(&ctx.pg, &layout)?
+            .iter()
+            .zip(layout)
+            .all(|(sum, mine)| *sum == mine * world as f64);
+        if !agreed && rank == 0 {
+            ev.log("warning: the ranks reported different metric names or numbers of classes this epoch; only the loss is aggregated".to_string());
+        }
+        let mut local = vec![loss_sum, loss_n, eval.loss, eval.n, correct, counted];
+        if agreed {
+            local.extend(epoch_metrics.to_sums());
+            local.extend(eval.metrics.to_sums());
+            local.extend(eval.confusion.to_sums());
+        }
+        let sums = ddp::allreduce_sums(&ctx.pg, &local)?;
         let train_loss = sums[0] / sums[1].max(1.0);
         final_train_loss = train_loss;
         final_metrics.insert("epoch_train_loss".to_string(), train_loss);
-        final_metrics.insert(
-            "epoch_train_accuracy".to_string(),
-            sums[5] / sums[1].max(1.0),
-        );
-        if sums[4] > 0.0 {
-            final_metrics.insert("eval_loss".to_string(), sums[2] / sums[4]);
-            final_metrics.insert("eval_accuracy".to_string(), sums[3] / sums[4]);
+        if sums[5] > 0.0 {
+            final_metrics.insert("epoch_train_accuracy".to_string(), sums[4] / sums[5]);
+        }
+        if sums[3] > 0.0 {
+            final_metrics.insert("eval_loss".to_string(), sums[2] / sums[3]);
+        }
+        if agreed {
+            let mut rest = &sums[6..];
+            let (train_user, tail) = rest.split_at(epoch_metrics.sums_len());
+            rest = tail;
+            for (name, v) in epoch_metrics.means_of(train_user) {
+                final_metrics.insert(format!("epoch_train_{name}"), v);
+            }
+            let (eval_user, tail) = rest.split_at(eval.metrics.sums_len());
+            rest = tail;
+            for (name, v) in eval.metrics.means_of(eval_user) {
+                final_metrics.insert(format!("eval_{name}"), v);
+            }
+            let confusion = Confusion::from_sums(eval.confusion.classes(), rest);
+            final_metrics.extend(confusion.scores("eval_"));
         }
         let sps = samples as f64 * world as f64 / train_time.as_secs_f64().max(1e-9);
         final_metrics.insert("samples_per_second".to_string(), sps);
@@ -330,15 +418,26 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 ev.metric(step, epoch, k, *v);
             }
             // The reference notebooks' per-epoch lines.
+            let acc = |k: &str| {
+                final_metrics
+                    .get(k)
+                    .map(|a| format!(" Acc: {a:.4}"))
+                    .unwrap_or_default()
+            };
             ev.log(format!(
-                "Epoch {epoch}-train Loss: {train_loss:.4} Acc: {:.4} ({sps:.1} samples/s)",
-                final_metrics["epoch_train_accuracy"]
+                "Epoch {epoch}-train Loss: {train_loss:.4}{} ({sps:.1} samples/s)",
+                acc("epoch_train_accuracy")
             ));
-            if let (Some(l), Some(a)) = (
-                final_metrics.get("eval_loss"),
-                final_metrics.get("eval_accuracy"),
-            ) {
-                ev.log(format!("Epoch {epoch}-val Loss: {l:.4} Acc: {a:.4}"));
+            if let Some(l) = final_metrics.get("eval_loss") {
+                let f1 = final_metrics
+                    .get("eval_f1")
+                    .or(final_metrics.get("eval_f1_macro"))
+                    .map(|f| format!(" F1: {f:.4}"))
+                    .unwrap_or_default();
+                ev.log(format!(
+                    "Epoch {epoch}-val Loss: {l:.4}{}{f1}",
+                    acc("eval_accuracy")
+                ));
             }
             let dir = ctx
                 .run_dir

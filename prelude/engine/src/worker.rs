@@ -190,15 +190,6 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()
         });
         return Ok(());
     }
-    let log = |line: String| events.log(line);
-    let hyper = hyper.ok_or_else(|| {
-        anyhow!(
-            "{} has no resolved hyper-parameters for recipe {}",
-            env(CONFIG).unwrap_or_default(),
-            spec.recipe
-        )
-    })?;
-    let mut recipe = recipes.build(&spec.recipe, &hyper, tdev, &log)?;
     let ctx = WorkerContext {
         rank,
         world_size: pg.world_size(),
@@ -208,7 +199,40 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()
         events: events.clone(),
         run_dir: env(RUN_DIR)?.into(),
     };
-    let summary = train::run(&ctx, recipe.as_mut(), &hyper)?;
+    let trained = train_recipe(&ctx, hyper, &spec.recipe, recipes);
+    if trained.is_err() {
+        // The process group stays open until this process exits, after `main` has reported
+        // the error: closing it now would fail the peers at once ("connection reset"), and
+        // their errors could reach the driver before the cause.
+        std::mem::forget(ctx);
+    }
+    trained
+}
+
+fn train_recipe(
+    ctx: &WorkerContext,
+    hyper: Option<crate::spec::Hyper>,
+    name: &str,
+    recipes: &Registry,
+) -> Result<()> {
+    let (rank, events) = (ctx.rank, &ctx.events);
+    let log = |line: String| events.log(line);
+    let hyper = hyper.ok_or_else(|| {
+        anyhow!(
+            "{} has no resolved hyper-parameters for recipe {name}",
+            env(CONFIG).unwrap_or_default(),
+        )
+    })?;
+    let mut recipe = if name == crate::task::TASK {
+        let place = crate::task::WorkerRank {
+            rank,
+            world_size: ctx.world_size,
+        };
+        crate::task::build_in_worker(&hyper, ctx.device, &log, &place)?
+    } else {
+        recipes.build(name, &hyper, ctx.device, &log)?
+    };
+    let summary = train::run(ctx, recipe.as_mut(), &hyper)?;
     // Nobody leaves before everyone is done, so no peer sees a closed connection.
     ctx.pg.barrier()?;
     events.send(Event::Done { rank, summary });

@@ -23,7 +23,7 @@ use crate::models::bert::{load_weights, BertClassifier, BertConfig};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
-use trainbook_engine::recipe::{Hyper, Recipe, Split};
+use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
 use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
 pub use trainbook_api::text::{ConfigureText, TextOptions, TextSettings};
@@ -318,7 +318,7 @@ impl Recipe for BertRecipe {
     fn eval_len(&self) -> usize {
         self.eval.0.len()
     }
-    fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)> {
+    fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
         let (enc, labels) = if split == Split::Train {
             &self.train
         } else {
@@ -335,7 +335,7 @@ impl Recipe for BertRecipe {
             Some(&d.put(&b.token_type_ids)?),
             train,
         );
-        Ok((logits.to_kind(Kind::Float), labels))
+        Ok(Step::classification(logits.to_kind(Kind::Float), labels))
     }
     /// A loadable Hugging Face-style directory: weights, config.json with the labels, and the
     /// tokenizer files.

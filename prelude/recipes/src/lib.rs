@@ -44,6 +44,17 @@ pub static REGISTRY: Registry = Registry::new(&[
     },
 ]);
 
+/// A worker process's entry point: the engine's worker loop with these recipes and, in `hpu`
+/// builds, Gaudi's bridge. `trainbook-worker`, `trainbook-cell-worker` and programs that run
+/// as their own workers (`trainbook::worker_hook`) all start here; returns the exit code.
+pub fn worker_main() -> i32 {
+    #[cfg(feature = "hpu")]
+    let hpu: trainbook_engine::worker::Hpu = Some(&trainbook_hpu::BRIDGE);
+    #[cfg(not(feature = "hpu"))]
+    let hpu: trainbook_engine::worker::Hpu = None;
+    trainbook_engine::worker::main(&REGISTRY, hpu)
+}
+
 /// A recipe's resolved settings as they travel in [`Hyper::recipe_options`].
 fn settings_map<T: serde::Serialize>(
     settings: &T,

@@ -18,14 +18,13 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use tch::nn;
-use tch::Tensor;
 use trainbook_engine::device::Device;
 
 use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, Normalize};
-use trainbook_engine::recipe::{Hyper, Recipe, Split};
+use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
 use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
 const IMAGENET: Normalize = Normalize::IMAGENET;
@@ -288,7 +287,7 @@ impl Recipe for ResnetRecipe {
         let mut g = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         g[s] = Some(pipeline); // drops (stops) the previous pass's pipeline
     }
-    fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)> {
+    fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
         let s = slot(split);
         let rows: Vec<usize> = indices.iter().map(|&i| self.rows[s][i]).collect();
         let b = {
@@ -305,7 +304,7 @@ impl Recipe for ResnetRecipe {
             )?
         };
         let logits = self.model.forward_t(&self.device.put(&b.images)?, train);
-        Ok((logits, self.device.put(&b.labels)?))
+        Ok(Step::classification(logits, self.device.put(&b.labels)?))
     }
     /// `model.safetensors` (torchvision names) and `config.json` with the architecture, input
     /// size and class names, which `ImageClassifier::load` reads.

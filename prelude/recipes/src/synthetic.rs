@@ -12,7 +12,7 @@ use tch::{nn, Kind, Tensor};
 use trainbook_engine::device::{Device, OnDeviceOf};
 
 use crate::models::bert::{BertClassifier, BertConfig};
-use trainbook_engine::recipe::{Hyper, Recipe, Split};
+use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
 use trainbook_engine::spec::{JobSpec, OptimizerKind};
 
 const VOCAB: i64 = 128;
@@ -171,7 +171,7 @@ impl Recipe for Synthetic {
     fn eval_len(&self) -> usize {
         self.eval.labels.size()[0] as usize
     }
-    fn forward(&self, split: Split, indices: &[usize], train: bool) -> Result<(Tensor, Tensor)> {
+    fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
         let d = if split == Split::Train {
             &self.train
         } else {
@@ -182,6 +182,9 @@ impl Recipe for Synthetic {
         let ids = d.ids.index_select(0, &idx);
         let mask = d.mask.index_select(0, &idx);
         let logits = self.model.forward(&ids, Some(&mask), None, train);
-        Ok((logits.to_kind(Kind::Float), d.labels.index_select(0, &idx)))
+        Ok(Step::classification(
+            logits.to_kind(Kind::Float),
+            d.labels.index_select(0, &idx),
+        ))
     }
 }
