@@ -16,6 +16,8 @@
 #    BENCH_KERNEL_ROUNDS (3) alternating rounds
 # t: untyped `let` and completion latency, the kernel with its trainbook-aware analyzer vs
 #    without (bench/kernel_types.py), alternating BENCH_KERNEL_ROUNDS (2) rounds
+# k: launch -> first loss of a task defined in a notebook cell vs the built-in recipe it mirrors
+#    (bench/kernel_task.py), BENCH_TASK_ROUNDS (5) alternating rounds
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -23,7 +25,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -132,5 +134,9 @@ fi
 if has t; then
   JUPYTER_PATH="$root/.venv/share/jupyter" \
     .venv/bin/python bench/kernel_types.py --rounds "${BENCH_KERNEL_ROUNDS:-2}"
+fi
+if has k; then
+  JUPYTER_PATH="$root/.venv/share/jupyter" \
+    .venv/bin/python bench/kernel_task.py --rounds "${BENCH_TASK_ROUNDS:-5}"
 fi
 rm -f "$out"

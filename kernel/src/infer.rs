@@ -24,44 +24,268 @@ pub fn execute(
         None => code.to_string(),
     };
     let mut callbacks = EvalCallbacks::default();
+    // The code before the last probes' types went in, and those types: rustc writes a type by
+    // its shortest unambiguous name (`Tensor`, `PathBuf`), which the cell may not have in
+    // scope; its "cannot find type" error then suggests the path, and the types are written
+    // again with it.
+    let mut last_probes: Option<(String, Vec<(UntypedLet, String)>)> = None;
+    code = split_typed_patterns(&code);
     for _ in 0..4 {
+        code = static_borrows(&code);
         let result = ctx.execute_with_callbacks(&code, &mut callbacks);
+        if let (Err(evcxr::Error::CompilationErrors(errors)), Some((before, probes))) =
+            (&result, &last_probes)
+        {
+            if let Some(qualified) = qualified(errors, probes) {
+                note("writing the probe's types with their paths");
+                code = annotate_all(before, &qualified);
+                last_probes = Some((before.clone(), qualified));
+                continue;
+            }
+            if let Some(message) = out_of_scope(errors, probes) {
+                return Err(evcxr::Error::Message(message));
+            }
+        }
         let lets = match &result {
             Err(evcxr::Error::Message(msg)) => untyped_variable(msg)
                 .and_then(|var| untyped_lets(&code).into_iter().find(|l| l.binds(&var)))
                 .into_iter()
                 .collect(),
-            // rust-analyzer sometimes types an expression it cannot see into as `!`.
+            // rust-analyzer sometimes types an expression it cannot see into as `!`; and evcxr's
+            // own typing compile fails with E0521 when an earlier cell kept a variable with a
+            // borrowed type (`Option<&str>` parameters): its analysis function takes the
+            // variables as arguments and demands `'static` of them. The probe needs neither.
             Err(evcxr::Error::CompilationErrors(errors))
-                if errors
-                    .iter()
-                    .any(|e| e.message().contains("`!` type is experimental")) =>
+                if errors.iter().any(|e| {
+                    e.message().contains("`!` type is experimental") || e.code() == Some("E0521")
+                }) =>
             {
                 untyped_lets(&code)
             }
             _ => Vec::new(),
         };
-        let mut changed = false;
+        let mut probes = Vec::new();
         // Later bindings first, so earlier offsets stay valid.
-        for binding in lets.iter().rev() {
+        for binding in lets.into_iter().rev() {
             // In a block, so evcxr does not try to keep (and type) the cell's variables itself.
             let probe = format!("{{\n{code}\nlet _: () = {};\n}}", binding.expression());
             note(&format!("probe compile for `{}`", binding.expression()));
-            let ty = ctx
-                .check(&probe)
-                .ok()
-                .and_then(|errors| errors.iter().find_map(found_type));
+            let ty = ctx.check(&probe).ok().and_then(|errors| {
+                if std::env::var_os("TRAINBOOK_KERNEL_TIMING").is_some() {
+                    for e in &errors {
+                        note(&format!("probe: {:?} {}", e.code(), e.message()));
+                    }
+                }
+                errors.iter().find_map(found_type)
+            });
             if let Some(ty) = ty {
-                let typed = binding.annotate(&code, &ty);
-                changed |= typed != code;
-                code = typed;
+                probes.push((binding, ty));
             }
         }
-        if !changed {
+        let typed = annotate_all(&code, &probes);
+        if typed == code {
             return result;
         }
+        last_probes = Some((std::mem::replace(&mut code, typed), probes));
     }
-    ctx.execute_with_callbacks(&code, &mut callbacks)
+    ctx.execute_with_callbacks(&static_borrows(&code), &mut callbacks)
+}
+
+/// The cell with the borrows in its top-level `let` types made `'static`
+/// (`let preset: Option<&str>` → `Option<&'static str>`). A variable kept for later cells
+/// must be `'static` anyway; written without the lifetime, evcxr keeps the type as written
+/// and its analysis compile of every later cell that fails or needs typing stops at E0521
+/// ("borrowed data escapes outside of function") instead of the cell's own error.
+pub fn static_borrows(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut done = 0;
+    for l in typed_lets(code) {
+        if !l.pattern.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        out.push_str(&code[done..l.ty.start]);
+        let ty = &code[l.ty.clone()];
+        for (j, c) in ty.char_indices() {
+            out.push(c);
+            if c == '&' && !ty[j + 1..].trim_start().starts_with(['\'', '&']) {
+                out.push_str("'static ");
+            }
+        }
+        done = l.ty.end;
+    }
+    out.push_str(&code[done..]);
+    out
+}
+
+/// A top-level `let PATTERN: TYPE` (`mut` dropped from a single name's pattern).
+struct TypedLet<'a> {
+    start: usize,
+    pattern: &'a str,
+    /// Byte range of the type, up to the `=` or `;` that ends it.
+    ty: std::ops::Range<usize>,
+}
+
+fn typed_lets(code: &str) -> Vec<TypedLet<'_>> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = code[from..].find("let ") {
+        let start = from + i;
+        from = start + 4;
+        if (start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+            || !top_level(code, start)
+        {
+            continue;
+        }
+        let rest = &code[start + 4..];
+        let Some(colon) = rest.find(':') else {
+            continue;
+        };
+        let pattern = rest[..colon].trim();
+        let pattern = pattern.strip_prefix("mut ").unwrap_or(pattern).trim();
+        if pattern.is_empty()
+            || !pattern
+                .chars()
+                .all(|c| c.is_alphanumeric() || "_(), []".contains(c) || c.is_whitespace())
+        {
+            continue;
+        }
+        let ty_from = start + 4 + colon + 1;
+        let Some(ty_end) = type_end(code, ty_from) else {
+            continue;
+        };
+        out.push(TypedLet {
+            start,
+            pattern,
+            ty: ty_from..ty_end,
+        });
+        from = ty_end;
+    }
+    out
+}
+
+/// Where a `let`'s type that starts at `from` ends: the first `=` or `;` outside brackets.
+fn type_end(code: &str, from: usize) -> Option<usize> {
+    let mut depth = 0i32;
+    let bytes = code.as_bytes();
+    for (j, c) in code[from..].char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' if j > 0 && bytes[from + j - 1] == b'-' => {}
+            '>' | ')' | ']' => depth -= 1,
+            '=' | ';' if depth == 0 => return Some(from + j),
+            '{' | '}' | '"' => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The cell with its top-level typed tuple and array `let`s split into one typed `let` per
+/// name (`let (a, b): (A, B) = e;` → `let a: A; let b: B; (a, b) = e;`): evcxr reads a kept
+/// variable's type only from a `let` of a single name.
+pub fn split_typed_patterns(code: &str) -> String {
+    let mut found: Vec<(UntypedLet, String)> = typed_lets(code)
+        .into_iter()
+        .filter(|l| l.pattern.starts_with(['(', '[']) && code[l.ty.end..].starts_with('='))
+        .map(|l| {
+            let binding = UntypedLet {
+                pattern: l.pattern.to_string(),
+                start: l.start,
+                end: l.ty.end,
+            };
+            (binding, code[l.ty.clone()].trim().to_string())
+        })
+        .collect();
+    found.reverse();
+    annotate_all(code, &found)
+}
+
+/// `code` with each binding typed (bindings in reverse order of position, as probed).
+fn annotate_all(code: &str, probes: &[(UntypedLet, String)]) -> String {
+    probes.iter().fold(code.to_string(), |c, (binding, ty)| {
+        binding.annotate(&c, ty)
+    })
+}
+
+/// The probes' types with every type name rustc could not find replaced by the path its
+/// help suggests (`use trainbook_torch::custom::Tensor;`); None if nothing changed.
+fn qualified(
+    errors: &[evcxr::CompilationError],
+    probes: &[(UntypedLet, String)],
+) -> Option<Vec<(UntypedLet, String)>> {
+    let mut out: Vec<(UntypedLet, String)> = probes.to_vec();
+    let mut changed = false;
+    for e in errors {
+        let msg = e.message();
+        let Some(name) = msg
+            .strip_prefix("cannot find type `")
+            .and_then(|m| m.split('`').next())
+        else {
+            continue;
+        };
+        let help = e.help().join("\n") + "\n" + &e.rendered();
+        let Some(path) = suggested_path(&help, name) else {
+            continue;
+        };
+        for (_, ty) in out.iter_mut() {
+            let q = replace_type_name(ty, name, &path);
+            changed |= q != *ty;
+            *ty = q;
+        }
+    }
+    changed.then_some(out)
+}
+
+/// When a type the probe found names a type this cell cannot see (and rustc suggests no
+/// path), what the user can do about it, instead of an error about a `let` they did not type.
+fn out_of_scope(
+    errors: &[evcxr::CompilationError],
+    probes: &[(UntypedLet, String)],
+) -> Option<String> {
+    errors.iter().find_map(|e| {
+        let msg = e.message();
+        let name = msg.strip_prefix("cannot find type `")?.split('`').next()?;
+        let (binding, ty) = probes
+            .iter()
+            .find(|(_, ty)| replace_type_name(ty, name, "\u{0}") != *ty)?;
+        let var = binding.expression();
+        Some(format!(
+            "The type of `{var}` is `{ty}`, but `{name}` is not in scope in this cell, so the \
+             variable cannot be kept for later cells. Import it (`use <path>::{name};`, e.g. \
+             `use trainbook_torch::custom::*;` or `use trainbook_torch::custom::nn::{name};`) \
+             or write `{var}`'s type yourself with the path of `{name}`; or keep the value \
+             inside a block (`{{ ... }}`) if later cells do not need it."
+        ))
+    })
+}
+
+/// The first `use PATH::NAME;` in rustc's help text.
+fn suggested_path(help: &str, name: &str) -> Option<String> {
+    help.split("use ").skip(1).find_map(|rest| {
+        let path = rest.split(';').next()?.trim();
+        (path.ends_with(&format!("::{name}"))
+            && path
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == ':'))
+        .then(|| path.to_string())
+    })
+}
+
+/// `ty` with the type name `name` (a whole word, not already a path's tail) replaced by `path`.
+fn replace_type_name(ty: &str, name: &str, path: &str) -> String {
+    let mut out = String::new();
+    let mut rest = ty;
+    while let Some(i) = rest.find(name) {
+        let before = &rest[..i];
+        let after = &rest[i + name.len()..];
+        let word = !before.ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
+            && !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        out.push_str(before);
+        out.push_str(if word { path } else { name });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The cell with its top-level untyped `let`s typed by the trainbook-aware analyzer, where it
@@ -148,7 +372,7 @@ fn top_level(code: &str, at: usize) -> bool {
 
 /// A top-level `let PATTERN = ...` without a type, where PATTERN is a name or a tuple or array
 /// of names (`mut` allowed).
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct UntypedLet {
     pattern: String,
     /// Byte offsets in the code of `let` and of the end of the pattern.
@@ -388,6 +612,53 @@ mod tests {
     fn annotate(code: &str, var: &str, ty: &str) -> Option<String> {
         let l = untyped_lets(code).into_iter().find(|l| l.binds(var))?;
         Some(l.annotate(code, ty))
+    }
+
+    #[test]
+    fn typed_patterns_become_one_let_per_name() {
+        let code = "let (vs, m): (nn::VarStore, Model) = load(&t, &c)?;\nlet [a, b]: [u8; 2] = x;";
+        let split = split_typed_patterns(code);
+        assert_eq!(
+            split,
+            "let vs: nn::VarStore; let m: Model; (vs, m)= load(&t, &c)?;\nlet a: u8; let b: u8; [a, b]= x;"
+        );
+        let single = "let x: (u8, u8) = (1, 2); { let (a, b): (u8, u8) = x; }";
+        assert_eq!(split_typed_patterns(single), single);
+    }
+
+    #[test]
+    fn kept_variables_borrow_for_static() {
+        assert_eq!(
+            static_borrows("let preset: Option<&str> = None;\nlet n: usize = 2;"),
+            "let preset: Option<&'static str> = None;\nlet n: usize = 2;"
+        );
+        assert_eq!(
+            static_borrows("let mut v: Vec<&  [u8]> = vec![]; let s: &'static str = \"a\";"),
+            "let mut v: Vec<&'static   [u8]> = vec![]; let s: &'static str = \"a\";"
+        );
+        assert_eq!(
+            static_borrows("let f: Box<dyn Fn(&str) -> u8> = g; let x: &&str;"),
+            "let f: Box<dyn Fn(&'static str) -> u8> = g; let x: &&'static str;"
+        );
+        // Not in a block, a closure's parameter or a string.
+        let inner = "{ let s: &str = &t; }\nlet m = |x: &str| x.len();\nprintln!(\"let a: &b\");";
+        assert_eq!(static_borrows(inner), inner);
+    }
+
+    #[test]
+    fn probe_types_take_the_path_rustc_suggests() {
+        let help = "consider importing one of these structs\n\nuse trainbook_torch::custom::Tensor;\nuse tch::Tensor;";
+        assert_eq!(
+            suggested_path(help, "Tensor").as_deref(),
+            Some("trainbook_torch::custom::Tensor")
+        );
+        assert_eq!(suggested_path(help, "Kind"), None);
+        let p = "std::path::PathBuf";
+        assert_eq!(
+            replace_type_name("(Vec<PathBuf>, MyPathBuf, x::PathBuf)", "PathBuf", p),
+            "(Vec<std::path::PathBuf>, MyPathBuf, x::PathBuf)"
+        );
+        assert_eq!(replace_type_name("PathBuf", "PathBuf", p), p);
     }
 
     #[test]

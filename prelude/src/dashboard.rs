@@ -130,7 +130,11 @@ impl JobDashboard {
                 row.samples_per_second = Some(m.value);
                 row.elapsed = Some(m.time);
             }
-            _ => {}
+            other => {
+                if let Some(column) = score_column(other) {
+                    d.table.row_mut(m.epoch).extra.insert(column, m.value);
+                }
+            }
         }
     }
 
@@ -166,6 +170,14 @@ impl JobDashboard {
                 metrics.push((label.to_string(), fmt(*v)));
             }
         }
+        // F1 and the task's own evaluation scores, in name order.
+        for (key, v) in &r.metrics {
+            if key.starts_with("eval_") {
+                if let Some(label) = score_column(key) {
+                    metrics.push((label, fmt(*v)));
+                }
+            }
+        }
         if r.samples_per_second > 0.0 {
             metrics.push(("samples/s".into(), format!("{:.1}", r.samples_per_second)));
         }
@@ -191,6 +203,21 @@ impl JobDashboard {
     /// The view as a MIME bundle (HTML with the plot, text; PNG once finished).
     pub fn bundle(&self) -> Bundle {
         self.dash.bundle()
+    }
+}
+
+/// The epoch table's column for a per-epoch score beyond loss and accuracy: `eval_f1_macro` is
+/// "val f1 macro", a task's `epoch_train_confidence` is "train confidence". Per-step metrics
+/// (no prefix) have no column: the metrics DataFrame holds them.
+fn score_column(name: &str) -> Option<String> {
+    let (side, rest) = if let Some(rest) = name.strip_prefix("eval_") {
+        ("val", rest)
+    } else {
+        ("train", name.strip_prefix("epoch_train_")?)
+    };
+    match rest {
+        "loss" | "accuracy" | "" => None,
+        _ => Some(format!("{side} {}", rest.replace('_', " "))),
     }
 }
 

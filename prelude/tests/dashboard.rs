@@ -174,7 +174,18 @@ fn a_finished_jobs_dashboard_has_curve_table_and_result() {
         "one validation point per epoch"
     );
     assert_eq!(d.table.rows().count(), 2);
+    // Binary F1 (from the all-reduced confusion counts) has a column and a final value.
+    let f1 = result.metrics["eval_f1"];
+    assert!(d.table.rows().all(|(_, r)| r.extra.contains_key("val f1")));
     let b = view.bundle();
+    assert!(
+        b["text/plain"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("val f1 {}", trainbook_widgets::format_metric(f1))),
+        "{}",
+        b["text/plain"]
+    );
     let text = b["text/plain"].as_str().unwrap();
     assert!(
         text.contains("✓ succeeded") && text.contains("100%"),

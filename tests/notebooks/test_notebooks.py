@@ -148,3 +148,34 @@ def test_a_failing_training_cell_fails_the_headless_run(tmp_path):
     )
     assert out.returncode != 0, out.stderr[-3000:]
     assert "unknown preset 'nope'" in out.stderr, out.stderr[-3000:]
+
+
+def test_custom_notebook_trains_its_own_model_and_predicts_from_the_checkpoint(tmp_path):
+    """notebooks/custom.ipynb: a network and step defined in the notebook, trained by 2 workers
+    that run the notebook's compiled code; its own metric in the dashboard and the results."""
+    path = ROOT / "notebooks" / "custom.ipynb"
+    assert notebook_tool("check-stripped", str(path)).returncode == 0
+    proc, nb = execute("custom", tmp_path, [("epochs", "1"), ("max_steps", "20")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert errors(nb) == []
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1))
+
+    train = cell_with(nb, "trainer.fit()")
+    dashboards = [o for o in train.outputs if o.output_type == "display_data"]
+    assert len(dashboards) == 1, [o.output_type for o in train.outputs]
+    d = dashboards[0].data
+    assert "succeeded" in d["text/plain"], d["text/plain"]
+    # The task's own metric and the ready-made F1 are in the final view.
+    assert "confidence" in d["text/plain"] and "val f1 macro" in d["text/plain"], d["text/plain"]
+    assert "confidence" in d["text/html"]
+
+    results = text_of(cell_with(nb, "result.epochs()?"))
+    assert "Succeeded after 20 steps" in results, results
+    accuracy = float(re.search(r"eval_accuracy: (\S+)", results).group(1))
+    assert 0.3 < accuracy <= 1.0, results  # 20 steps of a small CNN: well above chance (0.1)
+    assert re.search(r"eval_confidence: 0\.\d+", results), results
+
+    predicted = text_of(cell_with(nb, "load(&Digits"))
+    assert re.search(r"predicted: \[(\d, ){9}\d\]", predicted), predicted
+    assert re.search(r"true: +\[(\d, ){9}\d\]", predicted), predicted

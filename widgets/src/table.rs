@@ -16,6 +16,9 @@ pub struct EpochRow {
     pub samples_per_second: Option<f64>,
     /// Seconds since the run started when the epoch ended.
     pub elapsed: Option<f64>,
+    /// Further scores by column name (`"val f1"`, a task's own `"train confidence"`): shown
+    /// between the accuracy and throughput columns, in name order.
+    pub extra: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -50,24 +53,47 @@ impl MetricsTable {
 
     /// The newest [`MAX_ROWS`] rows of the columns that have at least one value.
     fn grid(&self) -> Grid {
-        let used: Vec<&Column> = COLUMNS
-            .iter()
-            .filter(|(_, f)| self.rows.values().any(|r| f(r).is_some()))
+        let used = |c: &&Column| self.rows.values().any(|r| c.1(r).is_some());
+        // The fixed scores, then the extra ones, then throughput and time.
+        let (scores, pace) = COLUMNS.split_at(4);
+        let extra: std::collections::BTreeSet<&str> = self
+            .rows
+            .values()
+            .flat_map(|r| r.extra.keys().map(String::as_str))
             .collect();
+        let cell = |r: &EpochRow| -> Vec<String> {
+            let dash = || "–".to_string();
+            let fixed = |cols: &[Column]| -> Vec<String> {
+                cols.iter()
+                    .filter(used)
+                    .map(|c| c.1(r).unwrap_or_else(dash))
+                    .collect()
+            };
+            let mut cells = fixed(scores);
+            cells.extend(extra.iter().map(|k| {
+                r.extra
+                    .get(*k)
+                    .map(|v| format_metric(*v))
+                    .unwrap_or_else(dash)
+            }));
+            cells.extend(fixed(pace));
+            cells
+        };
         let skip = self.rows.len().saturating_sub(MAX_ROWS);
         let mut rows: Vec<Row> = Vec::new();
         if skip > 0 {
             rows.push(Row::Gap(format!("… {skip} earlier epochs")));
         }
-        rows.extend(self.rows.iter().skip(skip).map(|(e, r)| {
-            Row::Cells(
-                std::iter::once(e.to_string())
-                    .chain(used.iter().map(|(_, f)| f(r).unwrap_or_else(|| "–".into())))
-                    .collect(),
-            )
-        }));
+        rows.extend(
+            self.rows
+                .iter()
+                .skip(skip)
+                .map(|(e, r)| Row::Cells(std::iter::once(e.to_string()).chain(cell(r)).collect())),
+        );
         let mut columns = vec!["epoch".to_string()];
-        columns.extend(used.iter().map(|(h, _)| h.to_string()));
+        columns.extend(scores.iter().filter(used).map(|(h, _)| h.to_string()));
+        columns.extend(extra.iter().map(|k| k.to_string()));
+        columns.extend(pace.iter().filter(used).map(|(h, _)| h.to_string()));
         Grid {
             columns,
             rows,
@@ -113,6 +139,22 @@ mod tests {
         assert_eq!(lines[1], "    0      0.6900    0.6500   0.6100  1m 02s");
         assert_eq!(lines[2], "    1      0.4000         –        –       –");
         assert!(!t.html().contains("samples/s") && t.html().contains("<th "));
+    }
+
+    #[test]
+    fn extra_scores_get_columns_between_accuracy_and_time() {
+        let mut t = MetricsTable::default();
+        let row = t.row_mut(0);
+        row.val_accuracy = Some(0.9);
+        row.elapsed = Some(3.0);
+        row.extra.insert("val f1".into(), 0.875);
+        t.row_mut(1).extra.insert("train confidence".into(), 0.5);
+        let text = t.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "epoch  val acc  train confidence  val f1  time");
+        assert_eq!(lines[1], "    0   0.9000                 –  0.8750  3.0s");
+        assert_eq!(lines[2], "    1        –            0.5000       –     –");
+        assert!(t.html().contains(">train confidence<"));
     }
 
     #[test]

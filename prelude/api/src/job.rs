@@ -196,34 +196,49 @@ pub fn metrics_table(rows: &[MetricRow]) -> Table {
     .expect("metric columns have one value per row")
 }
 
-/// One row per epoch from the metrics a run reported: `epoch` then whichever of `train_loss`,
-/// `train_accuracy`, `eval_loss`, `eval_accuracy`, `samples_per_second` the run reported, and
-/// `time` (seconds since the start when the epoch's last metric came). Per-step metrics
-/// (`loss`, `lr`) stay in the full history.
+/// One row per epoch from the metrics a run reported: `epoch`, then whichever of `train_loss`,
+/// `train_accuracy`, `eval_loss`, `eval_accuracy` the run reported, then its further per-epoch
+/// scores in name order (`eval_f1`, a task's own `eval_confidence` and `train_confidence`),
+/// `samples_per_second` and `time` (seconds since the start when the epoch's last metric
+/// came). Per-step metrics (`loss`, `lr`, a task's own per-step values) stay in the full
+/// history.
 pub fn per_epoch(rows: &[MetricRow]) -> Result<Table> {
-    const COLUMNS: [(&str, &str); 5] = [
-        ("epoch_train_loss", "train_loss"),
-        ("epoch_train_accuracy", "train_accuracy"),
-        ("eval_loss", "eval_loss"),
-        ("eval_accuracy", "eval_accuracy"),
-        ("samples_per_second", "samples_per_second"),
-    ];
+    // The column of a per-epoch metric, with the order it sorts in: the fixed scores first,
+    // the others by name, throughput last.
+    fn column(name: &str) -> Option<((u8, String), String)> {
+        let label = match name {
+            "samples_per_second" => return Some(((2, String::new()), name.to_string())),
+            _ => match name.strip_prefix("epoch_train_") {
+                Some(rest) => format!("train_{rest}"),
+                None if name.starts_with("eval_") => name.to_string(),
+                None => return None,
+            },
+        };
+        let fixed = ["train_loss", "train_accuracy", "eval_loss", "eval_accuracy"];
+        Some(match fixed.iter().position(|f| *f == label) {
+            Some(i) => ((0, i.to_string()), label),
+            None => ((1, label.clone()), label),
+        })
+    }
     // epoch → (value per column, time of the latest); global metrics come once per epoch, the
     // last report wins if a resumed run repeated one.
-    let mut epochs: BTreeMap<u64, ([Option<f64>; 5], f64)> = BTreeMap::new();
+    let mut labels: BTreeMap<(u8, String), String> = BTreeMap::new();
+    let mut epochs: BTreeMap<u64, (BTreeMap<String, f64>, f64)> = BTreeMap::new();
     for r in rows {
-        let Some(c) = COLUMNS.iter().position(|(n, _)| *n == r.name) else {
+        let Some((order, label)) = column(&r.name) else {
             continue;
         };
-        let row = epochs.entry(r.epoch).or_insert(([None; 5], 0.0));
-        row.0[c] = Some(r.value);
+        labels.insert(order, label.clone());
+        let row = epochs.entry(r.epoch).or_default();
+        row.0.insert(label, r.value);
         row.1 = row.1.max(r.time);
     }
     let mut columns = vec![Column::uint("epoch", epochs.keys().map(|e| Some(*e)))];
-    for (c, (_, label)) in COLUMNS.iter().enumerate() {
-        if epochs.values().any(|r| r.0[c].is_some()) {
-            columns.push(Column::float(label, epochs.values().map(|r| r.0[c])));
-        }
+    for label in labels.values() {
+        columns.push(Column::float(
+            label,
+            epochs.values().map(|r| r.0.get(label).copied()),
+        ));
     }
     columns.push(Column::float("time", epochs.values().map(|r| Some(r.1))));
     Table::from_columns(columns)
@@ -405,6 +420,31 @@ mod tests {
             value,
             time,
         }
+    }
+
+    #[test]
+    fn per_epoch_puts_further_scores_between_accuracy_and_throughput() {
+        let rows = vec![
+            row(0, "samples_per_second", 100.0, 1.0),
+            row(0, "eval_f1_macro", 0.5, 1.0),
+            row(0, "eval_accuracy", 0.6, 1.0),
+            row(0, "epoch_train_confidence", 0.3, 1.0),
+            row(0, "confidence", 0.2, 0.5),
+            row(0, "epoch_train_loss", 0.8, 1.0),
+        ];
+        let t = per_epoch(&rows).unwrap();
+        assert_eq!(
+            t.column_names(),
+            [
+                "epoch",
+                "train_loss",
+                "eval_accuracy",
+                "eval_f1_macro",
+                "train_confidence",
+                "samples_per_second",
+                "time"
+            ]
+        );
     }
 
     #[test]
