@@ -84,6 +84,14 @@ impl Runtime for Trainbook {
         )?))
     }
 
+    fn train_tokenizer(
+        &self,
+        spec: &trainbook_api::TokenizerTrainer,
+        out: &Path,
+    ) -> Result<trainbook_api::TrainedTokenizer> {
+        trainbook_recipes::text::wordpiece::train_and_save(spec, out)
+    }
+
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>> {
         Ok(Box::new(
             trainbook_recipes::classify::ResnetImageModel::load(dir)?,

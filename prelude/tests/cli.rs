@@ -373,3 +373,48 @@ fn terminal_shows_the_dashboard_summary_and_honours_log_levels() {
         "{stderr}"
     );
 }
+
+#[test]
+fn tokenizer_train_writes_a_vocabulary_and_names_bad_input() {
+    let out = std::env::temp_dir().join(format!("tb-cli-tokenizer-{}", std::process::id()));
+    let o = trainbook(
+        &[
+            "tokenizer",
+            "train",
+            "--vocab-size",
+            "800",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary = last_json(&o);
+    assert_eq!(summary["vocab_size"], 800);
+    assert_eq!(summary["texts"], 12_808, "the offline snippets by default");
+    assert_eq!(summary["example"][0], "[CLS]");
+    let vocab = std::fs::read_to_string(out.join("vocab.txt")).unwrap();
+    assert_eq!(vocab.lines().count(), 800);
+    assert!(out.join("tokenizer.json").exists());
+    std::fs::remove_dir_all(&out).unwrap();
+
+    expect_clear_error(
+        &[
+            "tokenizer",
+            "train",
+            "--data",
+            "/nonexistent/corpus.txt",
+            "--out",
+            "/tmp/x",
+        ],
+        &[],
+        &["/nonexistent/corpus.txt does not exist"],
+    );
+    expect_clear_error(
+        &["tokenizer", "train", "--vocab-size", "2", "--out", "/tmp/x"],
+        &[],
+        &["vocab_size 2 is too small"],
+    );
+}

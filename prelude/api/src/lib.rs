@@ -59,6 +59,7 @@ pub mod runtime;
 pub mod spec;
 pub mod table;
 pub mod text;
+pub mod tokenizer;
 pub mod vision;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
@@ -73,6 +74,7 @@ pub use spec::{
 };
 pub use table::{Column, Table, Value};
 pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TextOptions};
+pub use tokenizer::{TokenizerTrainer, TrainedTokenizer};
 pub use vision::{train_resnet, Arch, ConfigureVision, ImageFolder, ResnetTrainer, VisionOptions};
 
 /// The kernel's side of a notebook.
@@ -98,6 +100,7 @@ pub mod prelude {
     };
     pub use crate::table::{Column, Table};
     pub use crate::text::{train_bert, BertTrainer, ConfigureText, Padding};
+    pub use crate::tokenizer::{TokenizerTrainer, TrainedTokenizer};
     pub use crate::vision::{train_resnet, Arch, ConfigureVision, ImageFolder, ResnetTrainer};
     pub use anyhow::Result;
     // The std types trainbook's values are made of, so that a variable's type, written down

@@ -28,6 +28,7 @@ use crate::job::Job;
 use crate::run::Plan;
 use crate::spec::{Hyper, JobSpec};
 use crate::table::Table;
+use crate::tokenizer::{TokenizerTrainer, TrainedTokenizer};
 use crate::vision::ImageFolder;
 
 /// A value's rich display: MIME type → content (`text/html`, `text/plain`, ...).
@@ -61,6 +62,8 @@ pub trait Runtime: Send + Sync {
     fn load_text_model(&self, dir: &Path) -> Result<Box<dyn TextModel>>;
     /// Loads an image classifier checkpoint on the CPU.
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>>;
+    /// Trains a WordPiece tokenizer and writes it into `out`.
+    fn train_tokenizer(&self, spec: &TokenizerTrainer, out: &Path) -> Result<TrainedTokenizer>;
 }
 
 /// The fingerprint of this build of the crate (see the module docs), as a C string.

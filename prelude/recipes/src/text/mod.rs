@@ -3,3 +3,4 @@
 pub mod cache;
 pub mod dataset;
 pub mod tokenizer;
+pub mod wordpiece;

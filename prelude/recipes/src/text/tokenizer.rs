@@ -7,9 +7,6 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use tch::Tensor;
 use tokenizers::models::wordpiece::WordPiece;
-use tokenizers::normalizers::bert::BertNormalizer;
-use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
-use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{Tokenizer, TruncationParams};
 
 pub use trainbook_api::text::Padding;
@@ -150,29 +147,7 @@ fn wordpiece(vocab: &Path, lowercase: bool) -> Result<Tokenizer> {
         .unk_token("[UNK]".into())
         .build()
         .map_err(|e| anyhow!("reading {path}: {e}"))?;
-    let cls = model.token_to_id_checked("[CLS]")?;
-    let sep = model.token_to_id_checked("[SEP]")?;
-    let mut tok = Tokenizer::new(model);
-    tok.with_normalizer(Some(BertNormalizer::new(true, true, None, lowercase)))
-        .map_err(|e| anyhow!("normalizer: {e}"))?;
-    tok.with_pre_tokenizer(Some(BertPreTokenizer));
-    tok.with_post_processor(Some(BertProcessing::new(
-        ("[SEP]".into(), sep),
-        ("[CLS]".into(), cls),
-    )));
-    Ok(tok)
-}
-
-trait TokenId {
-    fn token_to_id_checked(&self, token: &str) -> Result<u32>;
-}
-
-impl TokenId for WordPiece {
-    fn token_to_id_checked(&self, token: &str) -> Result<u32> {
-        use tokenizers::Model;
-        self.token_to_id(token)
-            .ok_or_else(|| anyhow!("vocab.txt has no {token} token: is it a BERT vocabulary?"))
-    }
+    super::wordpiece::bert_pipeline(model, lowercase).with_context(|| format!("reading {path}"))
 }
 
 #[cfg(test)]
