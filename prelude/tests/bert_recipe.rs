@@ -128,6 +128,84 @@ fn resuming_mid_epoch_continues_the_same_run() {
     );
 }
 
+/// Pre-training's pieces together: LAMB, the poly schedule, dropout, step checkpoints with
+/// keep-last-K, a resume from a step checkpoint mid-epoch, and the dllogger file.
+#[test]
+fn step_checkpoints_keep_the_last_k_and_resume_mid_run_exactly() {
+    let job = || {
+        tiny()
+            .epochs(2)
+            .dropout(0.1)
+            .optimizer(OptimizerKind::Lamb)
+            .weight_decay(0.01)
+            .schedule(Schedule::Poly)
+            .warmup_ratio(0.1)
+            .constant_ratio(0.2)
+            .poly_power(0.5)
+            .checkpoint_every(3)
+            .keep_checkpoints(2)
+    };
+    let straight = job().fit().unwrap();
+    assert_eq!(straight.steps, 16);
+    let dir = straight.run_dir.join("checkpoints");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["epoch-0", "epoch-1", "step-12", "step-15"]);
+    assert!(
+        dir.join("step-12/optimizer.safetensors").exists(),
+        "a kept step checkpoint can resume"
+    );
+    assert!(!dir.join("epoch-0/optimizer.safetensors").exists());
+
+    // lr: 2 warm-up steps, 4 at the peak, then 1e-3 * sqrt((16 - i) / 10).
+    let lr: Vec<f64> = straight
+        .metric_rows
+        .iter()
+        .filter(|m| m.name == "lr")
+        .map(|m| m.value)
+        .collect();
+    assert_eq!(lr.len(), 16);
+    assert_eq!(&lr[..6], &[5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3]);
+    for (i, l) in lr.iter().enumerate().skip(6) {
+        assert!(
+            (l - 1e-3 * ((16 - i) as f64 / 10.0).sqrt()).abs() < 1e-15,
+            "{lr:?}"
+        );
+    }
+
+    // Step 12 is in epoch 1 (8 steps per epoch): the resume skips 4 of its batches.
+    let resumed = job().resume_from(dir.join("step-12")).fit().unwrap();
+    assert_eq!(resumed.steps, 16);
+    assert_same_params(
+        &resumed,
+        &straight,
+        1e-5,
+        "resumed from step 12 vs straight",
+    );
+
+    let dllog = std::fs::read_to_string(straight.run_dir.join("dllogger.json")).unwrap();
+    let lines: Vec<serde_json::Value> = dllog
+        .lines()
+        .map(|l| serde_json::from_str(l.strip_prefix("DLLL ").unwrap()).unwrap())
+        .collect();
+    assert_eq!(lines[0]["data"]["optimizer"], "lamb");
+    assert_eq!(lines[1]["step"], serde_json::json!([0, 1]));
+    let last = lines.last().unwrap();
+    assert_eq!(last["step"], serde_json::json!([]));
+    assert!(
+        last["data"]["training_sequences_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(
+        (last["data"]["final_loss"].as_f64().unwrap() - straight.final_train_loss).abs() < 1e-12
+    );
+}
+
 #[test]
 fn gradient_accumulation_and_dynamic_padding_compute_the_same_updates() {
     let base = tiny().max_steps(4).fit().unwrap();

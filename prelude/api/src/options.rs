@@ -68,6 +68,8 @@ macro_rules! options {
         pub struct $resolved {
             $(
                 $(#[doc = $doc])*
+                // Missing in files written before the option existed: the type's default.
+                #[serde(default)]
                 pub $name: $res,
             )*
             $($(

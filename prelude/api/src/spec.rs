@@ -15,6 +15,12 @@ pub enum OptimizerKind {
     #[default]
     Sgd,
     Adamw,
+    /// Layer-wise adaptive moments for large batches (You et al., 2019): Adam's update scaled
+    /// per tensor by |weights| / |update| (NVIDIA's NVLAMB variant, bias-corrected).
+    Lamb,
+    /// LAMB with per-tensor normalised gradients and a Nesterov-style second trust-ratio term
+    /// (Zheng et al., 2020); the optimizer of Habana's BERT-1.5B pre-training.
+    Lans,
 }
 
 impl std::fmt::Display for OptimizerKind {
@@ -22,6 +28,8 @@ impl std::fmt::Display for OptimizerKind {
         f.write_str(match self {
             Self::Sgd => "sgd",
             Self::Adamw => "adamw",
+            Self::Lamb => "lamb",
+            Self::Lans => "lans",
         })
     }
 }
@@ -32,7 +40,9 @@ impl std::str::FromStr for OptimizerKind {
         match s.to_ascii_lowercase().as_str() {
             "sgd" => Ok(Self::Sgd),
             "adamw" => Ok(Self::Adamw),
-            o => bail!("unknown optimizer '{o}': use sgd or adamw"),
+            "lamb" => Ok(Self::Lamb),
+            "lans" => Ok(Self::Lans),
+            o => bail!("unknown optimizer '{o}': use sgd, adamw, lamb or lans"),
         }
     }
 }
@@ -46,6 +56,9 @@ pub enum Schedule {
     Constant,
     /// Linear warm-up, then linear decay to 0 at the last step (Transformers' default).
     Linear,
+    /// Linear warm-up, a constant phase (`constant_ratio`), then `lr * (left / span)^poly_power`
+    /// down to 0 at the last step: the poly warm-up schedule of BERT pre-training.
+    Poly,
 }
 
 impl std::fmt::Display for Schedule {
@@ -53,6 +66,7 @@ impl std::fmt::Display for Schedule {
         f.write_str(match self {
             Self::Constant => "constant",
             Self::Linear => "linear",
+            Self::Poly => "poly",
         })
     }
 }
@@ -63,7 +77,8 @@ impl std::str::FromStr for Schedule {
         match s.to_ascii_lowercase().as_str() {
             "constant" => Ok(Self::Constant),
             "linear" => Ok(Self::Linear),
-            o => bail!("unknown schedule '{o}': use constant or linear"),
+            "poly" => Ok(Self::Poly),
+            o => bail!("unknown schedule '{o}': use constant, linear or poly"),
         }
     }
 }
@@ -133,8 +148,8 @@ crate::options! {
         global_batch_size: usize => usize,
         /// Learning rate (peak, when a schedule or warm-up is used).
         lr: f64 => f64,
-        /// sgd (with momentum) or adamw.
-        #[arg(value_name = "sgd|adamw")]
+        /// sgd (with momentum), adamw, or for large batches lamb or lans.
+        #[arg(value_name = "sgd|adamw|lamb|lans")]
         optimizer: OptimizerKind => OptimizerKind,
         /// SGD momentum.
         momentum: f64 => f64,
@@ -151,11 +166,23 @@ crate::options! {
         /// (less memory per step).
         #[arg(value_name = "N")]
         grad_accum: usize => usize,
-        /// Learning-rate schedule: constant or linear (decays to 0 at the last step).
-        #[arg(value_name = "constant|linear")]
+        /// Learning-rate schedule: constant, linear (decays to 0 at the last step) or poly
+        /// (warm-up, constant phase, then polynomial decay to 0).
+        #[arg(value_name = "constant|linear|poly")]
         schedule: Schedule => Schedule,
         /// Fraction of the optimizer steps spent warming the learning rate up from 0 (e.g. 0.1).
         warmup_ratio: f64 => f64,
+        /// poly schedule: fraction of the steps held at the peak after the warm-up (e.g. 0.25).
+        constant_ratio: f64 => f64,
+        /// poly schedule: the decay's power (1: linear, 0.5: square root).
+        poly_power: f64 => f64,
+        /// Also write a checkpoint every N optimizer steps (checkpoints/step-N), besides the
+        /// one at each epoch's end.
+        #[arg(value_name = "N")]
+        checkpoint_every: u64 => Option<u64>,
+        /// Keep only the last K step checkpoints (epoch checkpoints are all kept).
+        #[arg(value_name = "K")]
+        keep_checkpoints: usize => Option<usize>,
         /// fp32, or bf16 autocast (CUDA and Gaudi; also runs on CPU, where it is rarely faster).
         #[arg(value_name = "fp32|bf16")]
         precision: Precision => Precision,
@@ -208,6 +235,10 @@ impl Hyper {
             grad_accum: 1,
             schedule: Schedule::Constant,
             warmup_ratio: 0.0,
+            constant_ratio: 0.0,
+            poly_power: 1.0,
+            checkpoint_every: None,
+            keep_checkpoints: None,
             precision: Precision::Fp32,
             resume_from: None,
             model: None,
@@ -482,6 +513,25 @@ impl JobSpec {
             if !(0.0..1.0).contains(&w) {
                 bail!("warmup_ratio {w} must be in [0, 1): it is the fraction of steps spent warming up");
             }
+        }
+        if let Some(c) = t.constant_ratio {
+            if !(0.0..1.0).contains(&c) {
+                bail!("constant_ratio {c} must be in [0, 1): it is the fraction of steps held at the peak learning rate");
+            }
+            if c + t.warmup_ratio.unwrap_or(0.0) >= 1.0 {
+                bail!("warmup_ratio + constant_ratio is {}: together they must leave some steps for the decay (below 1)", c + t.warmup_ratio.unwrap_or(0.0));
+            }
+        }
+        if let Some(p) = t.poly_power {
+            if !(p.is_finite() && p > 0.0) {
+                bail!("poly_power {p} must be positive (1 decays linearly, 0.5 as a square root)");
+            }
+        }
+        if t.checkpoint_every == Some(0) {
+            bail!("checkpoint_every is 0: give the number of optimizer steps between checkpoints (e.g. 200)");
+        }
+        if t.keep_checkpoints == Some(0) {
+            bail!("keep_checkpoints is 0: keep at least the last one (a resume needs it), or leave it unset to keep all");
         }
         if t.train_rows == Some(0) {
             bail!("train_rows is 0: nothing to train on");

@@ -12,9 +12,10 @@ use crate::runtime::runtime;
 use crate::spec::Configure;
 
 /// The network of an image-classification recipe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
+    #[default]
     Resnet18,
     Resnet34,
     Resnet50,

@@ -7,10 +7,12 @@
 //!   config.json                 RunConfig: the job as asked, and its resolved hyper-parameters
 //!   logs/rank<R>.log            every line of each worker
 //!   metrics.parquet             one row per logged metric
+//!   dllogger.json               the same metrics as BERT pre-training scripts log them
+//!   checkpoints/step-<S>/       every `checkpoint_every` steps, the last `keep_checkpoints`
 //!   checkpoints/epoch-<E>/
 //!     trainer_state.json        TrainerState: where training stood, what it ran with
 //!     model.safetensors         the weights (names as the recipe's model defines them)
-//!     optimizer.safetensors     optimizer state (latest checkpoint only)
+//!     optimizer.safetensors     optimizer state (the latest checkpoint, and kept step ones)
 //!     config.json ...           the recipe's model files (see the recipe's `save`)
 //! ```
 //!

@@ -2,6 +2,7 @@
 //! health, and hand results to the caller. Data flows one way — workers → events → this
 //! driver → subscribers (terminal, notebook widgets); only stop requests flow back.
 
+use crate::dllog::DlLog;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
@@ -272,6 +273,7 @@ struct Driver<'a> {
     shared: &'a Shared,
     dedup: Deduplicator,
     log_files: Vec<Option<File>>,
+    dllog: Option<DlLog>,
 }
 
 impl Driver<'_> {
@@ -331,6 +333,9 @@ impl Driver<'_> {
                 value,
                 ..
             } => {
+                if let (0, Some(log)) = (rank, &mut self.dllog) {
+                    log.metric(epoch, step, &name, value, elapsed);
+                }
                 let row = MetricRow {
                     rank: rank as u32,
                     step,
@@ -375,6 +380,9 @@ impl Driver<'_> {
                 self.line(rank, Stream::Stderr, format!("error: {message}"));
             }
             Event::Done { rank, summary } => {
+                if let (0, Some(log)) = (rank, &mut self.dllog) {
+                    log.finish(&summary, elapsed);
+                }
                 if let Some(slot) = self.shared.lock().summaries.get_mut(rank) {
                     *slot = Some(summary);
                 }
@@ -487,10 +495,21 @@ fn drive(
     let log_files = (0..world)
         .map(|r| File::create(logs_dir.join(format!("rank{r}.log"))).ok())
         .collect();
+    // The resolved hyper-parameters, as config.json records them, head the dllogger file.
+    let mut parameters = std::fs::read(shared.run_dir.join(checkpoint::RUN_CONFIG))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|c| c["hyper"].clone())
+        .filter(|h| h.is_object())
+        .unwrap_or_else(|| serde_json::json!({}));
+    parameters["recipe"] = shared.spec.recipe.clone().into();
+    parameters["workers"] = world.into();
+    parameters["device"] = shared.device.name().into();
     let mut d = Driver {
         shared,
         dedup: Deduplicator::new(shared.spec.dedup),
         log_files,
+        dllog: Some(DlLog::create(&shared.run_dir, parameters)),
     };
     let mut stopped_by_user = false;
 
@@ -762,8 +781,10 @@ impl JobControl for Driven {
         let last_checkpoint = st.checkpoints.last().map(|(_, p)| p.clone());
         let best_checkpoint = best_epoch
             .and_then(|e| {
+                // The epoch's last checkpoint: the one at its end, after any step checkpoints.
                 st.checkpoints
                     .iter()
+                    .rev()
                     .find(|(ce, _)| *ce == e)
                     .map(|(_, p)| p.clone())
             })
@@ -838,6 +859,7 @@ mod tests {
             shared,
             dedup: Deduplicator::new(shared.spec.dedup),
             log_files: Vec::new(),
+            dllog: None,
         }
     }
 

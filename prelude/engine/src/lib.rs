@@ -13,6 +13,7 @@ pub mod ddp;
 pub mod dedup;
 pub mod device;
 pub mod dist;
+pub mod dllog;
 pub mod events;
 pub mod job;
 pub mod launch;

@@ -5,6 +5,10 @@
 //! `torch.optim.SGD` and `torch.optim.AdamW` step for step (same update formulas, same
 //! defaults for betas and eps; in fact the same fused kernels) and expose their state as named
 //! tensors for checkpoints.
+//!
+//! LAMB and LANS, the large-batch optimizers of BERT pre-training, have no kernel in libtorch;
+//! they are written here from their papers' algorithms with tensor operations, and pinned by a
+//! trajectory computed in plain PyTorch (`tests/fixtures/make_lamb_reference.py`).
 
 use std::collections::HashMap;
 use std::os::raw::{c_char, c_int, c_void};
@@ -18,17 +22,59 @@ use crate::spec::OptimizerKind;
 
 pub use trainbook_api::spec::Schedule;
 
-/// Learning rate at optimizer step `step` (0-based) of `total`.
-pub fn lr_at(schedule: Schedule, base: f64, step: u64, warmup: u64, total: u64) -> f64 {
-    if step < warmup {
-        return base * (step + 1) as f64 / warmup as f64;
+/// The learning rate of every optimizer step of a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LrSchedule {
+    pub kind: Schedule,
+    /// The peak learning rate.
+    pub base: f64,
+    /// Steps of linear warm-up from `base / warmup` to `base`.
+    pub warmup: u64,
+    /// Poly: steps held at `base` after the warm-up.
+    pub constant: u64,
+    /// Poly: the power of the decay.
+    pub power: f64,
+    /// Optimizer steps in the whole run.
+    pub total: u64,
+}
+
+impl LrSchedule {
+    /// Warm-up and constant phases are fractions of `total`, rounded up to whole steps.
+    pub fn new(kind: Schedule, base: f64, total: u64, warmup_ratio: f64) -> Self {
+        LrSchedule {
+            kind,
+            base,
+            warmup: (warmup_ratio * total as f64).ceil() as u64,
+            constant: 0,
+            power: 1.0,
+            total,
+        }
     }
-    match schedule {
-        Schedule::Constant => base,
-        Schedule::Linear => {
-            let left = total.saturating_sub(step) as f64;
-            let span = total.saturating_sub(warmup).max(1) as f64;
-            base * (left / span).clamp(0.0, 1.0)
+
+    pub fn with_poly(mut self, constant_ratio: f64, power: f64) -> Self {
+        self.constant = (constant_ratio * self.total as f64).ceil() as u64;
+        self.power = power;
+        self
+    }
+
+    /// The learning rate of optimizer step `step` (0-based). Linear is poly with power 1 and
+    /// no constant phase; both reach 0 at step `total`.
+    pub fn at(&self, step: u64) -> f64 {
+        if step < self.warmup {
+            return self.base * (step + 1) as f64 / self.warmup as f64;
+        }
+        let decay = |constant: u64, power: f64| {
+            if step < self.warmup + constant {
+                return self.base;
+            }
+            let left = self.total.saturating_sub(step) as f64;
+            let span = self.total.saturating_sub(self.warmup + constant).max(1) as f64;
+            self.base * (left / span).clamp(0.0, 1.0).powf(power)
+        };
+        match self.kind {
+            Schedule::Constant => self.base,
+            Schedule::Linear => decay(0, 1.0),
+            Schedule::Poly => decay(self.constant, self.power),
         }
     }
 }
@@ -91,7 +137,7 @@ impl Optimizer {
         let decays = params.iter().map(|(_, p)| p.dim() >= 2).collect();
         let slots = match cfg.kind {
             OptimizerKind::Sgd => usize::from(cfg.momentum != 0.0),
-            OptimizerKind::Adamw => 2,
+            OptimizerKind::Adamw | OptimizerKind::Lamb | OptimizerKind::Lans => 2,
         };
         let state = params
             .iter()
@@ -158,6 +204,10 @@ impl Optimizer {
     pub fn step(&mut self, lr: f64) -> Result<()> {
         self.steps += 1;
         let c = self.cfg;
+        if matches!(c.kind, OptimizerKind::Lamb | OptimizerKind::Lans) {
+            self.layerwise_step(lr);
+            return Ok(());
+        }
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         // The fused AdamW kernel reads the (already incremented) step from a float tensor per
         // parameter; one shared scalar serves them all since it never writes it.
@@ -202,6 +252,7 @@ impl Optimizer {
                             err.len(),
                         )
                     }
+                    OptimizerKind::Lamb | OptimizerKind::Lans => unreachable!("handled above"),
                     OptimizerKind::Sgd => {
                         let b = if c.momentum != 0.0 {
                             ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void)
@@ -231,12 +282,72 @@ impl Optimizer {
         Ok(())
     }
 
+    /// One LAMB or LANS update: per tensor, Adam's bias-corrected moments, then an update
+    /// scaled by the trust ratio |w| / |update| (1 when either norm is 0). Weight decay is
+    /// added to the update (decoupled) on the tensors that decay. LANS first normalises each
+    /// tensor's gradient to unit norm, and mixes two trust-scaled directions: the moment
+    /// ratio (weight beta1) and the current gradient over the same denominator (1 - beta1).
+    fn layerwise_step(&mut self, lr: f64) {
+        let c = self.cfg;
+        let (b1, b2) = c.betas;
+        let t = self.steps as i32;
+        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        tch::no_grad(|| {
+            for (i, (_, p)) in self.params.iter().enumerate() {
+                let g = p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let mut g = g.to_kind(Kind::Float);
+                if c.kind == OptimizerKind::Lans {
+                    let n = g.norm().double_value(&[]);
+                    if n > 0.0 {
+                        g = g / n;
+                    }
+                }
+                let wd = if self.decays[i] { c.weight_decay } else { 0.0 };
+                let (mut m, mut v) = (
+                    self.state[i][0].shallow_clone(),
+                    self.state[i][1].shallow_clone(),
+                );
+                m *= b1;
+                m += &g * (1.0 - b1);
+                v *= b2;
+                v += g.square() * (1.0 - b2);
+                let denom = (&v / bc2).sqrt() + c.eps;
+                let w = p.to_kind(Kind::Float);
+                let w_norm = w.norm().double_value(&[]);
+                // The direction plus decoupled decay, scaled by its trust ratio.
+                let trusted = |dir: Tensor| {
+                    let dir = if wd != 0.0 { dir + &w * wd } else { dir };
+                    let d_norm = dir.norm().double_value(&[]);
+                    let ratio = if w_norm > 0.0 && d_norm > 0.0 {
+                        w_norm / d_norm
+                    } else {
+                        1.0
+                    };
+                    dir * ratio
+                };
+                let update = match c.kind {
+                    OptimizerKind::Lans => {
+                        trusted(&m / bc1 / &denom) * b1 + trusted(&g / &denom) * (1.0 - b1)
+                    }
+                    _ => trusted(&m / bc1 / &denom),
+                };
+                let mut p = p.shallow_clone();
+                p -= (update * lr).to_kind(p.kind());
+            }
+        });
+    }
+
     /// The state as named tensors (`<param>.momentum`, `<param>.exp_avg`, ...), for
     /// `optimizer.safetensors` in a checkpoint.
     fn named_state(&self) -> Vec<(String, Tensor)> {
         let suffixes: &[&str] = match self.cfg.kind {
             OptimizerKind::Sgd => &["momentum"],
-            OptimizerKind::Adamw => &["exp_avg", "exp_avg_sq"],
+            OptimizerKind::Adamw | OptimizerKind::Lamb | OptimizerKind::Lans => {
+                &["exp_avg", "exp_avg_sq"]
+            }
         };
         let mut out = vec![("steps".to_string(), Tensor::from(self.steps as i64))];
         for ((name, _), slots) in self.params.iter().zip(&self.state) {
@@ -297,13 +408,40 @@ mod tests {
 
     #[test]
     fn linear_schedule_warms_up_then_decays_to_zero() {
-        let lr = |s| lr_at(Schedule::Linear, 1.0, s, 4, 12);
+        let s = LrSchedule::new(Schedule::Linear, 1.0, 12, 0.3);
+        assert_eq!(s.warmup, 4);
+        let lr = |step| s.at(step);
         assert_eq!(lr(0), 0.25);
         assert_eq!(lr(3), 1.0);
         assert_eq!(lr(4), 1.0);
         assert_eq!(lr(8), 0.5);
         assert_eq!(lr(12), 0.0);
-        assert_eq!(lr_at(Schedule::Constant, 0.1, 100, 0, 10), 0.1);
+        assert_eq!(
+            LrSchedule::new(Schedule::Constant, 0.1, 10, 0.0).at(100),
+            0.1
+        );
+    }
+
+    #[test]
+    fn poly_schedule_warms_up_holds_then_decays_as_a_power() {
+        // 002's shape: 5% warm-up, 25% constant, then decay; here over 20 steps, power 2.
+        let s = LrSchedule::new(Schedule::Poly, 2.0, 20, 0.05).with_poly(0.25, 2.0);
+        assert_eq!((s.warmup, s.constant), (1, 5));
+        let lr: Vec<f64> = (0..=20).map(|i| s.at(i)).collect();
+        assert_eq!(lr[0], 2.0, "one warm-up step reaches the peak");
+        assert!(lr[1..6].iter().all(|&l| l == 2.0), "{lr:?}");
+        // From step 6 the decay spans 14 steps: 2 * ((20 - i) / 14)^2.
+        assert_eq!(lr[6], 2.0);
+        assert_eq!(lr[13], 2.0 * 0.25);
+        assert_eq!(lr[20], 0.0);
+        for i in 6..=20u64 {
+            let want = 2.0 * ((20 - i) as f64 / 14.0).powf(2.0);
+            assert_eq!(lr[i as usize], want, "step {i}");
+        }
+        // Power 1 without a constant phase is the linear schedule.
+        let poly = LrSchedule::new(Schedule::Poly, 1.0, 12, 0.3).with_poly(0.0, 1.0);
+        let linear = LrSchedule::new(Schedule::Linear, 1.0, 12, 0.3);
+        assert!((0..=12).all(|i| poly.at(i) == linear.at(i)));
     }
 
     /// A linear layer with fixed weights (tests run in parallel threads and share torch's
@@ -396,6 +534,51 @@ mod tests {
             .build(vs, 0.05)
             .unwrap()
         });
+    }
+
+    /// LAMB and LANS against the plain-PyTorch trajectory of
+    /// `tests/fixtures/make_lamb_reference.py` (same layer, data, loss and settings).
+    #[test]
+    fn lamb_and_lans_match_the_pytorch_reference() {
+        use tch::nn::Module;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/lamb_reference.json");
+        let fixture: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for kind in [OptimizerKind::Lamb, OptimizerKind::Lans] {
+            let (vs, lin) = fixed_linear();
+            let mut opt = Optimizer::new(
+                OptimizerConfig {
+                    kind,
+                    momentum: 0.0,
+                    weight_decay: 0.01,
+                    betas: (0.9, 0.999),
+                    eps: 1e-6,
+                },
+                vs.variables().into_iter().collect(),
+            );
+            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
+            for _ in 0..5 {
+                opt.zero_grad();
+                lin.forward(&x).square().sum(Kind::Float).backward();
+                opt.step(0.05).unwrap();
+            }
+            let want = &fixture[kind.to_string()];
+            let got = [
+                Vec::<f32>::try_from(lin.ws.flatten(0, -1)).unwrap(),
+                Vec::<f32>::try_from(lin.bs.as_ref().unwrap()).unwrap(),
+            ];
+            for (got, key) in got.iter().zip(["weight", "bias"]) {
+                let want: Vec<f64> = serde_json::from_value(want[key].clone()).unwrap();
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() < 1e-6,
+                        "{kind} {key}: {got:?} vs {want:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::checkpoint::{self, TrainerState};
 use crate::ddp::{self, GradSync};
 use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
-use crate::optim::{lr_at, Optimizer, OptimizerConfig};
+use crate::optim::{LrSchedule, Optimizer, OptimizerConfig};
 use crate::precision::autocast;
 use crate::recipe::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
@@ -96,7 +96,12 @@ fn optimizer(vs: &nn::VarStore, names: &[String], h: &Hyper) -> Optimizer {
             momentum: h.momentum,
             weight_decay: h.weight_decay,
             betas: (0.9, 0.999),
-            eps: 1e-8,
+            // LAMB's and LANS's usual epsilon (NVIDIA's and Habana's BERT pre-training); the
+            // torch default for the others.
+            eps: match h.optimizer {
+                crate::spec::OptimizerKind::Lamb | crate::spec::OptimizerKind::Lans => 1e-6,
+                _ => 1e-8,
+            },
         },
         params,
     )
@@ -155,6 +160,60 @@ pub fn param_stats(vs: &nn::VarStore) -> (f64, f64) {
     })
 }
 
+/// Steps left out of `train_samples_per_second` at the start (fewer in runs under 50 steps).
+const THROUGHPUT_WARMUP_STEPS: u64 = 5;
+
+/// A checkpoint that is no longer the latest gives up its optimizer state, which is as large
+/// as the model (AdamW: twice): a resume normally starts from the latest. Step checkpoints
+/// under `keep_checkpoints` keep theirs, since that bound is the user's choice of what to
+/// resume from.
+fn retire(
+    previous: Option<std::path::PathBuf>,
+    step_checkpoints: &std::collections::VecDeque<std::path::PathBuf>,
+    h: &Hyper,
+) {
+    if let Some(prev) = previous {
+        if h.keep_checkpoints.is_none() || !step_checkpoints.contains(&prev) {
+            std::fs::remove_file(prev.join(checkpoint::OPTIMIZER)).ok();
+        }
+    }
+}
+
+/// Writes a checkpoint directory (weights, optimizer state, trainer state) atomically.
+/// `at`: epoch, step, workers, micro-batches per step.
+fn write_checkpoint(
+    dir: &Path,
+    recipe: &dyn Recipe,
+    opt: &Optimizer,
+    h: &Hyper,
+    at: (u64, u64, usize, usize),
+    metrics: std::collections::BTreeMap<String, f64>,
+) -> Result<()> {
+    let (epoch, step, world, accum) = at;
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let state = TrainerState {
+        epoch,
+        step,
+        world_size: Some(world),
+        global_batch_size: Some(h.global_batch_size),
+        grad_accum: Some(accum),
+        hyper: serde_json::to_value(h)?,
+        metrics,
+    };
+    checkpoint::write_dir_atomic(dir, |tmp| {
+        recipe.save(tmp)?;
+        opt.save(&tmp.join(checkpoint::OPTIMIZER))?;
+        std::fs::write(
+            tmp.join(checkpoint::TRAINER_STATE),
+            serde_json::to_vec_pretty(&state)?,
+        )?;
+        Ok(())
+    })
+}
+
 pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<WorkerSummary> {
     let (rank, world) = (ctx.rank, ctx.world_size);
     let ev = &ctx.events;
@@ -195,7 +254,6 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
     let vars = vs.variables();
     let ordered: Vec<Tensor> = names.iter().map(|n| vars[n].shallow_clone()).collect();
     ddp::broadcast_parameters(&ctx.pg, &ordered)?;
-    tch::manual_seed(h.seed as i64 + 1 + rank as i64 + step as i64);
 
     let trainable: Vec<Tensor> = names
         .iter()
@@ -225,7 +283,9 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         None => steps_per_epoch * h.epochs,
     };
     let epochs = total_steps.div_ceil(steps_per_epoch);
-    let warmup = (h.warmup_ratio * total_steps as f64).ceil() as u64;
+    let schedule = LrSchedule::new(h.schedule, h.lr, total_steps, h.warmup_ratio)
+        .with_poly(h.constant_ratio, h.poly_power);
+    let warmup = schedule.warmup;
     if step >= total_steps {
         bail!("the checkpoint is already at step {step}, and this job has {total_steps} steps in all: ask for more epochs (or max_steps) to continue training");
     }
@@ -239,7 +299,11 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             h.optimizer,
             h.lr,
             h.schedule,
-            if warmup > 0 { format!(", {warmup} warm-up steps") } else { String::new() },
+            match (warmup, h.schedule == crate::optim::Schedule::Poly) {
+                (0, false) => String::new(),
+                (w, false) => format!(", {w} warm-up steps"),
+                (w, true) => format!(", {w} warm-up + {} constant steps, power {}", schedule.constant, h.poly_power),
+            },
             if h.precision == crate::precision::Precision::Bf16 { ", bf16 autocast" } else { "" },
         ));
     }
@@ -254,6 +318,14 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
     let mut final_train_loss = f64::NAN;
     let mut final_metrics = std::collections::BTreeMap::new();
     let mut last_checkpoint: Option<std::path::PathBuf> = None;
+    let mut step_checkpoints: std::collections::VecDeque<std::path::PathBuf> = Default::default();
+    // Throughput without the first steps (allocator, caches and thread pools warming up), as
+    // BERT pre-training scripts report it.
+    let steady_from = step
+        + (total_steps - step)
+            .div_ceil(10)
+            .min(THROUGHPUT_WARMUP_STEPS);
+    let (mut steady_samples, mut steady_time) = (0u64, Duration::ZERO);
 
     'epochs: for epoch in first_epoch..epochs {
         let order = sampler.indices(epoch as usize);
@@ -276,6 +348,14 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 skip -= 1;
                 continue;
             }
+            let step_start = Instant::now();
+            // Seeded per step and rank, so a run resumed from any step draws the same dropout
+            // masks as the run that was not interrupted.
+            tch::manual_seed(
+                (h.seed as i64)
+                    .wrapping_mul(1_000_003)
+                    .wrapping_add((step * world as u64 + rank as u64) as i64),
+            );
             opt.zero_grad();
             let (mut group_loss, mut group_n) = (0.0f64, 0usize);
             let mut group_metrics = MetricSums::default();
@@ -305,11 +385,15 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             if let Some(c) = h.grad_clip {
                 opt.clip_grad_norm(c);
             }
-            let lr = lr_at(h.schedule, h.lr, step, warmup, total_steps);
+            let lr = schedule.at(step);
             opt.step(lr)?;
             let l = group_loss / group_n.max(1) as f64;
             if !l.is_finite() {
                 bail!("loss became {l} at step {step} (epoch {epoch}): lower the learning rate or enable gradient clipping");
+            }
+            if step >= steady_from {
+                steady_samples += group_n as u64;
+                steady_time += step_start.elapsed();
             }
             step += 1;
             samples += group_n as u64;
@@ -323,6 +407,25 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             epoch_metrics.merge(&group_metrics);
             if rank == 0 && (h.schedule != crate::optim::Schedule::Constant || warmup > 0) {
                 ev.metric(step, epoch, "lr", lr);
+            }
+            if rank == 0 && h.checkpoint_every.is_some_and(|n| step % n == 0) && step < total_steps
+            {
+                let dir = ctx.run_dir.join("checkpoints").join(format!("step-{step}"));
+                let metrics = [("train_loss".to_string(), l)].into_iter().collect();
+                write_checkpoint(&dir, recipe, &opt, h, (epoch, step, world, accum), metrics)?;
+                retire(last_checkpoint.replace(dir.clone()), &step_checkpoints, h);
+                step_checkpoints.push_back(dir.clone());
+                while step_checkpoints.len() > h.keep_checkpoints.unwrap_or(usize::MAX) {
+                    if let Some(old) = step_checkpoints.pop_front() {
+                        std::fs::remove_dir_all(&old).ok();
+                    }
+                }
+                ev.send(Event::Checkpoint {
+                    rank,
+                    step,
+                    epoch,
+                    path: dir.display().to_string(),
+                });
             }
             if rank == 0 && (last_progress.elapsed() >= PROGRESS_EVERY || step == total_steps) {
                 last_progress = Instant::now();
@@ -413,6 +516,12 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         }
         let sps = samples as f64 * world as f64 / train_time.as_secs_f64().max(1e-9);
         final_metrics.insert("samples_per_second".to_string(), sps);
+        if steady_time > Duration::ZERO {
+            final_metrics.insert(
+                "train_samples_per_second".to_string(),
+                steady_samples as f64 * world as f64 / steady_time.as_secs_f64(),
+            );
+        }
         if rank == 0 {
             for (k, v) in &final_metrics {
                 ev.metric(step, epoch, k, *v);
@@ -443,31 +552,15 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 .run_dir
                 .join("checkpoints")
                 .join(format!("epoch-{epoch}"));
-            std::fs::create_dir_all(ctx.run_dir.join("checkpoints"))
-                .context("creating checkpoints/")?;
-            let state = TrainerState {
-                epoch,
-                step,
-                world_size: Some(world),
-                global_batch_size: Some(h.global_batch_size),
-                grad_accum: Some(accum),
-                hyper: serde_json::to_value(h)?,
-                metrics: final_metrics.clone(),
-            };
-            checkpoint::write_dir_atomic(&dir, |tmp| {
-                recipe.save(tmp)?;
-                opt.save(&tmp.join(checkpoint::OPTIMIZER))?;
-                std::fs::write(
-                    tmp.join(checkpoint::TRAINER_STATE),
-                    serde_json::to_vec_pretty(&state)?,
-                )?;
-                Ok(())
-            })?;
-            // Optimizer state is as large as the model (AdamW: twice); only the latest
-            // checkpoint keeps it, which is the one a resume normally starts from.
-            if let Some(prev) = last_checkpoint.replace(dir.clone()) {
-                std::fs::remove_file(prev.join(checkpoint::OPTIMIZER)).ok();
-            }
+            write_checkpoint(
+                &dir,
+                recipe,
+                &opt,
+                h,
+                (epoch, step, world, accum),
+                final_metrics.clone(),
+            )?;
+            retire(last_checkpoint.replace(dir.clone()), &step_checkpoints, h);
             ev.send(Event::Checkpoint {
                 rank,
                 step,
