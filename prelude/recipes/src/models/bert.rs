@@ -1,6 +1,8 @@
-//! BERT encoder with a sequence-classification head, parameter names identical to Hugging Face
-//! Transformers' `BertForSequenceClassification` (`bert.embeddings.word_embeddings.weight`,
-//! `bert.encoder.layer.0.attention.self.query.weight`, ..., `classifier.weight`).
+//! BERT: the encoder with a sequence-classification head or a masked-LM head, parameter names
+//! identical to Hugging Face Transformers' `BertForSequenceClassification` and
+//! `BertForMaskedLM` (`bert.embeddings.word_embeddings.weight`,
+//! `bert.encoder.layer.0.attention.self.query.weight`, ..., `classifier.weight`,
+//! `cls.predictions.transform.dense.weight`), so checkpoints go both ways.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -241,35 +243,25 @@ impl Layer {
     }
 }
 
-/// `BertForSequenceClassification`.
-pub struct BertClassifier {
+/// The encoder (`bert.embeddings`, `bert.encoder`), shared by the heads.
+struct Encoder {
     embeddings: Embeddings,
     layers: Vec<Layer>,
-    pooler: nn::Linear,
-    classifier: nn::Linear,
-    dropout: f64,
-    pub num_labels: i64,
 }
 
-impl BertClassifier {
-    /// Builds under `root` (use the VarStore's root; names get the `bert.` prefix).
-    pub fn new(root: &nn::Path, c: &BertConfig, num_labels: i64) -> Self {
-        let bert = root / "bert";
-        let enc = &bert / "encoder" / "layer";
+impl Encoder {
+    fn new(bert: &nn::Path, c: &BertConfig) -> Self {
+        let enc = bert / "encoder" / "layer";
         Self {
-            embeddings: Embeddings::new(&bert / "embeddings", c),
+            embeddings: Embeddings::new(bert / "embeddings", c),
             layers: (0..c.num_hidden_layers)
                 .map(|i| Layer::new(&enc / i, c))
                 .collect(),
-            pooler: linear(&bert / "pooler" / "dense", c.hidden_size, c.hidden_size, c),
-            classifier: linear(root / "classifier", c.hidden_size, num_labels, c),
-            dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
-            num_labels,
         }
     }
 
-    /// Logits (batch, num_labels). `attention_mask`: 1 for real tokens, 0 for padding.
-    pub fn forward(
+    /// Hidden states (batch, seq, hidden). `attention_mask`: 1 for real tokens, 0 for padding.
+    fn forward(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
@@ -287,6 +279,43 @@ impl BertClassifier {
         for l in &self.layers {
             x = l.forward(&x, mask.as_ref(), train);
         }
+        x
+    }
+}
+
+/// `BertForSequenceClassification`.
+pub struct BertClassifier {
+    encoder: Encoder,
+    pooler: nn::Linear,
+    classifier: nn::Linear,
+    dropout: f64,
+    pub num_labels: i64,
+}
+
+impl BertClassifier {
+    /// Builds under `root` (use the VarStore's root; names get the `bert.` prefix).
+    pub fn new(root: &nn::Path, c: &BertConfig, num_labels: i64) -> Self {
+        let bert = root / "bert";
+        Self {
+            encoder: Encoder::new(&bert, c),
+            pooler: linear(&bert / "pooler" / "dense", c.hidden_size, c.hidden_size, c),
+            classifier: linear(root / "classifier", c.hidden_size, num_labels, c),
+            dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
+            num_labels,
+        }
+    }
+
+    /// Logits (batch, num_labels). `attention_mask`: 1 for real tokens, 0 for padding.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_types: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
+        let x = self
+            .encoder
+            .forward(input_ids, attention_mask, token_types, train);
         let cls = x.select(1, 0);
         let pooled = self.pooler.forward(&cls).tanh();
         self.classifier
@@ -294,10 +323,86 @@ impl BertClassifier {
     }
 }
 
+/// Label of a position the masked-LM loss ignores (Transformers' `-100`).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// `BertForMaskedLM`: the encoder (no pooler), then `cls.predictions`: a dense + activation +
+/// LayerNorm transform and a decoder whose weight is the word-embedding matrix (tied, as in
+/// Transformers: one tensor, trained by both uses) plus its own bias.
+pub struct BertForMaskedLm {
+    encoder: Encoder,
+    transform: nn::Linear,
+    transform_norm: nn::LayerNorm,
+    bias: Tensor,
+    act: String,
+}
+
+impl BertForMaskedLm {
+    /// Builds under `root` (names `bert.*` and `cls.predictions.*`).
+    pub fn new(root: &nn::Path, c: &BertConfig) -> Self {
+        let head = root / "cls" / "predictions";
+        let h = c.hidden_size;
+        Self {
+            encoder: Encoder::new(&(root / "bert"), c),
+            transform: linear(&head / "transform" / "dense", h, h, c),
+            transform_norm: layer_norm(&head / "transform" / "LayerNorm", h, c),
+            bias: head.zeros("bias", &[c.vocab_size]),
+            act: c.hidden_act.clone(),
+        }
+    }
+
+    /// Vocabulary logits of the given hidden states (…, hidden) → (…, vocab).
+    fn predict(&self, hidden: &Tensor) -> Tensor {
+        let x = activation(&self.act, &self.transform.forward(hidden));
+        let x = self.transform_norm.forward(&x);
+        x.matmul(&self.encoder.embeddings.word.ws.tr()) + &self.bias
+    }
+
+    /// Logits for every position (batch, seq, vocab), as Transformers returns them.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_types: Option<&Tensor>,
+        train: bool,
+    ) -> Tensor {
+        let x = self
+            .encoder
+            .forward(input_ids, attention_mask, token_types, train);
+        self.predict(&x)
+    }
+
+    /// Logits at the labelled positions only (labels other than [`IGNORE_INDEX`]), in row-major
+    /// order, and those labels: the loss needs nothing else, and the vocabulary projection of
+    /// the ~85% unmasked positions is most of a forward pass's work at BERT sizes.
+    pub fn forward_masked(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_types: Option<&Tensor>,
+        labels: &Tensor,
+        train: bool,
+    ) -> (Tensor, Tensor) {
+        let x = self
+            .encoder
+            .forward(input_ids, attention_mask, token_types, train);
+        let h = x.size()[2];
+        let flat = labels.reshape([-1]);
+        let at = flat.ne(IGNORE_INDEX).nonzero().squeeze_dim(1);
+        let picked = x.reshape([-1, h]).index_select(0, &at);
+        (self.predict(&picked), flat.index_select(0, &at))
+    }
+}
+
 pub use super::LoadReport;
 
-/// Buffers some checkpoints carry that are not parameters (recomputed at run time).
-const IGNORED: &[&str] = &["embeddings.position_ids"];
+/// Tensors some checkpoints carry that are not parameters here: a buffer recomputed at run
+/// time, and the masked-LM decoder, which is tied to the word embeddings and its bias.
+const IGNORED: &[&str] = &[
+    "embeddings.position_ids",
+    "cls.predictions.decoder.weight",
+    "cls.predictions.decoder.bias",
+];
 
 /// Copies the tensors of a `model.safetensors` into `vs`, matching Hugging Face names with or
 /// without the `bert.` prefix (BertModel checkpoints such as all-MiniLM-L6-v2 have none).
