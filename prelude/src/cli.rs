@@ -12,7 +12,7 @@ use crate::dashboard::JobDashboard;
 use crate::device::DeviceRequest;
 use crate::job::{JobStatus, Update};
 use crate::spec::{Configure, JobSpec, TrainConfig};
-use crate::{TextOptions, VisionOptions};
+use crate::{MlmOptions, TextOptions, VisionOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -168,8 +168,13 @@ pub struct TrainArgs {
         next_help_heading = "Training (every recipe; default: the preset's)"
     )]
     pub train: TrainConfig,
-    #[command(flatten, next_help_heading = "Text recipes (bert)")]
+    #[command(
+        flatten,
+        next_help_heading = "Text recipes (bert; bert-mlm: max-length is the block size)"
+    )]
     pub text: TextOptions,
+    #[command(flatten, next_help_heading = "Masked-LM recipe (bert-mlm)")]
+    pub mlm: MlmOptions,
     #[command(flatten, next_help_heading = "Image recipes (resnet)")]
     pub vision: VisionOptions,
 }
@@ -186,6 +191,7 @@ impl TrainArgs {
         spec.train = self.train.clone();
         spec.edit_recipe_options(|o: &mut TextOptions| *o = self.text.clone());
         spec.edit_recipe_options(|o: &mut VisionOptions| *o = self.vision.clone());
+        spec.edit_recipe_options(|o: &mut MlmOptions| *o = self.mlm.clone());
         spec.threads_per_worker = self.threads;
         spec.master_port = self.master_port;
         spec.runs_root = self.runs_root.clone();

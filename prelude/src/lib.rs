@@ -36,11 +36,11 @@ pub use trainbook_recipes as recipes;
 pub use trainbook_api::prelude;
 pub use trainbook_api::{
     content_blocks, fit, launch, running_jobs, stop_all, train_bert, train_resnet, Arch,
-    BertTrainer, Column, Configure, ConfigureText, ConfigureTraining, ConfigureVision, DeviceKind,
-    DeviceRequest, Hyper, ImageClassifier, ImageFolder, Job, JobSpec, JobStatus, LogLevel,
-    OptimizerKind, Padding, Plan, Precision, Prediction, ResnetTrainer, Schedule, ShowValue, Table,
-    TextClassifier, TextOptions, Train, TrainConfig, TrainError, TrainResult, Update, View,
-    ViewOptions, VisionOptions,
+    BertMlmTrainer, BertTrainer, Column, Configure, ConfigureMlm, ConfigureText, ConfigureTraining,
+    ConfigureVision, DeviceKind, DeviceRequest, Hyper, ImageClassifier, ImageFolder, Job, JobSpec,
+    JobStatus, LogLevel, MlmOptions, OptimizerKind, Padding, Plan, Precision, Prediction,
+    ResnetTrainer, Schedule, ShowValue, Table, TextClassifier, TextOptions, Train, TrainConfig,
+    TrainError, TrainResult, Update, View, ViewOptions, VisionOptions,
 };
 
 // The facade's own modules reach the layers beneath by these names.

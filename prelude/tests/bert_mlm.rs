@@ -79,3 +79,101 @@ fn logits_and_loss_match_transformers_and_the_names_round_trip() {
     assert_eq!(names(&saved), names(&dir.join("model.safetensors")));
     std::fs::remove_file(saved).ok();
 }
+
+fn runs() -> PathBuf {
+    std::env::temp_dir().join("trainbook-mlm-tests")
+}
+
+fn tiny() -> trainbook::BertMlmTrainer {
+    use trainbook::prelude::*;
+    BertMlmTrainer::new()
+        .workers(2)
+        .preset("tiny")
+        .device(DeviceRequest::Cpu)
+        .runs_root(runs())
+}
+
+/// The recipe end to end: two workers pre-train the tiny BERT, the loss falls, perplexity is
+/// exp(loss), and the checkpoint is a Transformers `BertForMaskedLM` directory that a second
+/// run continues from.
+#[test]
+fn tiny_pretraining_runs_and_its_checkpoint_continues() {
+    use trainbook::prelude::*;
+    let r = tiny().fit().unwrap();
+    assert_eq!(r.steps, 16);
+    let losses: Vec<f64> = r
+        .metric_rows
+        .iter()
+        .filter(|m| m.name == "loss" && m.rank == 0)
+        .map(|m| m.value)
+        .collect();
+    assert!(
+        losses.last().unwrap() < &(losses[0] - 0.3),
+        "the loss falls: {losses:?}"
+    );
+    let m = &r.metrics;
+    assert!((m["eval_perplexity"] - m["eval_loss"].exp()).abs() < 1e-6 * m["eval_perplexity"]);
+    assert!((0.0..=1.0).contains(&m["eval_masked_accuracy"]));
+
+    let ckpt = r.last_checkpoint.clone().unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "BertForMaskedLM");
+    assert!(
+        ckpt.join("vocab.txt").exists(),
+        "the tokenizer travels with the model"
+    );
+    let cfg = BertConfig::from_file(&ckpt.join("config.json")).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _model = BertForMaskedLm::new(&vs.root(), &cfg);
+    let report = load_safetensors(&vs, &ckpt.join("model.safetensors")).unwrap();
+    assert!(
+        report.missing.is_empty() && report.unexpected.is_empty(),
+        "{report:?}"
+    );
+
+    // Continued pre-training starts where the first run ended, not from scratch.
+    let more = tiny()
+        .model(ckpt.display().to_string())
+        .max_steps(2)
+        .fit()
+        .unwrap();
+    let first = more
+        .metric_rows
+        .iter()
+        .find(|m| m.name == "loss")
+        .unwrap()
+        .value;
+    assert!(
+        first < losses[0] - 0.3,
+        "continued from {first}, scratch began at {}",
+        losses[0]
+    );
+}
+
+/// A tokenizer trained by `TokenizerTrainer` is what a from-scratch model's vocabulary is
+/// made of; bad options fail before any worker starts, naming the fix.
+#[test]
+fn a_trained_tokenizer_feeds_pretraining_and_bad_options_name_the_fix() {
+    use trainbook::prelude::*;
+    let dir = runs().join("tok-600");
+    TokenizerTrainer::new().vocab_size(600).train(&dir).unwrap();
+    let r = tiny().tokenizer(&dir).max_steps(2).fit().unwrap();
+    let ckpt = r.last_checkpoint.unwrap();
+    let cfg = BertConfig::from_file(&ckpt.join("config.json")).unwrap();
+    assert_eq!(cfg.vocab_size, 600);
+
+    let err = |t: BertMlmTrainer| format!("{:#}", t.plan().unwrap_err());
+    let e = err(tiny().heads(5));
+    assert!(e.contains("heads must divide hidden_size"), "{e}");
+    let e = err(tiny().padding(Padding::Dynamic));
+    assert!(e.contains("no labels and needs no padding"), "{e}");
+    let e = err(tiny().tokenizer("/nonexistent"));
+    assert!(e.contains("trainbook tokenizer train"), "{e}");
+    let e = err(tiny().mlm_probability(1.5));
+    assert!(e.contains("0.15"), "{e}");
+    let mut spec = JobSpec::new("bert").preset("tiny");
+    spec.edit_recipe_options(|o: &mut trainbook::MlmOptions| o.layers = Some(2));
+    let e = format!("{:#}", spec.plan().unwrap_err());
+    assert!(e.contains("recipe bert has no option 'layers'"), "{e}");
+}

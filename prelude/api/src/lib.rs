@@ -52,6 +52,7 @@ pub mod device;
 pub mod display;
 pub mod job;
 pub mod logs;
+pub mod mlm;
 pub mod options;
 pub mod params;
 pub mod run;
@@ -67,6 +68,7 @@ pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
 pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
 pub use logs::LogLevel;
+pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
 pub use params::{Param, ParamError};
 pub use run::{fit, launch, Plan, Train, View, ViewOptions};
 pub use spec::{
@@ -93,6 +95,7 @@ pub mod prelude {
     pub use crate::display::ShowValue;
     pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
     pub use crate::logs::LogLevel;
+    pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;
     pub use crate::run::{fit, launch, Plan, Train, View};
     pub use crate::spec::{

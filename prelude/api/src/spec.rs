@@ -433,7 +433,25 @@ impl JobSpec {
     where
         T: serde::de::DeserializeOwned + Serialize + Default,
     {
-        let known = crate::options::names::<T>();
+        self.check_option_names(crate::options::names::<T>())?;
+        self.options_as()
+    }
+
+    /// This job's recipe options as two option types at once, for a recipe that takes both
+    /// (bert-mlm: the text options and its own). An option neither has is an error that lists
+    /// the ones they have.
+    pub fn recipe_options_pair<A, B>(&self) -> Result<(A, B)>
+    where
+        A: serde::de::DeserializeOwned + Serialize + Default,
+        B: serde::de::DeserializeOwned + Serialize + Default,
+    {
+        let mut known = crate::options::names::<A>();
+        known.extend(crate::options::names::<B>());
+        self.check_option_names(known)?;
+        Ok((self.options_as()?, self.options_as()?))
+    }
+
+    fn check_option_names(&self, known: Vec<String>) -> Result<()> {
         if let Some(k) = self.options.keys().find(|k| !known.contains(k)) {
             bail!(
                 "recipe {} has no option '{k}': its options are {}",
@@ -441,6 +459,11 @@ impl JobSpec {
                 known.join(", ")
             );
         }
+        Ok(())
+    }
+
+    /// The options as `T`, ignoring the ones `T` does not have.
+    fn options_as<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
         serde_json::from_value(serde_json::Value::Object(self.options.clone()))
             .map_err(|e| anyhow::anyhow!("recipe {}: {e}", self.recipe))
     }

@@ -173,6 +173,11 @@ pub trait Recipe {
     /// Called before each pass over a split with the exact batches `forward` will be asked for,
     /// in order, so the recipe can prepare them in the background (the image pipeline).
     fn plan(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}
+    /// True when the loss is a mean cross-entropy over tokens (a language model): the engine
+    /// then also reports `perplexity`, exp(loss), per step and per epoch.
+    fn perplexity(&self) -> bool {
+        false
+    }
     /// Writes a loadable checkpoint into `dir` (an empty directory).
     fn save(&self, dir: &Path) -> Result<()> {
         self.vars().save(dir.join(crate::checkpoint::MODEL))?;

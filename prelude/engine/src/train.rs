@@ -309,6 +309,7 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
     }
 
     let eval_idx = sampler::eval_shard(recipe.eval_len(), rank, world);
+    let perplexity = recipe.perplexity();
     let first_epoch = step / steps_per_epoch;
     // Optimizer steps of the first epoch that the checkpoint already took.
     let mut skip = step % steps_per_epoch;
@@ -401,6 +402,9 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             loss_n += group_n as f64;
             ev.log(format!("train epoch:[{epoch}]\tloss:{l:.6}"));
             ev.metric(step, epoch, "loss", l);
+            if perplexity {
+                ev.metric(step, epoch, "perplexity", l.exp());
+            }
             for (name, value) in group_metrics.means() {
                 ev.metric(step, epoch, &name, value);
             }
@@ -513,6 +517,14 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             }
             let confusion = Confusion::from_sums(eval.confusion.classes(), rest);
             final_metrics.extend(confusion.scores("eval_"));
+        }
+        if perplexity {
+            // exp of the mean loss, not the mean of per-batch perplexities.
+            for split in ["epoch_train", "eval"] {
+                if let Some(l) = final_metrics.get(&format!("{split}_loss")).copied() {
+                    final_metrics.insert(format!("{split}_perplexity"), l.exp());
+                }
+            }
         }
         let sps = samples as f64 * world as f64 / train_time.as_secs_f64().max(1e-9);
         final_metrics.insert("samples_per_second".to_string(), sps);

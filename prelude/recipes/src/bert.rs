@@ -88,13 +88,7 @@ fn preset(name: &str) -> Result<Preset> {
             ),
             text: text(512, false),
         },
-        other => {
-            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-            bail!(
-                "unknown preset '{other}' for recipe bert: use {}",
-                names.join(", ")
-            )
-        }
+        other => return Err(crate::unknown_preset("bert", other, PRESETS)),
     })
 }
 

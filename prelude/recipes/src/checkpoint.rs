@@ -89,10 +89,24 @@ pub fn write_text_model(
         .map(|(i, n)| (n.clone(), serde_json::json!(i)))
         .collect();
     write_atomic(&dir.join(MODEL_CONFIG), &serde_json::to_vec_pretty(&json)?)?;
+    copy_tokenizer(tokenizer_dir, dir)
+}
+
+/// Writes a masked-LM's `config.json` (Transformers' `BertForMaskedLM` form) and copies the
+/// tokenizer files of `tokenizer_dir`.
+pub fn write_mlm_model(dir: &Path, config: &BertConfig, tokenizer_dir: &Path) -> Result<()> {
+    let mut json = serde_json::to_value(config)?;
+    json["architectures"] = serde_json::json!(["BertForMaskedLM"]);
+    json["model_type"] = serde_json::json!("bert");
+    write_atomic(&dir.join(MODEL_CONFIG), &serde_json::to_vec_pretty(&json)?)?;
+    copy_tokenizer(tokenizer_dir, dir)
+}
+
+fn copy_tokenizer(from: &Path, to: &Path) -> Result<()> {
     for f in TOKENIZER_FILES {
-        let src = tokenizer_dir.join(f);
+        let src = from.join(f);
         if src.exists() {
-            std::fs::copy(&src, dir.join(f))
+            std::fs::copy(&src, to.join(f))
                 .with_context(|| format!("copying {}", src.display()))?;
         }
     }

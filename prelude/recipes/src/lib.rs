@@ -10,6 +10,7 @@ pub mod assets;
 pub mod bert;
 pub mod checkpoint;
 pub mod classify;
+pub mod mlm;
 pub mod models;
 pub mod resnet;
 pub mod synthetic;
@@ -27,6 +28,13 @@ pub static REGISTRY: Registry = Registry::new(&[
         presets: bert::PRESETS,
         preset: bert::resolve,
         build: |h, d, log| Ok(Box::new(bert::BertRecipe::build(h, d, log)?)),
+    },
+    RecipeEntry {
+        name: "bert-mlm",
+        description: "BERT pre-training by masked-language modelling (offline default: a 4-layer BERT from scratch on Rotten Tomatoes snippets)",
+        presets: mlm::PRESETS,
+        preset: mlm::resolve,
+        build: |h, d, log| Ok(Box::new(mlm::MlmRecipe::build(h, d, log)?)),
     },
     RecipeEntry {
         name: "resnet",
@@ -53,6 +61,15 @@ pub fn worker_main() -> i32 {
     #[cfg(not(feature = "hpu"))]
     let hpu: trainbook_engine::worker::Hpu = None;
     trainbook_engine::worker::main(&REGISTRY, hpu)
+}
+
+/// The error for a preset name a recipe does not have, listing the ones it has.
+fn unknown_preset(recipe: &str, name: &str, presets: &[(&str, &str)]) -> anyhow::Error {
+    let names: Vec<&str> = presets.iter().map(|(n, _)| *n).collect();
+    anyhow::anyhow!(
+        "unknown preset '{name}' for recipe {recipe}: use {}",
+        names.join(", ")
+    )
 }
 
 /// A recipe's resolved settings as they travel in [`Hyper::recipe_options`].

@@ -95,13 +95,7 @@ fn preset(name: &str) -> Result<Preset> {
             ),
             vision: vision(Arch::Resnet50, 224, Augment::TORCHVISION),
         },
-        other => {
-            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
-            bail!(
-                "unknown preset '{other}' for recipe resnet: use {}",
-                names.join(", ")
-            )
-        }
+        other => return Err(crate::unknown_preset("resnet", other, PRESETS)),
     })
 }
 

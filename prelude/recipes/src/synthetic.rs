@@ -6,7 +6,7 @@
 //! not always — the majority kind. A real learning problem (attention has to pool evidence
 //! over the sequence), fast enough for tests, needing no files.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use tch::{nn, Kind, Tensor};
 use trainbook_engine::device::{Device, OnDeviceOf};
@@ -112,14 +112,7 @@ fn preset(name: &str) -> Result<Preset> {
             hidden: 256,
             layers: 4,
         },
-        other => bail!(
-            "unknown preset '{other}' for recipe synthetic: use {}",
-            PRESETS
-                .iter()
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        other => return Err(crate::unknown_preset("synthetic", other, PRESETS)),
     })
 }
 

@@ -97,6 +97,11 @@ impl TextTokenizer {
         self.max_length
     }
 
+    /// The id of `token` (e.g. `[MASK]`), if the vocabulary has it.
+    pub fn token_id(&self, token: &str) -> Option<i64> {
+        self.inner.token_to_id(token).map(i64::from)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -1,0 +1,385 @@
+//! `bert-mlm`: BERT pre-training by masked-language modelling, data-parallel.
+//!
+//! The reference's story (003): texts tokenized with their special tokens, concatenated and cut
+//! into blocks of `max_length` tokens; 15% of the tokens masked (80/10/10), a
+//! `BertForMaskedLM` trained to restore them. From scratch (a config from `layers`,
+//! `hidden_size`, `heads` and the tokenizer's vocabulary) or continued from a checkpoint
+//! (`model`). Samples are blocks: `train_rows`/`eval_rows` count blocks.
+//!
+//! Presets:
+//! - `tiny`: a random 2-layer hidden-64 BERT, blocks of 32 tokens from the Rotten Tomatoes
+//!   snippets, 256 train / 64 eval blocks: seconds, for tests and CI.
+//! - `default`: a random 4-layer hidden-256 BERT, blocks of 128 tokens from the Rotten Tomatoes
+//!   snippets, AdamW 5e-4 with linear decay after 10% warm-up, 3 epochs: minutes on a CPU.
+//!
+//! Data: a `.txt` file (a text per line) or a table with a text column; without `eval_data`,
+//! every 20th text (5%, `eval_fraction` to change) is held out. The tokenizer: `tokenizer`,
+//! else the model's, else the offline uncased BERT vocabulary of all-MiniLM-L6-v2.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use tch::{nn, Kind, Tensor};
+use trainbook_engine::device::Device;
+use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
+use trainbook_engine::spec::{JobSpec, OptimizerKind, Schedule};
+
+use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, IGNORE_INDEX};
+use crate::text::cache;
+use crate::text::mlm::{group_texts, Masking};
+use crate::text::tokenizer::{Padding, TextTokenizer};
+use crate::text::wordpiece::{read_texts, SPECIAL_TOKENS};
+pub use trainbook_api::mlm::{MlmOptions, MlmSettings};
+use trainbook_api::text::{TextOptions, TextSettings};
+
+/// Held out for evaluation when neither `eval_data` nor `eval_fraction` is given.
+const EVAL_FRACTION: f64 = 0.05;
+
+/// Presets of `trainbook train bert-mlm --preset NAME`.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("tiny", "random 2-layer hidden-64 BERT, 32-token blocks of Rotten Tomatoes snippets, 256/64 blocks: seconds, for tests"),
+    ("default", "random 4-layer hidden-256 BERT, 128-token blocks of the Rotten Tomatoes snippets, AdamW 5e-4 linear, 3 epochs"),
+];
+
+/// The settings a job resolves to: the text options that apply (block size, columns, eval
+/// split) and the masked-LM ones.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Settings {
+    text: TextSettings,
+    mlm: MlmSettings,
+}
+
+fn preset(name: &str) -> Result<(Hyper, Settings)> {
+    let rt = crate::assets::rotten_tomatoes_csv().display().to_string();
+    let text = |block| TextSettings {
+        max_length: block,
+        padding: Padding::MaxLength,
+        text_column: "text".into(),
+        label_column: "label".into(),
+        eval_fraction: None,
+        eval_data: None,
+        random_init: true,
+    };
+    let mlm = |layers, hidden_size, heads| MlmSettings {
+        mlm_probability: 0.15,
+        tokenizer: None,
+        layers,
+        hidden_size,
+        heads,
+    };
+    let hyper = |epochs, batch, lr, rows: Option<(usize, usize)>| Hyper {
+        data: Some(rt.clone()),
+        train_rows: rows.map(|r| r.0),
+        eval_rows: rows.map(|r| r.1),
+        ..Hyper::new(name, epochs, batch, lr, OptimizerKind::Adamw)
+    };
+    Ok(match name {
+        "tiny" => (
+            hyper(1, 16, 1e-3, Some((256, 64))),
+            Settings {
+                text: text(32),
+                mlm: mlm(2, 64, 4),
+            },
+        ),
+        "default" => {
+            let mut h = hyper(3, 32, 5e-4, None);
+            h.schedule = Schedule::Linear;
+            h.warmup_ratio = 0.1;
+            h.weight_decay = 0.01;
+            (
+                h,
+                Settings {
+                    text: text(128),
+                    mlm: mlm(4, 256, 4),
+                },
+            )
+        }
+        other => return Err(crate::unknown_preset("bert-mlm", other, PRESETS)),
+    })
+}
+
+/// The job's preset with its options resolved; checks what can be checked without loading
+/// anything (see [`trainbook_engine::recipe::PresetFn`]).
+pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
+    let name = spec
+        .train
+        .preset
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let (mut hyper, p) = preset(&name)?;
+    let (text_opts, mlm_opts): (TextOptions, MlmOptions) = spec.recipe_options_pair()?;
+    if text_opts.padding.is_some() || text_opts.label_column.is_some() {
+        bail!("bert-mlm has no labels and needs no padding (its blocks are full): drop padding and label_column");
+    }
+    let mut s = Settings {
+        text: p.text.with_overrides(&text_opts),
+        mlm: p.mlm.with_overrides(&mlm_opts),
+    };
+    s.text.random_init = spec.train.model.is_none();
+    let block = s.text.max_length;
+    if !(8..=8192).contains(&block) {
+        bail!("max_length {block} (the block size) must be between 8 and 8192 tokens");
+    }
+    let m = &s.mlm;
+    if !(m.mlm_probability > 0.0 && m.mlm_probability < 1.0) {
+        bail!(
+            "mlm_probability {} must be between 0 and 1 (BERT uses 0.15)",
+            m.mlm_probability
+        );
+    }
+    if m.layers == 0 || m.hidden_size == 0 || m.heads == 0 || m.hidden_size % m.heads != 0 {
+        bail!(
+            "layers {}, hidden_size {}, heads {}: all must be positive and heads must divide hidden_size (e.g. 4 layers, 256 hidden, 4 heads)",
+            m.layers,
+            m.hidden_size,
+            m.heads
+        );
+    }
+    if let Some(f) = s.text.eval_fraction {
+        if !(f > 0.0 && f < 1.0) {
+            bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.05 holds out 5%)");
+        }
+    }
+    if let Some(t) = &m.tokenizer {
+        if !t.join("tokenizer.json").exists() && !t.join("vocab.txt").exists() {
+            bail!("tokenizer {} has neither tokenizer.json nor vocab.txt: train one with `trainbook tokenizer train --out {}`", t.display(), t.display());
+        }
+    } else if spec.train.model.is_none() && !crate::assets::minilm_dir().join("vocab.txt").exists()
+    {
+        bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline vocabulary), or name a tokenizer", crate::assets::minilm_dir().display());
+    }
+    hyper.recipe_options = crate::settings_map(&s)?;
+    Ok(hyper)
+}
+
+/// Reads the texts of `data`: a `.txt` file, or a table (a file, a directory or a dataset id).
+fn read_corpus(data: &str, column: &str) -> Result<Vec<String>> {
+    let path = Path::new(data);
+    if path.is_file() {
+        return read_texts(path, Some(column));
+    }
+    let files = crate::assets::resolve_dataset(data)?;
+    read_texts(&files.train, Some(column))
+}
+
+pub struct MlmRecipe {
+    vs: nn::VarStore,
+    model: BertForMaskedLm,
+    config: BertConfig,
+    tokenizer_dir: PathBuf,
+    masking: Masking,
+    train: Vec<Vec<i64>>,
+    eval: Vec<Vec<i64>>,
+    seed: u64,
+    /// The epoch of the current training pass (masks change per epoch).
+    epoch: Cell<u64>,
+    device: Device,
+}
+
+impl MlmRecipe {
+    pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {
+        let s: Settings = crate::settings(hyper)?;
+        let block = s.text.max_length;
+        let model_dir = match &hyper.model {
+            Some(m) => Some(crate::assets::resolve_model(m)?.0),
+            None => None,
+        };
+        let tokenizer_dir = s
+            .mlm
+            .tokenizer
+            .clone()
+            .or_else(|| model_dir.clone())
+            .unwrap_or_else(crate::assets::minilm_dir);
+        // Whole texts: grouping, not truncation, makes the blocks.
+        let tokenizer = TextTokenizer::from_model_dir(&tokenizer_dir, 1 << 20)?;
+        let vocab = tokenizer.vocab_size() as i64;
+        let id = |t: &str| tokenizer.token_id(t);
+        let mask_id = id("[MASK]").with_context(|| {
+            format!(
+                "the tokenizer in {} has no [MASK] token: masked-LM training needs one (`trainbook tokenizer train` adds it)",
+                tokenizer_dir.display()
+            )
+        })?;
+        let specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
+        let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?;
+
+        // Texts, the held-out ones, blocks.
+        let data = hyper
+            .data
+            .as_deref()
+            .context("bert-mlm needs data: a .txt file or a table with a text column")?;
+        let column = s.text.text_column.as_str();
+        let texts = read_corpus(data, column)?;
+        let (train_texts, eval_texts): (Vec<String>, Vec<String>) = match &s.text.eval_data {
+            Some(f) if s.text.eval_fraction.is_none() => {
+                (texts, read_corpus(&f.display().to_string(), column)?)
+            }
+            _ => {
+                let every = (1.0 / s.text.eval_fraction.unwrap_or(EVAL_FRACTION))
+                    .round()
+                    .max(2.0) as usize;
+                let (eval, train): (Vec<_>, Vec<_>) = texts
+                    .into_iter()
+                    .enumerate()
+                    .partition(|(i, _)| i % every == every - 1);
+                (
+                    train.into_iter().map(|(_, t)| t).collect(),
+                    eval.into_iter().map(|(_, t)| t).collect(),
+                )
+            }
+        };
+        let t0 = std::time::Instant::now();
+        let blocks = |texts: &[String], rows: Option<usize>| -> Result<Vec<Vec<i64>>> {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let (enc, _) = cache::encode_cached(&tokenizer, &refs, &cache::cache_dir())?;
+            let ids = enc
+                .iter()
+                .map(|e| e.ids.iter().map(|&i| i as u32).collect::<Vec<u32>>());
+            let mut b = group_texts(ids, block);
+            b.truncate(rows.unwrap_or(usize::MAX));
+            Ok(b)
+        };
+        let train = blocks(&train_texts, hyper.train_rows)?;
+        let eval = blocks(&eval_texts, hyper.eval_rows)?;
+        if train.is_empty() {
+            bail!(
+                "{data} gives no block of {block} tokens ({} texts): use more text or a smaller max_length",
+                train_texts.len()
+            );
+        }
+        log(format!(
+            "data: {} train / {} eval blocks of {block} tokens from {data} ({} + {} texts, tokenized in {:.1} s; vocabulary {vocab} from {})",
+            train.len(),
+            eval.len(),
+            train_texts.len(),
+            eval_texts.len(),
+            t0.elapsed().as_secs_f64(),
+            tokenizer_dir.display()
+        ));
+
+        let config = match &model_dir {
+            Some(dir) => {
+                let c = BertConfig::from_file(&dir.join("config.json"))?;
+                if c.vocab_size != vocab {
+                    bail!("{} has a vocabulary of {} but the tokenizer in {} has {vocab}: use the model's own tokenizer", dir.display(), c.vocab_size, tokenizer_dir.display());
+                }
+                if (c.max_position_embeddings as usize) < block {
+                    bail!(
+                        "max_length {block} is longer than the model's {} positions",
+                        c.max_position_embeddings
+                    );
+                }
+                c
+            }
+            None => {
+                let h = s.mlm.hidden_size as i64;
+                BertConfig {
+                    hidden_size: h,
+                    num_hidden_layers: s.mlm.layers as i64,
+                    num_attention_heads: s.mlm.heads as i64,
+                    intermediate_size: 4 * h,
+                    ..BertConfig::tiny(vocab, (block as i64).max(512))
+                }
+            }
+        }
+        .with_dropout(hyper.dropout);
+        tch::manual_seed(hyper.seed as i64);
+        let mut vs = device.var_store();
+        let model = BertForMaskedLm::new(&vs.root(), &config);
+        if let Some(dir) = &model_dir {
+            let report = load_weights(&vs, dir)?;
+            if let Some(msg) = report.describe("BertForMaskedLM", &dir.display().to_string()) {
+                msg.lines().for_each(|l| log(l.to_string()));
+            }
+        }
+        device.place_vars(&mut vs)?;
+        Ok(Self {
+            vs,
+            model,
+            config,
+            tokenizer_dir,
+            masking,
+            train,
+            eval,
+            seed: hyper.seed,
+            epoch: Cell::new(0),
+            device,
+        })
+    }
+
+    /// Masked inputs and labels of blocks `indices`: this epoch's masks in training, one fixed
+    /// mask in evaluation (so epochs are compared on the same task).
+    fn batch(&self, split: Split, indices: &[usize]) -> (Tensor, Tensor) {
+        let (blocks, epoch) = match split {
+            Split::Train => (&self.train, self.epoch.get()),
+            Split::Eval => (&self.eval, u64::MAX),
+        };
+        let (mut input, mut labels) = (Vec::new(), Vec::new());
+        for &i in indices {
+            let (x, y) = self.masking.apply(&blocks[i], self.seed, epoch, i);
+            input.extend(x);
+            labels.extend(y);
+        }
+        // A batch with nothing selected has no loss; predict one token as itself (it happens
+        // about never at BERT's sizes, but a tiny block must not end a run).
+        if labels.iter().all(|&l| l == IGNORE_INDEX) {
+            if let Some(i) = input
+                .iter()
+                .position(|t| !self.masking.specials.contains(t))
+            {
+                labels[i] = input[i];
+            }
+        }
+        let shape = [indices.len() as i64, -1];
+        (
+            Tensor::from_slice(&input).view(shape),
+            Tensor::from_slice(&labels).view(shape),
+        )
+    }
+}
+
+impl Recipe for MlmRecipe {
+    fn vars(&self) -> &nn::VarStore {
+        &self.vs
+    }
+    fn vars_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+    fn train_len(&self) -> usize {
+        self.train.len()
+    }
+    fn eval_len(&self) -> usize {
+        self.eval.len()
+    }
+    fn plan(&self, split: Split, epoch: u64, _batches: &[&[usize]]) {
+        if split == Split::Train {
+            self.epoch.set(epoch);
+        }
+    }
+    fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
+        let (input, labels) = self.batch(split, indices);
+        let d = self.device;
+        let (logits, labels) =
+            self.model
+                .forward_masked(&d.put(&input)?, None, None, &d.put(&labels)?, train);
+        let logits = logits.to_kind(Kind::Float);
+        let loss = logits.cross_entropy_for_logits(&labels);
+        let accuracy = logits
+            .argmax(-1, false)
+            .eq_tensor(&labels)
+            .to_kind(Kind::Float)
+            .mean(Kind::Float)
+            .double_value(&[]);
+        Ok(Step::loss(loss).metric("masked_accuracy", accuracy))
+    }
+    fn perplexity(&self) -> bool {
+        true
+    }
+    /// A directory Transformers' `BertForMaskedLM.from_pretrained` loads (the decoder is tied,
+    /// as in its own checkpoints), with the tokenizer files.
+    fn save(&self, dir: &Path) -> Result<()> {
+        self.vs.save(dir.join(crate::checkpoint::MODEL))?;
+        crate::checkpoint::write_mlm_model(dir, &self.config, &self.tokenizer_dir)
+    }
+}
