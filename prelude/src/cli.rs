@@ -68,7 +68,7 @@ pub enum TokenizerCommand {
 #[derive(Args, Debug)]
 pub struct TokenizerArgs {
     /// Text sources, in order: .txt (a text per non-empty line), .parquet, .csv, .tsv or
-    /// .jsonl (repeat the flag for more) [default: the offline Rotten Tomatoes snippets].
+    /// .jsonl (repeat the flag for more) [default: the offline Brown corpus].
     #[arg(long)]
     pub data: Vec<PathBuf>,
     /// The text column of tables.

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts" / "notebook.py"
 NOTEBOOKS = ["bert", "resnet"]
+ALL_NOTEBOOKS = ["bert", "resnet", "custom", "pretrain"]
 # Enough steps for several live redraws, seconds of training on 2 CPU cores.
 TINY = [("preset", "tiny"), ("epochs", "2")]
 
@@ -63,7 +64,7 @@ def errors(nb):
     ]
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS)
 def test_notebook_is_committed_without_outputs_and_has_a_parameters_cell(name):
     path = ROOT / "notebooks" / f"{name}.ipynb"
     proc = notebook_tool("check-stripped", str(path))
@@ -179,3 +180,35 @@ def test_custom_notebook_trains_its_own_model_and_predicts_from_the_checkpoint(t
     predicted = text_of(cell_with(nb, "load(&Digits"))
     assert re.search(r"predicted: \[(\d, ){9}\d\]", predicted), predicted
     assert re.search(r"true: +\[(\d, ){9}\d\]", predicted), predicted
+
+
+def test_pretrain_notebook_trains_a_tokenizer_pretrains_and_fine_tunes(tmp_path):
+    """notebooks/pretrain.ipynb with a tiny BERT: a WordPiece vocabulary from the Brown corpus,
+    masked-LM pre-training by 2 workers (live view with perplexity), then fine-tuning from the
+    checkpoint and from random weights, compared."""
+    path = ROOT / "notebooks" / "pretrain.ipynb"
+    assert notebook_tool("check-stripped", str(path)).returncode == 0
+    params = [("vocab_size", "1000"), ("block_size", "32"), ("layers", "2"), ("hidden_size", "64"),
+              ("max_steps", "30"), ("finetune_rows", "512")]
+    proc, nb = execute("pretrain", tmp_path, params)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert errors(nb) == []
+
+    tok = text_of(cell_with(nb, "TokenizerTrainer::new()"))
+    assert re.search(r"^1000 tokens from 15667 texts", tok, re.M), tok
+    assert "[CLS] the " in tok and "[SEP]" in tok, tok
+
+    pre = cell_with(nb, "pretrainer.fit()")
+    views = [o for o in pre.outputs if o.output_type == "display_data"]
+    assert len(views) == 1 and "succeeded" in views[0].data["text/plain"], pre.outputs
+    assert "val perplexity" in views[0].data["text/plain"], views[0].data["text/plain"]
+    table = text_of(cell_with(nb, "pretrained.epochs()?"))
+    assert "eval_perplexity" in table and "eval_masked_accuracy" in table, table
+
+    scratch = text_of(cell_with(nb, "finetune(&checkpoint, true"))
+    assert "from scratch: the architecture of" in scratch, scratch
+    loaded = text_of(cell_with(nb, "fn finetune("))
+    assert "newly initialized" in loaded and "classifier.weight" in loaded, loaded
+    compared = text_of(cell_with(nb, "fn acc("))
+    accs = [float(a) for a in re.findall(r": +(0\.\d{4})$", compared, re.M)]
+    assert len(accs) == 2 and all(0.3 < a < 1.0 for a in accs), compared

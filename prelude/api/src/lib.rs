@@ -105,7 +105,7 @@ pub mod prelude {
     pub use crate::text::{train_bert, BertTrainer, ConfigureText, Padding};
     pub use crate::tokenizer::{TokenizerTrainer, TrainedTokenizer};
     pub use crate::vision::{train_resnet, Arch, ConfigureVision, ImageFolder, ResnetTrainer};
-    pub use anyhow::Result;
+    pub use anyhow::{anyhow, bail, Result};
     // The std types trainbook's values are made of, so that a variable's type, written down
     // by the kernel as the compiler names it (`PathBuf`, `BTreeMap<String, f64>`), resolves.
     pub use std::collections::{BTreeMap, HashMap};

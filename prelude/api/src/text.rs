@@ -64,6 +64,10 @@ crate::options! {
         /// A separate evaluation table (otherwise the data's test table or a held-out split).
         #[arg(value_name = "TABLE")]
         eval_data: PathBuf [into] => Option<PathBuf>,
+        /// Train the model's architecture (its config.json) from random weights instead of
+        /// its trained ones: the control run of a fine-tuning comparison.
+        #[arg(num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+        from_scratch: bool => bool,
     }
     extra {
         /// The model's architecture with random weights (the tiny preset, when no model is

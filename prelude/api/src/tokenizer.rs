@@ -10,7 +10,7 @@ use crate::runtime::runtime;
 
 /// What to train a WordPiece vocabulary on, and how. Defaults are Hugging Face's
 /// `BertWordPieceTokenizer.train` settings (vocabulary 30,522, min frequency 2, uncased,
-/// alphabet limit 1000) on the offline Rotten Tomatoes snippets.
+/// alphabet limit 1000) on the offline Brown corpus (1M words of English, 15 genres).
 ///
 /// ```ignore
 /// let tok = TokenizerTrainer::new().data("corpus.txt").vocab_size(8000).train("my-tokenizer")?;
@@ -19,7 +19,7 @@ use crate::runtime::runtime;
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenizerTrainer {
     /// Text sources, read in order: `.txt` files (a text per non-empty line) or data tables
-    /// (`.parquet`, `.csv`, `.tsv`, `.jsonl`). Empty: the offline Rotten Tomatoes snippets.
+    /// (`.parquet`, `.csv`, `.tsv`, `.jsonl`). Empty: the offline Brown corpus.
     pub data: Vec<PathBuf>,
     /// The text column of tables (default `text`).
     pub text_column: Option<String>,

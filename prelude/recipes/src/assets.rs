@@ -25,6 +25,11 @@ pub fn digits_dir() -> PathBuf {
     data_dir().join("datasets/digits")
 }
 
+/// The Brown corpus, a text per line (raw English for tokenizer training and pre-training).
+pub fn brown_txt() -> PathBuf {
+    data_dir().join("datasets/brown/brown.txt")
+}
+
 /// The Rotten Tomatoes snippets table (text, label = fresh/rotten, movie).
 pub fn rotten_tomatoes_csv() -> PathBuf {
     data_dir().join("datasets/rotten_tomatoes/reviews.csv")

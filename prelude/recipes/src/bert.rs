@@ -59,6 +59,7 @@ fn preset(name: &str) -> Result<Preset> {
         label_column: "label".into(),
         eval_fraction: None,
         eval_data: None,
+        from_scratch: false,
         random_init,
     };
     let hyper = |epochs, batch, optimizer, model: &str, data: &str, rows: (usize, usize)| Hyper {
@@ -270,7 +271,12 @@ impl BertRecipe {
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
         let model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
-        if !opts.random_init {
+        if opts.from_scratch && !opts.random_init {
+            log(format!(
+                "from scratch: the architecture of {} with random weights",
+                model_dir.display()
+            ));
+        } else if !opts.random_init {
             let report = load_weights(&vs, &model_dir)?;
             if let Some(msg) = report.describe(
                 "BertForSequenceClassification",

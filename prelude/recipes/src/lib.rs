@@ -31,7 +31,7 @@ pub static REGISTRY: Registry = Registry::new(&[
     },
     RecipeEntry {
         name: "bert-mlm",
-        description: "BERT pre-training by masked-language modelling (offline default: a 4-layer BERT from scratch on Rotten Tomatoes snippets)",
+        description: "BERT pre-training by masked-language modelling (offline default: a 4-layer BERT from scratch on the Brown corpus)",
         presets: mlm::PRESETS,
         preset: mlm::resolve,
         build: |h, d, log| Ok(Box::new(mlm::MlmRecipe::build(h, d, log)?)),

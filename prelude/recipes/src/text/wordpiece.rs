@@ -203,15 +203,19 @@ pub fn read_texts(path: &Path, column: Option<&str>) -> Result<Vec<String>> {
     Ok(texts.iter().flatten().map(str::to_string).collect())
 }
 
-/// What `TokenizerTrainer::train` does: reads its sources (default: the offline Rotten Tomatoes
-/// snippets), trains, saves into `out`.
+/// What `TokenizerTrainer::train` does: reads its sources (default: the offline Brown corpus),
+/// trains, saves into `out`.
 pub fn train_and_save(
     spec: &trainbook_api::tokenizer::TokenizerTrainer,
     out: &Path,
 ) -> Result<trainbook_api::tokenizer::TrainedTokenizer> {
     let t0 = std::time::Instant::now();
     let sources = if spec.data.is_empty() {
-        vec![crate::assets::rotten_tomatoes_csv()]
+        let brown = crate::assets::brown_txt();
+        if !brown.exists() {
+            bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline corpus), or give data", brown.display());
+        }
+        vec![brown]
     } else {
         spec.data.clone()
     };
