@@ -73,7 +73,7 @@ if has m; then
   steps=${BENCH_MLM_STEPS:-30}
   for round in $(seq "${BENCH_MLM_ROUNDS:-3}"); do
     $tb train bert-mlm --workers 2 --device cpu --preset default --optimizer adamw --lr 5e-4 \
-      --schedule constant --warmup-ratio 0 --global-batch-size 32 --max-steps "$steps" --eval-rows 0 \
+      --data .data/datasets/rotten_tomatoes/reviews.csv --schedule constant --warmup-ratio 0 --global-batch-size 32 --max-steps "$steps" --eval-rows 0 \
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_mlm_throughput", "impl": "trainbook", /' | tee -a "$out"
     .bench-venv/bin/python bench/torch_bert.py --task mlm --workers 2 --global-batch-size 32 \
       --max-length 128 --lr 5e-4 --steps "$steps" --warmup 5 2>/dev/null | tee -a "$out"

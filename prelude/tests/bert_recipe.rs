@@ -247,6 +247,59 @@ fn schedule_warmup_and_bf16_autocast_run() {
     assert!(logs.iter().any(|l| l.contains("bf16 autocast")), "{logs:?}");
 }
 
+/// Sentence pairs (MRPC-style) from a real source: two Rotten Tomatoes snippets, labelled by
+/// whether they review the same movie. Both texts reach the model as two segments and the
+/// binary task reports F1 next to accuracy.
+#[test]
+fn sentence_pairs_train_as_two_segments_and_report_f1() {
+    use trainbook::recipes::text::wordpiece::read_texts;
+    let csv = trainbook::recipes::assets::rotten_tomatoes_csv();
+    let texts = read_texts(&csv, Some("text")).unwrap();
+    let movies = read_texts(&csv, Some("movie")).unwrap();
+    assert_eq!(texts.len(), movies.len());
+    let mut rows = String::new();
+    for i in 0..400 {
+        for j in [i + 1, i + 6000] {
+            let label = if movies[i] == movies[j] {
+                "same"
+            } else {
+                "different"
+            };
+            let row = serde_json::json!({"a": texts[i], "b": texts[j], "label": label});
+            rows.push_str(&format!("{row}\n"));
+        }
+    }
+    let dir = runs().join("pairs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("pairs.jsonl");
+    std::fs::write(&table, rows).unwrap();
+
+    let job = tiny()
+        .data(table.display().to_string())
+        .text_column("a")
+        .text_pair_column("b")
+        .label_column("label")
+        .max_length(64)
+        .train_rows(512)
+        .eval_rows(128)
+        .max_steps(4)
+        .launch()
+        .unwrap();
+    let r = job.wait().unwrap();
+    assert!(
+        (0.0..=1.0).contains(&r.metrics["eval_f1"]),
+        "{:?}",
+        r.metrics
+    );
+    assert!(r.metrics.contains_key("eval_accuracy"));
+    let logs: Vec<String> = job.logs().into_iter().map(|l| l.text).collect();
+    assert!(
+        logs.iter().any(|l| l.contains("(labels: different, same)")),
+        "{logs:?}"
+    );
+    assert!(logs.iter().any(|l| l.contains("F1: ")), "{logs:?}");
+}
+
 #[test]
 fn bad_data_options_name_the_problem() {
     let err = format!(

@@ -397,7 +397,10 @@ fn tokenizer_train_writes_a_vocabulary_and_names_bad_input() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let summary = last_json(&o);
     assert_eq!(summary["vocab_size"], 800);
-    assert_eq!(summary["texts"], 15_667, "the offline Brown corpus by default");
+    assert_eq!(
+        summary["texts"], 15_667,
+        "the offline Brown corpus by default"
+    );
     assert_eq!(summary["example"][0], "[CLS]");
     let vocab = std::fs::read_to_string(out.join("vocab.txt")).unwrap();
     assert_eq!(vocab.lines().count(), 800);

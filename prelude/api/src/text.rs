@@ -55,6 +55,10 @@ crate::options! {
         /// Name of the text column.
         #[arg(value_name = "COLUMN")]
         text_column: String [into] => String,
+        /// A second text column: each example is then a sentence pair, `[CLS] a [SEP] b [SEP]`
+        /// with segment ids 0 and 1, as Transformers encodes pairs (MRPC-style tasks).
+        #[arg(value_name = "COLUMN")]
+        text_pair_column: String [into] => Option<String>,
         /// Name of the label column (strings or integers).
         #[arg(value_name = "COLUMN")]
         label_column: String [into] => String,

@@ -59,6 +59,7 @@ fn preset(name: &str) -> Result<Preset> {
         label_column: "label".into(),
         eval_fraction: None,
         eval_data: None,
+        text_pair_column: None,
         from_scratch: false,
         random_init,
     };
@@ -173,8 +174,10 @@ fn encode(
     log: &dyn Fn(String),
 ) -> Result<(Vec<Encoded>, Tensor)> {
     let texts: Vec<&str> = ex.texts.iter().map(String::as_str).collect();
+    let pairs: Vec<&str> = ex.pairs.iter().map(String::as_str).collect();
+    let pairs = (!ex.pairs.is_empty()).then_some(pairs.as_slice());
     let t0 = std::time::Instant::now();
-    let (enc, hit) = cache::encode_cached(tok, &texts, &cache::cache_dir())?;
+    let (enc, hit) = cache::encode_cached(tok, &texts, pairs, &cache::cache_dir())?;
     if hit == cache::Hit::Computed && t0.elapsed().as_secs_f64() > 1.0 {
         log(format!(
             "tokenized {} texts in {:.1} s (cached for next time)",
@@ -194,9 +197,11 @@ fn load_examples(
 ) -> Result<(TextExamples, TextExamples)> {
     let files = crate::assets::resolve_dataset(data_of(hyper)?)?;
     let (text_col, label_col) = (opts.text_column.as_str(), opts.label_column.as_str());
+    let pair_col = opts.text_pair_column.as_deref();
     let train_all = dataset::examples(
         &dataset::read_table(&files.train)?,
         text_col,
+        pair_col,
         label_col,
         None,
     )?;
@@ -204,8 +209,13 @@ fn load_examples(
     let (train, test) = match &eval_file {
         Some(f) if opts.eval_fraction.is_none() => {
             let names = train_all.label_names.clone();
-            let test =
-                dataset::examples(&dataset::read_table(f)?, text_col, label_col, Some(&names))?;
+            let test = dataset::examples(
+                &dataset::read_table(f)?,
+                text_col,
+                pair_col,
+                label_col,
+                Some(&names),
+            )?;
             (train_all, test)
         }
         _ => train_all.split(opts.eval_fraction.unwrap_or(EVAL_FRACTION), 0)?,

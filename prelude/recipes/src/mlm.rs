@@ -61,6 +61,7 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
         label_column: "label".into(),
         eval_fraction: None,
         eval_data: None,
+        text_pair_column: None,
         from_scratch: false,
         random_init: true,
     };
@@ -114,6 +115,11 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     let (text_opts, mlm_opts): (TextOptions, MlmOptions) = spec.recipe_options_pair()?;
     if text_opts.padding.is_some() || text_opts.label_column.is_some() {
         bail!("bert-mlm has no labels and needs no padding (its blocks are full): drop padding and label_column");
+    }
+    if text_opts.text_pair_column.is_some() {
+        bail!(
+            "bert-mlm reads one text column (its blocks run across texts): drop text_pair_column"
+        );
     }
     let mut s = Settings {
         text: p.text.with_overrides(&text_opts),
@@ -239,7 +245,7 @@ impl MlmRecipe {
         let t0 = std::time::Instant::now();
         let blocks = |texts: &[String], rows: Option<usize>| -> Result<Vec<Vec<i64>>> {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let (enc, _) = cache::encode_cached(&tokenizer, &refs, &cache::cache_dir())?;
+            let (enc, _) = cache::encode_cached(&tokenizer, &refs, None, &cache::cache_dir())?;
             let ids = enc
                 .iter()
                 .map(|e| e.ids.iter().map(|&i| i as u32).collect::<Vec<u32>>());

@@ -16,7 +16,7 @@ use super::tokenizer::{Encoded, TextTokenizer};
 /// Bumped when the file layout changes.
 const FORMAT: u32 = 1;
 
-fn key(tok: &TextTokenizer, texts: &[&str]) -> String {
+fn key(tok: &TextTokenizer, texts: &[&str], pairs: Option<&[&str]>) -> String {
     // SipHash with fixed keys: stable across processes (a Rust upgrade may change it, which
     // only costs one re-tokenisation).
     #[allow(deprecated)]
@@ -25,6 +25,10 @@ fn key(tok: &TextTokenizer, texts: &[&str]) -> String {
     tok.fingerprint().hash(&mut h);
     tok.max_length().hash(&mut h);
     texts.hash(&mut h);
+    // Absent for single texts, so their keys (and cached entries) stay what they were.
+    if let Some(p) = pairs {
+        p.hash(&mut h);
+    }
     format!("{:016x}-{}", h.finish(), texts.len())
 }
 
@@ -88,19 +92,24 @@ pub enum Hit {
     Computed,
 }
 
-/// Tokenises `texts`, or reads them from `dir` when this exact job was done before.
+/// Tokenises `texts` (with `pairs`: sentence pairs), or reads them from `dir` when this exact
+/// job was done before.
 pub fn encode_cached(
     tok: &TextTokenizer,
     texts: &[&str],
+    pairs: Option<&[&str]>,
     dir: &Path,
 ) -> Result<(Vec<Encoded>, Hit)> {
-    let path = dir.join(format!("{}.safetensors", key(tok, texts)));
+    let path = dir.join(format!("{}.safetensors", key(tok, texts, pairs)));
     if let Ok(enc) = read(&path) {
         if enc.len() == texts.len() {
             return Ok((enc, Hit::Cached));
         }
     }
-    let enc = tok.encode_batch(texts)?;
+    let enc = match pairs {
+        Some(p) => tok.encode_pairs(texts, p)?,
+        None => tok.encode_batch(texts)?,
+    };
     // Best effort: a read-only data directory only costs speed.
     write(&path, &enc).ok();
     Ok((enc, Hit::Computed))
@@ -115,15 +124,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("trainbook-tokcache-{}", std::process::id()));
         let tok = TextTokenizer::from_dir(&crate::assets::minilm_dir(), 16, true).unwrap();
         let texts = ["a fine film", "dull and far too long", ""];
-        let (a, h1) = encode_cached(&tok, &texts, &dir).unwrap();
-        let (b, h2) = encode_cached(&tok, &texts, &dir).unwrap();
+        let (a, h1) = encode_cached(&tok, &texts, None, &dir).unwrap();
+        let (b, h2) = encode_cached(&tok, &texts, None, &dir).unwrap();
         assert_eq!((h1, h2), (Hit::Computed, Hit::Cached));
         assert_eq!(a, b);
         // Another max_length or other texts are other entries.
         let tok8 = TextTokenizer::from_dir(&crate::assets::minilm_dir(), 8, true).unwrap();
-        assert_eq!(encode_cached(&tok8, &texts, &dir).unwrap().1, Hit::Computed);
         assert_eq!(
-            encode_cached(&tok, &texts[..2], &dir).unwrap().1,
+            encode_cached(&tok8, &texts, None, &dir).unwrap().1,
+            Hit::Computed
+        );
+        assert_eq!(
+            encode_cached(&tok, &texts[..2], None, &dir).unwrap().1,
             Hit::Computed
         );
         std::fs::remove_dir_all(dir).ok();

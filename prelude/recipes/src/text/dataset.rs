@@ -1,6 +1,7 @@
 //! Text-classification datasets from parquet, CSV/TSV or JSON-lines files (polars): a text
-//! column and a label column, string labels mapped to ids (sorted, and reported), selections
-//! like the reference's `select(range(1000))` and seeded train/test splits.
+//! column (and for sentence-pair tasks such as MRPC a second one) and a label column, string
+//! labels mapped to ids (sorted, and reported), selections like the reference's
+//! `select(range(1000))` and seeded train/test splits.
 
 use std::path::Path;
 
@@ -13,6 +14,8 @@ use rand::SeedableRng;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TextExamples {
     pub texts: Vec<String>,
+    /// The second text of each example in a sentence-pair task; empty otherwise.
+    pub pairs: Vec<String>,
     pub labels: Vec<i64>,
     /// `label_names[id]`; integers become "0", "1", ...
     pub label_names: Vec<String>,
@@ -32,6 +35,7 @@ impl TextExamples {
     /// The first `n` rows (the reference's `select(range(n))`).
     pub fn first(mut self, n: usize) -> Self {
         self.texts.truncate(n);
+        self.pairs.truncate(n);
         self.labels.truncate(n);
         self
     }
@@ -46,6 +50,11 @@ impl TextExamples {
         let n_test = (self.len() as f64 * test_fraction).round() as usize;
         let pick = |idx: &[usize]| TextExamples {
             texts: idx.iter().map(|&i| self.texts[i].clone()).collect(),
+            pairs: if self.pairs.is_empty() {
+                Vec::new()
+            } else {
+                idx.iter().map(|&i| self.pairs[i].clone()).collect()
+            },
             labels: idx.iter().map(|&i| self.labels[i]).collect(),
             label_names: self.label_names.clone(),
             skipped: 0,
@@ -85,9 +94,12 @@ pub fn read_table(path: &Path) -> Result<DataFrame> {
 
 /// Picks the text and label columns. `label_names` fixes the id of each string label (e.g. from
 /// the training split, so the test split uses the same ids); otherwise string labels are sorted.
+/// The examples of a table: `text_column` (and `pair_column`, for sentence pairs) and
+/// `label_column`. Rows missing any of them are skipped and counted.
 pub fn examples(
     df: &DataFrame,
     text_column: &str,
+    pair_column: Option<&str>,
     label_column: &str,
     label_names: Option<&[String]>,
 ) -> Result<TextExamples> {
@@ -109,18 +121,30 @@ pub fn examples(
         format!("text column '{text_column}' must hold strings")
     })?
     .clone();
+    let pair = match pair_column {
+        Some(name) => Some(
+            anyhow::Context::with_context(column(name, "text pair")?.str(), || {
+                format!("text pair column '{name}' must hold strings")
+            })?
+            .clone(),
+        ),
+        None => None,
+    };
+    // Row i's second text: Some(None) when the pair column lacks it (the row is skipped).
+    let second = |i: usize| pair.as_ref().map(|p| p.get(i).map(str::to_string));
     let label = column(label_column, "label")?;
     let mut out = TextExamples::default();
     if label.dtype().is_integer() {
         let ids = label.cast(&DataType::Int64)?;
         let ids = ids.i64()?;
-        for (t, l) in text.iter().zip(ids.iter()) {
-            match (t, l) {
-                (Some(t), Some(l)) if l >= 0 => {
+        for (i, (t, l)) in text.iter().zip(ids.iter()).enumerate() {
+            match (t, l, second(i)) {
+                (Some(t), Some(l), b) if l >= 0 && b != Some(None) => {
                     out.texts.push(t.to_string());
+                    out.pairs.extend(b.flatten());
                     out.labels.push(l);
                 }
-                (_, Some(l)) if l < 0 => {
+                (_, Some(l), _) if l < 0 => {
                     bail!("label column '{label_column}' has a negative label {l}")
                 }
                 _ => out.skipped += 1,
@@ -149,13 +173,14 @@ pub fn examples(
                 v
             }
         };
-        for (t, l) in text.iter().zip(strings.iter()) {
-            match (t, l) {
-                (Some(t), Some(l)) => {
+        for (i, (t, l)) in text.iter().zip(strings.iter()).enumerate() {
+            match (t, l, second(i)) {
+                (Some(t), Some(l), b) if b != Some(None) => {
                     let Some(id) = names.iter().position(|n| n == l) else {
                         bail!("label '{l}' is not one of the known labels {names:?}");
                     };
                     out.texts.push(t.to_string());
+                    out.pairs.extend(b.flatten());
                     out.labels.push(id as i64);
                 }
                 _ => out.skipped += 1,
@@ -187,7 +212,7 @@ mod tests {
             "a.csv",
             "text,label\ngreat film,fresh\n\"dull, long\",rotten\nfine,fresh\n,rotten\n",
         );
-        let ex = examples(&read_table(&p).unwrap(), "text", "label", None).unwrap();
+        let ex = examples(&read_table(&p).unwrap(), "text", None, "label", None).unwrap();
         assert_eq!(ex.label_names, ["fresh", "rotten"]);
         assert_eq!(ex.labels, [0, 1, 0]);
         assert_eq!(ex.texts[1], "dull, long");
@@ -197,7 +222,7 @@ mod tests {
     #[test]
     fn jsonl_with_integer_labels_and_first_n() {
         let p = write("b.jsonl", "{\"label\": 4, \"text\": \"five stars\"}\n{\"label\": 0, \"text\": \"one star\"}\n{\"label\": 2, \"text\": \"meh\"}\n");
-        let ex = examples(&read_table(&p).unwrap(), "text", "label", None)
+        let ex = examples(&read_table(&p).unwrap(), "text", None, "label", None)
             .unwrap()
             .first(2);
         assert_eq!(ex.labels, [4, 0]);
@@ -211,7 +236,7 @@ mod tests {
         ParquetWriter::new(std::fs::File::create(&p).unwrap())
             .finish(&mut df)
             .unwrap();
-        let ex = examples(&read_table(&p).unwrap(), "text", "label", None).unwrap();
+        let ex = examples(&read_table(&p).unwrap(), "text", None, "label", None).unwrap();
         let (train, test) = ex.clone().split(0.2, 7).unwrap();
         assert_eq!((train.len(), test.len()), (8, 2));
         let (train2, _) = ex.split(0.2, 7).unwrap();
@@ -221,7 +246,7 @@ mod tests {
     #[test]
     fn errors_name_the_problem_and_the_fix() {
         let p = write("d.csv", "review,stars\nok,1\n");
-        let err = examples(&read_table(&p).unwrap(), "text", "stars", None)
+        let err = examples(&read_table(&p).unwrap(), "text", None, "stars", None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -233,9 +258,32 @@ mod tests {
     }
 
     #[test]
+    fn sentence_pairs_keep_their_rows_together() {
+        let p = write(
+            "f.csv",
+            "a,b,label\nthe cat sat,a cat was sitting,yes\nit rained,,no\nhe ran,she slept,no\n",
+        );
+        let ex = examples(&read_table(&p).unwrap(), "a", Some("b"), "label", None).unwrap();
+        assert_eq!(ex.texts, ["the cat sat", "he ran"]);
+        assert_eq!(ex.pairs, ["a cat was sitting", "she slept"]);
+        assert_eq!((ex.labels.clone(), ex.skipped), (vec![1, 0], 1));
+        let (train, test) = ex.split(0.5, 1).unwrap();
+        for part in [train, test] {
+            let i = part.texts.iter().position(|t| t == "he ran");
+            if let Some(i) = i {
+                assert_eq!(part.pairs[i], "she slept", "a split keeps pairs aligned");
+            }
+        }
+        let err = examples(&read_table(&p).unwrap(), "a", Some("c"), "label", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no text pair column 'c'"), "{err}");
+    }
+
+    #[test]
     fn the_offline_rotten_tomatoes_set_loads() {
         let p = crate::assets::rotten_tomatoes_csv();
-        let ex = examples(&read_table(&p).unwrap(), "text", "label", None).unwrap();
+        let ex = examples(&read_table(&p).unwrap(), "text", None, "label", None).unwrap();
         assert_eq!(ex.len(), 12_808);
         assert_eq!(ex.label_names, ["fresh", "rotten"]);
     }

@@ -107,9 +107,33 @@ impl TextTokenizer {
     }
 
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Encoded>> {
+        self.encode_inputs(texts.iter().map(|&t| t.into()).collect())
+    }
+
+    /// Sentence pairs as Transformers' tokenizer encodes them: `[CLS] a [SEP] b [SEP]`,
+    /// segment ids 0 for the first part and 1 for the second, the longer text truncated
+    /// first when the pair exceeds `max_length`.
+    pub fn encode_pairs(&self, first: &[&str], second: &[&str]) -> Result<Vec<Encoded>> {
+        if first.len() != second.len() {
+            bail!(
+                "{} first texts but {} second texts: pairs need one of each",
+                first.len(),
+                second.len()
+            );
+        }
+        self.encode_inputs(
+            first
+                .iter()
+                .zip(second)
+                .map(|(&a, &b)| (a, b).into())
+                .collect(),
+        )
+    }
+
+    fn encode_inputs(&self, inputs: Vec<tokenizers::EncodeInput>) -> Result<Vec<Encoded>> {
         let encs = self
             .inner
-            .encode_batch(texts.to_vec(), true)
+            .encode_batch(inputs, true)
             .map_err(|e| anyhow!("tokenizing: {e}"))?;
         Ok(encs
             .into_iter()
@@ -186,6 +210,38 @@ mod tests {
         assert_eq!(a[0].ids, vec![101, 1996, 2833, 2001, 2307, 102]);
         assert_eq!(a[1].ids.len(), 8, "truncated to max_length");
         assert_eq!(*a[1].ids.last().unwrap(), 102, "[SEP] kept at the end");
+    }
+
+    /// Pairs as Transformers' BERT tokenizer encodes them (its tokenizer.json template, and
+    /// the same from a bare vocab.txt): `[CLS] a [SEP] b [SEP]`, segments 0 then 1, the longer
+    /// text truncated first.
+    #[test]
+    fn sentence_pairs_get_two_segments() {
+        let dir = minilm();
+        let from_json = TextTokenizer::from_dir(&dir, 12, true).unwrap();
+        let from_vocab = TextTokenizer::from_dir(&tempdir_with_vocab(&dir), 12, true).unwrap();
+        let (a, b) = (["The food was great"], ["I liked it"]);
+        let enc = from_json.encode_pairs(&a, &b).unwrap();
+        assert_eq!(enc, from_vocab.encode_pairs(&a, &b).unwrap());
+        // [CLS] the food was great [SEP] i liked it [SEP]
+        assert_eq!(
+            enc[0].ids,
+            [101, 1996, 2833, 2001, 2307, 102, 1045, 4669, 2009, 102]
+        );
+        assert_eq!(enc[0].type_ids, [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]);
+        let long = from_json
+            .encode_pairs(
+                &["an exhaustive investigation into the roots and after-effects of revolutions"],
+                &["short"],
+            )
+            .unwrap();
+        assert_eq!(long[0].ids.len(), 12);
+        assert_eq!(
+            &long[0].ids[9..],
+            [102, 2460, 102],
+            "the second text kept whole"
+        );
+        assert!(from_json.encode_pairs(&["a"], &[]).is_err());
     }
 
     #[test]
