@@ -177,3 +177,51 @@ fn a_trained_tokenizer_feeds_pretraining_and_bad_options_name_the_fix() {
     let e = format!("{:#}", spec.plan().unwrap_err());
     assert!(e.contains("recipe bert has no option 'layers'"), "{e}");
 }
+
+/// The reference's job as a preset: it names where its corpus goes when the corpus is absent,
+/// reads every text file of a directory, and has the reference's sizes.
+#[test]
+fn the_reference_preset_reads_a_corpus_directory() {
+    use trainbook::prelude::*;
+    let reference = || BertMlmTrainer::new().workers(2).preset("reference");
+    if !trainbook::recipes::mlm::reference_corpus().exists() {
+        let e = format!("{:#}", reference().plan().unwrap_err());
+        assert!(
+            e.contains("datasets/bert-pretraining is missing") && e.contains("BookCorpus"),
+            "{e}"
+        );
+    }
+    // A corpus directory: two "sources", a text file and a table, read in name order.
+    let dir = runs().join("corpus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = trainbook::recipes::assets::rotten_tomatoes_csv();
+    std::fs::copy(&csv, dir.join("b-reviews.csv")).unwrap();
+    let brown = std::fs::read_to_string(trainbook::recipes::assets::brown_txt()).unwrap();
+    let head: Vec<&str> = brown.lines().take(300).collect();
+    std::fs::write(dir.join("a-brown.txt"), head.join("\n")).unwrap();
+    std::fs::write(dir.join("notes.md"), "not read").unwrap();
+
+    let plan = reference().data(dir.display().to_string()).plan().unwrap();
+    let h = &plan.hyper;
+    assert_eq!(
+        (h.global_batch_size, h.max_steps, h.lr),
+        (256, Some(100_000), 5e-5)
+    );
+    let mlm = &h.recipe_options["mlm"];
+    assert_eq!(
+        (&mlm["layers"], &mlm["hidden_size"], &mlm["heads"]),
+        (&12.into(), &768.into(), &12.into())
+    );
+    assert_eq!(h.recipe_options["text"]["max_length"], 512);
+
+    let job = tiny()
+        .data(dir.display().to_string())
+        .max_steps(1)
+        .launch()
+        .unwrap();
+    job.wait().unwrap();
+    let logs: Vec<String> = job.logs().into_iter().map(|l| l.text).collect();
+    // 300 Brown lines + 12,808 snippets = 13,108 texts, every 20th held out.
+    let read = logs.iter().find(|l| l.starts_with("data: ")).unwrap();
+    assert!(read.contains("(12453 + 655 texts"), "{read}");
+}

@@ -12,8 +12,14 @@
 //! - `default`: a random 4-layer hidden-256 BERT, blocks of 128 tokens from the offline Brown
 //!   corpus (1M words), AdamW 5e-4 with linear decay after 10% warm-up, 1 epoch: minutes on a
 //!   CPU.
+//! - `reference`: the reference's job (003): a bert-base-sized BERT (12 layers, hidden 768, 12
+//!   heads) from scratch on every corpus file in `<data dir>/datasets/bert-pretraining/`
+//!   (Wikipedia and BookCorpus tables, placed there by the user: no download), blocks of 512,
+//!   global batch 256, AdamW 5e-5 with linear decay, 100,000 steps. Chosen without a preset
+//!   when that directory has files.
 //!
-//! Data: a `.txt` file (a text per line) or a table with a text column; without `eval_data`,
+//! Data: a `.txt` file (a text per line), a table with a text column, or a directory: every
+//! such file in it, in name order (e.g. Wikipedia and BookCorpus side by side); without `eval_data`,
 //! every 20th text (5%, `eval_fraction` to change) is held out. The tokenizer: `tokenizer`,
 //! else the model's, else the offline uncased BERT vocabulary of all-MiniLM-L6-v2.
 
@@ -41,7 +47,27 @@ const EVAL_FRACTION: f64 = 0.05;
 pub const PRESETS: &[(&str, &str)] = &[
     ("tiny", "random 2-layer hidden-64 BERT, 32-token blocks of Rotten Tomatoes snippets, 256/64 blocks: seconds, for tests"),
     ("default", "random 4-layer hidden-256 BERT, 128-token blocks of the Brown corpus (1M words), AdamW 5e-4 linear, 1 epoch"),
+    ("reference", "the reference's job: bert-base-sized BERT from scratch on <data dir>/datasets/bert-pretraining (Wikipedia, BookCorpus), 512-token blocks, batch 256, AdamW 5e-5, 100,000 steps"),
 ];
+
+/// Where the `reference` preset reads its corpus: the Wikipedia and BookCorpus tables (or any
+/// text files) the user put there.
+pub fn reference_corpus() -> PathBuf {
+    crate::assets::data_dir().join("datasets/bert-pretraining")
+}
+
+/// With no preset named: the reference job when its corpus is on this machine, else the
+/// offline default (nothing is downloaded for the choice).
+pub fn auto_preset() -> &'static str {
+    let has_files = std::fs::read_dir(reference_corpus())
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    if has_files {
+        "reference"
+    } else {
+        "default"
+    }
+}
 
 /// The settings a job resolves to: the text options that apply (block size, columns, eval
 /// split) and the masked-LM ones.
@@ -99,6 +125,19 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
                 },
             )
         }
+        "reference" => {
+            let corpus = reference_corpus().display().to_string();
+            let mut h = hyper(1, 256, 5e-5, &corpus, None);
+            h.schedule = Schedule::Linear;
+            h.max_steps = Some(100_000);
+            (
+                h,
+                Settings {
+                    text: text(512),
+                    mlm: mlm(12, 768, 12),
+                },
+            )
+        }
         other => return Err(crate::unknown_preset("bert-mlm", other, PRESETS)),
     })
 }
@@ -110,7 +149,7 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         .train
         .preset
         .clone()
-        .unwrap_or_else(|| "default".into());
+        .unwrap_or_else(|| auto_preset().into());
     let (mut hyper, p) = preset(&name)?;
     let (text_opts, mlm_opts): (TextOptions, MlmOptions) = spec.recipe_options_pair()?;
     if text_opts.padding.is_some() || text_opts.label_column.is_some() {
@@ -160,17 +199,48 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     }
     let data = hyper.data.as_deref().map(Path::new);
     if spec.train.data.is_none() && data.is_some_and(|d| !d.exists()) {
-        bail!("{} is missing: run `make setup` (scripts/fetch-data.sh fetches the offline corpus), or give data", data.unwrap().display());
+        let fix = if name == "reference" {
+            "put the Wikipedia and BookCorpus tables (or any text files) there, or give data"
+        } else {
+            "run `make setup` (scripts/fetch-data.sh fetches the offline corpus), or give data"
+        };
+        bail!("{} is missing: {fix}", data.unwrap().display());
     }
     hyper.recipe_options = crate::settings_map(&s)?;
     Ok(hyper)
 }
 
-/// Reads the texts of `data`: a `.txt` file, or a table (a file, a directory or a dataset id).
+/// File types a corpus directory is read from.
+const CORPUS_EXTENSIONS: &[&str] = &["txt", "parquet", "csv", "tsv", "jsonl", "ndjson", "json"];
+
+/// Reads the texts of `data`: a `.txt` file or a table, every such file of a directory (in
+/// name order), or a dataset id's training table.
 fn read_corpus(data: &str, column: &str) -> Result<Vec<String>> {
     let path = Path::new(data);
     if path.is_file() {
         return read_texts(path, Some(column));
+    }
+    if path.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("reading the directory {data}"))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_file()
+                    && p.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| CORPUS_EXTENSIONS.contains(&e))
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            bail!("{data} holds no text file ({}): put the corpus there, a text per line or a table with a text column", CORPUS_EXTENSIONS.join(", "));
+        }
+        let mut texts = Vec::new();
+        for f in &files {
+            texts.extend(read_texts(f, Some(column))?);
+        }
+        return Ok(texts);
     }
     let files = crate::assets::resolve_dataset(data)?;
     read_texts(&files.train, Some(column))
