@@ -298,6 +298,27 @@ fn sentence_pairs_train_as_two_segments_and_report_f1() {
         "{logs:?}"
     );
     assert!(logs.iter().any(|l| l.contains("F1: ")), "{logs:?}");
+
+    // The checkpoint classifies pairs the way it was trained on them.
+    let clf = TextClassifier::load(r.last_checkpoint.as_ref().unwrap()).unwrap();
+    let p = clf
+        .predict_pairs(&[
+            (texts[0].as_str(), texts[1].as_str()),
+            ("a fine film", "a dull film"),
+        ])
+        .unwrap();
+    assert_eq!(p.len(), 2);
+    assert!(p
+        .iter()
+        .all(|p| p.label == "same" || p.label == "different"));
+    let as_pair = clf
+        .predict_pairs(&[("a fine film", "a dull film")])
+        .unwrap();
+    let as_one = clf.predict(&["a fine film a dull film"]).unwrap();
+    assert_ne!(
+        as_pair[0].score, as_one[0].score,
+        "segments reach the model"
+    );
 }
 
 #[test]

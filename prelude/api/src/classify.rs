@@ -58,6 +58,8 @@ pub trait TextModel {
     /// The checkpoint directory it was loaded from.
     fn checkpoint(&self) -> &Path;
     fn predict(&self, texts: &[&str]) -> Result<Vec<Prediction>>;
+    /// Sentence pairs, for a model trained on pairs (`text_pair_column`).
+    fn predict_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<Prediction>>;
 }
 
 /// A loaded image classifier (the recipes implement it).
@@ -93,6 +95,13 @@ impl TextClassifier {
     /// Convenience for one text.
     pub fn predict_one(&self, text: &str) -> Result<Prediction> {
         Ok(self.predict(&[text])?.remove(0))
+    }
+
+    /// For a model trained on sentence pairs (`text_pair_column`): each pair encoded as in
+    /// training, `[CLS] a [SEP] b [SEP]` with two segments.
+    /// `clf.predict_pairs(&[("The cat sat.", "A cat was sitting.")])?`
+    pub fn predict_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<Prediction>> {
+        self.0.predict_pairs(pairs)
     }
 }
 

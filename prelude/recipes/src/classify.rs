@@ -68,27 +68,42 @@ impl TextModel for BertTextModel {
     fn predict(&self, texts: &[&str]) -> Result<Vec<Prediction>> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(32) {
-            let enc = self.tokenizer.encode_batch(chunk)?;
-            let refs: Vec<&Encoded> = enc.iter().collect();
-            let b = self.tokenizer.pad(&refs, Padding::Dynamic);
-            let probs = tch::no_grad(|| {
-                self.model
-                    .forward(
-                        &b.input_ids.to(self.device),
-                        Some(&b.attention_mask.to(self.device)),
-                        Some(&b.token_type_ids.to(self.device)),
-                        false,
-                    )
-                    .to_kind(Kind::Double)
-                    .softmax(-1, Kind::Double)
-                    .to(Device::Cpu)
-            });
-            let rows: Vec<Vec<f64>> = Vec::<Vec<f64>>::try_from(&probs)?;
-            for p in rows {
-                out.push(Prediction::from_probabilities(&self.labels, p)?);
-            }
+            out.extend(self.classify(self.tokenizer.encode_batch(chunk)?)?);
         }
         Ok(out)
+    }
+
+    fn predict_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<Prediction>> {
+        let mut out = Vec::with_capacity(pairs.len());
+        for chunk in pairs.chunks(32) {
+            let (a, b): (Vec<&str>, Vec<&str>) = chunk.iter().copied().unzip();
+            out.extend(self.classify(self.tokenizer.encode_pairs(&a, &b)?)?);
+        }
+        Ok(out)
+    }
+}
+
+impl BertTextModel {
+    /// Label probabilities of encoded texts (one batch).
+    fn classify(&self, enc: Vec<Encoded>) -> Result<Vec<Prediction>> {
+        let refs: Vec<&Encoded> = enc.iter().collect();
+        let b = self.tokenizer.pad(&refs, Padding::Dynamic);
+        let probs = tch::no_grad(|| {
+            self.model
+                .forward(
+                    &b.input_ids.to(self.device),
+                    Some(&b.attention_mask.to(self.device)),
+                    Some(&b.token_type_ids.to(self.device)),
+                    false,
+                )
+                .to_kind(Kind::Double)
+                .softmax(-1, Kind::Double)
+                .to(Device::Cpu)
+        });
+        Vec::<Vec<f64>>::try_from(&probs)?
+            .into_iter()
+            .map(|p| Prediction::from_probabilities(&self.labels, p))
+            .collect()
     }
 }
 
