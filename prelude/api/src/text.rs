@@ -22,6 +22,18 @@ pub enum Padding {
     Dynamic,
 }
 
+impl TextSettings {
+    /// A held-out fraction, when set, is strictly between 0 and 1.
+    pub fn check_eval_fraction(&self) -> Result<()> {
+        if let Some(f) = self.eval_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.2 holds out 20%)");
+            }
+        }
+        Ok(())
+    }
+}
+
 impl std::str::FromStr for Padding {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {

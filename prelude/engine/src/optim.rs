@@ -298,12 +298,12 @@ impl Optimizer {
                 if !g.defined() {
                     continue;
                 }
+                // Norms and trust ratios stay on the device as 0-d tensors: reading them back
+                // would synchronise with a GPU or HPU two or three times per tensor per step.
                 let mut g = g.to_kind(Kind::Float);
                 if c.kind == OptimizerKind::Lans {
-                    let n = g.norm().double_value(&[]);
-                    if n > 0.0 {
-                        g = g / n;
-                    }
+                    // A zero gradient stays zero.
+                    g = &g / g.norm().clamp_min(f64::from(f32::MIN_POSITIVE));
                 }
                 let wd = if self.decays[i] { c.weight_decay } else { 0.0 };
                 let (mut m, mut v) = (
@@ -316,16 +316,14 @@ impl Optimizer {
                 v += g.square() * (1.0 - b2);
                 let denom = (&v / bc2).sqrt() + c.eps;
                 let w = p.to_kind(Kind::Float);
-                let w_norm = w.norm().double_value(&[]);
-                // The direction plus decoupled decay, scaled by its trust ratio.
+                let w_norm = w.norm();
+                // The direction plus decoupled decay, scaled by its trust ratio (1 where either
+                // norm is 0).
                 let trusted = |dir: Tensor| {
                     let dir = if wd != 0.0 { dir + &w * wd } else { dir };
-                    let d_norm = dir.norm().double_value(&[]);
-                    let ratio = if w_norm > 0.0 && d_norm > 0.0 {
-                        w_norm / d_norm
-                    } else {
-                        1.0
-                    };
+                    let d_norm = dir.norm();
+                    let defined = w_norm.gt(0.0).logical_and(&d_norm.gt(0.0));
+                    let ratio = (&w_norm / &d_norm).where_self(&defined, &w_norm.ones_like());
                     dir * ratio
                 };
                 let update = match c.kind {

@@ -114,11 +114,7 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
             text.max_length
         );
     }
-    if let Some(f) = text.eval_fraction {
-        if !(f > 0.0 && f < 1.0) {
-            bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.2 holds out 20%)");
-        }
-    }
+    text.check_eval_fraction()?;
     if spec.train.model.is_none()
         && name != "reference"
         && !crate::assets::minilm_dir().join("config.json").exists()

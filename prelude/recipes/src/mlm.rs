@@ -170,12 +170,7 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         bail!("max_length {block} (the block size) must be between 8 and 8192 tokens");
     }
     let m = &s.mlm;
-    if !(m.mlm_probability > 0.0 && m.mlm_probability < 1.0) {
-        bail!(
-            "mlm_probability {} must be between 0 and 1 (BERT uses 0.15)",
-            m.mlm_probability
-        );
-    }
+    crate::text::mlm::check_probability(m.mlm_probability)?;
     if m.layers == 0 || m.hidden_size == 0 || m.heads == 0 || m.hidden_size % m.heads != 0 {
         bail!(
             "layers {}, hidden_size {}, heads {}: all must be positive and heads must divide hidden_size (e.g. 4 layers, 256 hidden, 4 heads)",
@@ -184,11 +179,7 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
             m.heads
         );
     }
-    if let Some(f) = s.text.eval_fraction {
-        if !(f > 0.0 && f < 1.0) {
-            bail!("eval_fraction {f} must be between 0 and 1 (e.g. 0.05 holds out 5%)");
-        }
-    }
+    s.text.check_eval_fraction()?;
     if let Some(t) = &m.tokenizer {
         if !t.join("tokenizer.json").exists() && !t.join("vocab.txt").exists() {
             bail!("tokenizer {} has neither tokenizer.json nor vocab.txt: train one with `trainbook tokenizer train --out {}`", t.display(), t.display());

@@ -34,6 +34,14 @@ where
     blocks
 }
 
+/// The chance of selecting a token must be a probability strictly between 0 and 1.
+pub fn check_probability(probability: f64) -> Result<()> {
+    if !(probability > 0.0 && probability < 1.0) {
+        bail!("mlm_probability {probability} must be between 0 and 1 (BERT uses 0.15)");
+    }
+    Ok(())
+}
+
 /// How blocks are masked.
 #[derive(Clone, Debug)]
 pub struct Masking {
@@ -52,9 +60,7 @@ impl Masking {
         vocab_size: i64,
         specials: Vec<i64>,
     ) -> Result<Self> {
-        if !(probability > 0.0 && probability < 1.0) {
-            bail!("mlm_probability {probability} must be between 0 and 1 (BERT uses 0.15)");
-        }
+        check_probability(probability)?;
         if vocab_size <= 0 || !(0..vocab_size).contains(&mask_id) {
             bail!("the [MASK] id {mask_id} is outside the vocabulary of {vocab_size}: the tokenizer needs a [MASK] token");
         }
