@@ -24,7 +24,7 @@ use crate::{MlmOptions, TextOptions, VisionOptions};
         through PyTorch's c10d collectives (gloo on CPU, NCCL on CUDA), shows progress and \
         de-duplicated worker logs, and writes a run directory with the config, per-rank logs, \
         metrics (parquet) and checkpoints.",
-    after_help = "Examples:\n  trainbook train bert --workers 2\n  trainbook train bert --workers 2 --optimizer adamw --lr 5e-5 --max-length 64 --epochs 1\n  trainbook train bert --preset tiny --json\n  trainbook train bert --model ./my-bert --data reviews.parquet --text-column review --label-column stars\n  trainbook train bert --resume-from trainbook_runs/<run>/checkpoints/epoch-0 --epochs 3\n  trainbook recipes"
+    after_help = "Examples:\n  trainbook train bert --workers 2\n  trainbook train bert --workers 2 --optimizer adamw --lr 5e-5 --max-length 64 --epochs 1\n  trainbook train bert --preset tiny --json\n  trainbook train bert --model ./my-bert --data reviews.parquet --text-column review --label-column stars\n  trainbook train bert --resume-from trainbook_runs/<run>/checkpoints/epoch-0 --epochs 3\n  trainbook train bert --workers 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   (node 1: the same with --node-rank 1)\n  srun --nodes 2 --ntasks-per-node 1 trainbook train bert --workers 8\n  trainbook recipes"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -144,9 +144,27 @@ pub struct TrainArgs {
     /// Intra-op threads per worker (default: cores / workers on CPU).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Rendezvous port (default: a free port chosen by the OS).
-    #[arg(long)]
+    /// Rendezvous port on node 0 (default: a free port on one node; 29500 on several).
+    #[arg(long, help_heading = "More than one machine")]
     pub master_port: Option<u16>,
+    /// Machines in the job, each running this command with its own --node-rank (default: 1,
+    /// or what srun, mpirun or torchrun set; see the README's "More than one machine").
+    #[arg(long, value_name = "N", help_heading = "More than one machine")]
+    pub nnodes: Option<usize>,
+    /// This machine's rank among the nodes; node 0 hosts the rendezvous and shows the
+    /// dashboard for the whole job.
+    #[arg(long, value_name = "K", help_heading = "More than one machine")]
+    pub node_rank: Option<usize>,
+    /// Node 0's address, reachable from every node [default: 127.0.0.1, or the launcher's].
+    #[arg(long, value_name = "ADDR", help_heading = "More than one machine")]
+    pub master_addr: Option<String>,
+    /// The address this node's workers bind for gloo (default: the host name's address).
+    #[arg(long, value_name = "ADDR", help_heading = "More than one machine")]
+    pub node_addr: Option<String>,
+    /// Seconds a collective (or joining the job) may wait for the other workers before the
+    /// job fails with the name of the rank that did not answer.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub collective_timeout: u64,
     /// Parent directory of the run directory [env: TRAINBOOK_RUNS, default: ./trainbook_runs].
     #[arg(long)]
     pub runs_root: Option<PathBuf>,
@@ -193,7 +211,24 @@ impl TrainArgs {
         spec.edit_recipe_options(|o: &mut VisionOptions| *o = self.vision.clone());
         spec.edit_recipe_options(|o: &mut MlmOptions| *o = self.mlm.clone());
         spec.threads_per_worker = self.threads;
-        spec.master_port = self.master_port;
+        // A launcher's variables first; flags given by hand win over them.
+        if let Some(t) = trainbook_api::Topology::from_env()? {
+            t.apply(&mut spec);
+        }
+        if let Some(n) = self.nnodes {
+            spec.nodes = n;
+        }
+        if let Some(r) = self.node_rank {
+            spec.node_rank = r;
+        }
+        if let Some(a) = &self.master_addr {
+            spec.master_addr = a.clone();
+        }
+        if let Some(p) = self.master_port {
+            spec.master_port = Some(p);
+        }
+        spec.node_addr = self.node_addr.clone();
+        spec.collective_timeout_secs = self.collective_timeout;
         spec.runs_root = self.runs_root.clone();
         spec.dedup.enabled = !self.no_dedup;
         if !(self.dedup_window.is_finite() && self.dedup_window >= 0.0) {
@@ -258,6 +293,25 @@ pub fn main() -> i32 {
 
 fn train(args: &TrainArgs) -> Result<i32> {
     let spec = args.to_spec()?;
+    if spec.nodes > 1 {
+        let ranks = spec.local_ranks();
+        eprintln!(
+            "trainbook: node {} of {}, ranks {}-{} of {}, rendezvous at {}:{}{}",
+            spec.node_rank,
+            spec.nodes,
+            ranks.start,
+            ranks.end - 1,
+            spec.world_size(),
+            spec.master_addr,
+            spec.master_port
+                .unwrap_or(trainbook_api::topology::DEFAULT_MASTER_PORT),
+            if spec.node_rank > 0 {
+                " (node 0 shows the whole job)"
+            } else {
+                ""
+            }
+        );
+    }
     // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The
     // handler goes in before any thread exists, so no other thread receives the signal.
     let current: std::sync::Arc<std::sync::Mutex<(bool, Option<crate::job::Job>)>> =

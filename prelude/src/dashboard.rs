@@ -29,17 +29,23 @@ impl JobDashboard {
     /// An empty dashboard for `job`, with the job's view options.
     pub fn new(job: &Job) -> Result<JobDashboard> {
         let spec = job.spec();
+        let world = spec.world_size();
+        // Node 0 shows the whole job; another node its own workers.
+        let (shown, nodes) = match (spec.nodes, spec.node_rank) {
+            (1, _) => (world, String::new()),
+            (n, 0) => (world, format!(" ({n} nodes)")),
+            (n, k) => (spec.workers, format!(" (node {k} of {n})")),
+        };
         let title = format!(
-            "{} · {} worker{} on {} · job {}",
+            "{} · {shown} worker{}{nodes} on {} · job {}",
             spec.recipe,
-            spec.workers,
-            if spec.workers == 1 { "" } else { "s" },
+            if shown == 1 { "" } else { "s" },
             job.device().name(),
             job.id()
         );
         let mut d = JobDashboard::from_parts(
             title,
-            spec.workers,
+            world,
             job.run_dir().display().to_string(),
             crate::run::dashboard_options(&trainbook_api::run::view_options(spec))?,
         );

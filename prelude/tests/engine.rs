@@ -231,25 +231,6 @@ fn stop_terminates_workers() {
     }
 }
 
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().nth(1))
-                .and_then(|s| s.parse::<u32>().ok());
-            if ppid == Some(pid) {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
 /// (d) the launching process killed with SIGKILL: every worker exits within 5 s.
 #[test]
 fn workers_die_with_their_parent() {
@@ -272,7 +253,7 @@ fn workers_die_with_their_parent() {
     let pid = cli.id();
     let mut workers = Vec::new();
     assert!(wait_until(Duration::from_secs(60), || {
-        workers = children_of(pid);
+        workers = trainbook::engine::launch::children_of(pid);
         workers.len() == 2
     }));
     std::thread::sleep(Duration::from_millis(500));

@@ -61,6 +61,7 @@ pub mod spec;
 pub mod table;
 pub mod text;
 pub mod tokenizer;
+pub mod topology;
 pub mod vision;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
@@ -77,6 +78,7 @@ pub use spec::{
 pub use table::{Column, Table, Value};
 pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TextOptions};
 pub use tokenizer::{TokenizerTrainer, TrainedTokenizer};
+pub use topology::Topology;
 pub use vision::{train_resnet, Arch, ConfigureVision, ImageFolder, ResnetTrainer, VisionOptions};
 
 /// The kernel's side of a notebook.

@@ -250,6 +250,12 @@ impl Hyper {
     }
 }
 
+fn one() -> usize {
+    1
+}
+
+pub use crate::topology::Topology;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobSpec {
     pub recipe: String,
@@ -260,9 +266,22 @@ pub struct JobSpec {
     /// typed with [`JobSpec::recipe_options`].
     #[serde(default)]
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// Node 0's address: where the rendezvous store listens and, in a job of several nodes,
+    /// where node 0's driver collects every rank's events.
     pub master_addr: String,
-    /// Fixed rendezvous port; `None` picks a free one.
+    /// Fixed rendezvous port; `None` picks a free one (one node) or 29500 (several nodes, which
+    /// must agree on it beforehand).
     pub master_port: Option<u16>,
+    /// Machines in the job; each runs one driver with `workers` workers (see [`Topology`]).
+    #[serde(default = "one")]
+    pub nodes: usize,
+    /// This machine's place among the nodes, 0 for the one that shows the dashboard.
+    #[serde(default)]
+    pub node_rank: usize,
+    /// The address this node's workers bind their gloo connections to (default: the address
+    /// of the host name, or loopback when the master is a loopback address).
+    #[serde(default)]
+    pub node_addr: Option<String>,
     /// Intra-op threads per worker; `None` shares the cores evenly (CPU).
     pub threads_per_worker: Option<usize>,
     /// Parent of the run directory (default `$TRAINBOOK_RUNS` or `./trainbook_runs`).
@@ -359,6 +378,34 @@ pub trait Configure: Sized {
         self.job_spec().master_port = Some(p);
         self
     }
+    /// Node 0's address, which every node can reach (default 127.0.0.1: one machine).
+    fn master_addr(mut self, a: impl Into<String>) -> Self {
+        self.job_spec().master_addr = a.into();
+        self
+    }
+    /// Machines in the job (default 1); each runs `workers` workers. Start node 0 (this one,
+    /// showing the dashboard) and the others (`trainbook train ... --node-rank K`) with the
+    /// same `nodes`, `master_addr` and `master_port`.
+    fn nodes(mut self, n: usize) -> Self {
+        self.job_spec().nodes = n;
+        self
+    }
+    /// This machine's place among the nodes (default 0).
+    fn node_rank(mut self, r: usize) -> Self {
+        self.job_spec().node_rank = r;
+        self
+    }
+    /// The address this node's workers bind to for gloo (default: from the host name).
+    fn node_addr(mut self, a: impl Into<String>) -> Self {
+        self.job_spec().node_addr = Some(a.into());
+        self
+    }
+    /// Nodes, node rank and master address as a launcher (Slurm, MPI, torchrun) set them; see
+    /// [`Topology::from_env`].
+    fn topology(mut self, t: &Topology) -> Self {
+        t.apply(self.job_spec());
+        self
+    }
     /// Intra-op threads per worker (default: cores / workers on CPU).
     fn threads_per_worker(mut self, t: usize) -> Self {
         self.job_spec().threads_per_worker = Some(t);
@@ -418,6 +465,9 @@ impl JobSpec {
             options: Default::default(),
             master_addr: "127.0.0.1".into(),
             master_port: None,
+            nodes: 1,
+            node_rank: 0,
+            node_addr: None,
             threads_per_worker: None,
             runs_root: None,
             collective_timeout_secs: 300,
@@ -495,12 +545,34 @@ impl JobSpec {
         }
     }
 
+    /// Workers over all nodes.
+    pub fn world_size(&self) -> usize {
+        self.workers * self.nodes.max(1)
+    }
+
+    /// The global ranks of this node's workers.
+    pub fn local_ranks(&self) -> std::ops::Range<usize> {
+        let first = self.node_rank * self.workers;
+        first..first + self.workers
+    }
+
     /// Checks what can be checked without the recipes: worker count, batch split, ranges.
     /// The engine checks the recipe, its preset and a resume checkpoint as well before any
     /// process starts.
     pub fn check(&self) -> Result<()> {
         if self.workers == 0 {
             bail!("num_workers is 0: a job needs at least one worker (e.g. --workers 2)");
+        }
+        if self.nodes == 0 {
+            bail!("nodes is 0: a job runs on at least one node (--nnodes 1 for this machine only)");
+        }
+        if self.node_rank >= self.nodes {
+            bail!(
+                "node rank {} is not below the number of nodes {}: number the nodes 0 to {} (node 0 hosts the rendezvous and shows the dashboard)",
+                self.node_rank,
+                self.nodes,
+                self.nodes - 1
+            );
         }
         if self.workers > 1024 {
             bail!(
@@ -509,9 +581,10 @@ impl JobSpec {
             );
         }
         let t = &self.train;
+        let world = self.world_size();
         if let Some(b) = t.global_batch_size {
-            if b < self.workers {
-                bail!("global batch size {b} is smaller than the {} workers: each worker needs at least one sample per step", self.workers);
+            if b < world {
+                bail!("global batch size {b} is smaller than the {world} workers: each worker needs at least one sample per step");
             }
         }
         if let Some(lr) = t.lr {
@@ -528,8 +601,8 @@ impl JobSpec {
             bail!("grad_accum is 0: use 1 (no accumulation) or more micro-batches per step");
         }
         if let (Some(b), Some(a)) = (t.global_batch_size, t.grad_accum) {
-            if b < self.workers * a {
-                bail!("global batch size {b} cannot be split into {a} micro-batches on each of {} workers: use a global batch of at least {}", self.workers, self.workers * a);
+            if b < world * a {
+                bail!("global batch size {b} cannot be split into {a} micro-batches on each of {world} workers: use a global batch of at least {}", world * a);
             }
         }
         if let Some(w) = t.warmup_ratio {

@@ -90,12 +90,49 @@ tb_store* tb_store_server(const char* host, uint16_t port, int64_t timeout_ms, u
 
 void tb_store_free(tb_store* s) { delete s; }
 
+// Connects to a store another process hosts (node 0's driver, for the drivers of other nodes).
+tb_store* tb_store_client(const char* host, uint16_t port, int64_t timeout_ms, char* err,
+                          size_t errlen) {
+  tb_store* out = nullptr;
+  guarded(err, errlen, [&] {
+    c10d::TCPStoreOptions opts;
+    opts.port = port;
+    opts.isServer = false;
+    opts.waitWorkers = false;
+    opts.timeout = ms(timeout_ms);
+    out = new tb_store{c10::make_intrusive<c10d::TCPStore>(std::string(host), opts)};
+  });
+  return out;
+}
+
+int tb_store_set(tb_store* s, const char* key, const uint8_t* data, size_t len, char* err,
+                 size_t errlen) {
+  return guarded(err, errlen, [&] {
+    s->store->set(std::string(key), std::vector<uint8_t>(data, data + len));
+  });
+}
+
+// Waits (up to the store's timeout) for `key`; the value is returned in a malloc'd buffer the
+// caller frees with tb_bytes_free.
+int tb_store_get(tb_store* s, const char* key, uint8_t** out, size_t* out_len, char* err,
+                 size_t errlen) {
+  return guarded(err, errlen, [&] {
+    auto v = s->store->get(std::string(key));
+    *out = static_cast<uint8_t*>(std::malloc(v.size() ? v.size() : 1));
+    if (*out == nullptr) throw std::runtime_error("out of memory");
+    if (!v.empty()) std::memcpy(*out, v.data(), v.size());
+    *out_len = v.size();
+  });
+}
+
+void tb_bytes_free(uint8_t* p) { std::free(p); }
+
 // Creates the process group. is_server: this rank hosts the store itself (torch.distributed's
 // env:// contract, rank 0 hosts); otherwise it connects to an existing store (trainbook's
 // launcher hosts it so the port can be chosen race-free).
 tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, int rank, int world,
-                 int is_server, int64_t timeout_ms, const char* gloo_ifname, char* err,
-                 size_t errlen) {
+                 int is_server, int64_t timeout_ms, const char* gloo_ifname,
+                 const char* gloo_host, char* err, size_t errlen) {
   tb_pg* out = nullptr;
   guarded(err, errlen, [&] {
     std::string be(backend);
@@ -113,8 +150,13 @@ tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, in
       // gloo always serves CPU tensors: metrics and barriers work whatever the device.
       auto gopts = c10d::ProcessGroupGloo::Options::create(ms(timeout_ms));
       std::string addr(master_addr);
+      // Where this rank's gloo connections live: the interface the user named, else the
+      // node's own address (several nodes on one machine use distinct loopback addresses),
+      // else loopback for a job on one machine, else the host name's address.
       if (gloo_ifname != nullptr && gloo_ifname[0] != '\0') {
         gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(gloo_ifname));
+      } else if (gloo_host != nullptr && gloo_host[0] != '\0') {
+        gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
       } else if (addr == "127.0.0.1" || addr == "localhost") {
         gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       } else {

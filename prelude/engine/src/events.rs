@@ -88,6 +88,14 @@ pub enum Event {
         rank: usize,
         summary: WorkerSummary,
     },
+    /// A worker of another node ended badly, reported by its node's driver (node 0 has no
+    /// process of its own to watch for it).
+    Exited {
+        rank: usize,
+        node: usize,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
 }
 
 impl Event {
@@ -99,7 +107,8 @@ impl Event {
             | Event::Progress { rank, .. }
             | Event::Checkpoint { rank, .. }
             | Event::Error { rank, .. }
-            | Event::Done { rank, .. } => *rank,
+            | Event::Done { rank, .. }
+            | Event::Exited { rank, .. } => *rank,
         }
     }
 }
@@ -110,6 +119,15 @@ impl Event {
 pub enum LogStream {
     Stdout,
     Stderr,
+}
+
+impl From<Stream> for LogStream {
+    fn from(s: Stream) -> Self {
+        match s {
+            Stream::Stdout => LogStream::Stdout,
+            Stream::Stderr => LogStream::Stderr,
+        }
+    }
 }
 
 impl From<LogStream> for Stream {

@@ -18,16 +18,21 @@ use serde::Serialize;
 use crate::checkpoint::{self, RunConfig};
 use crate::dedup::{Deduplicator, Stream};
 use crate::device::{self, DeviceKind};
-use crate::dist::RendezvousServer;
-use crate::events::{self, Collector, Event, WorkerSummary};
+use crate::dist::Store;
+use crate::events::{self, Collector, Emitter, Event, WorkerSummary};
 use crate::launch::{self, Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use crate::metrics;
 use crate::recipe::Registry;
 use crate::spec::JobSpec;
 use crate::worker;
+use trainbook_api::topology::DEFAULT_MASTER_PORT;
 
 /// Lines of each rank kept for error reports.
 const TAIL_LINES: usize = 20;
+/// How long node 0 waits for another node's report of the worker whose death failed its own.
+const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(1500);
+/// How long node 0 waits, once its own workers are done, for other nodes' `done` events.
+const REMOTE_DONE_WAIT: Duration = Duration::from_secs(10);
 /// Log lines kept in memory per job (the run directory has them all).
 const MEMORY_LOG_LINES: usize = 10_000;
 
@@ -71,7 +76,7 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
 impl Shared {
     /// A job that has not started its workers yet.
     fn new(spec: JobSpec, device: DeviceKind, run_dir: PathBuf, events_endpoint: String) -> Self {
-        let world = spec.workers;
+        let world = spec.world_size();
         Shared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             spec,
@@ -153,32 +158,176 @@ pub fn stop_all() -> usize {
     jobs.len()
 }
 
-/// Starts a job and returns at once; see [`Job::wait`]. The recipe is looked up in `recipes`.
-pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
-    crate::spec::validate(&spec, recipes)?;
+/// What every node's driver needs to start its workers. Node 0 makes it and publishes it in
+/// the rendezvous store; the other nodes read it from there, so they run exactly node 0's
+/// resolved job and send their events to node 0's collector.
+#[derive(Serialize, serde::Deserialize)]
+struct JobInfo {
+    config: RunConfig,
+    device: DeviceKind,
+    events: String,
+    token: String,
+    run_name: String,
+}
+
+/// The store key of [`JobInfo`].
+const JOB_KEY: &str = "trainbook/job";
+
+/// How this node takes part in its job.
+struct Node {
+    config: RunConfig,
+    device: DeviceKind,
+    run_dir: PathBuf,
+    store: Store,
+    events: String,
+    token: String,
+    /// Node 0 collects every rank's events.
+    collector: Option<Collector>,
+    /// Other nodes forward their workers' output and failures to node 0.
+    forward: Option<Emitter>,
+}
+
+/// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
+fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming>) -> Result<Node> {
     // The preset and every option resolved here, before any process starts: a bad option
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
     let device = device::resolve(spec.device, spec.workers)?;
+    let run_dir = create_run_dir(&spec, None)?;
+    let config = RunConfig { spec, hyper };
+    write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
+    let spec = &config.spec;
+    let timeout = Duration::from_secs(spec.collective_timeout_secs);
+    let several = spec.nodes > 1;
+    // Nodes agree on the port beforehand; one node may take any free port.
+    let port = match (spec.master_port, several) {
+        (Some(p), _) => p,
+        (None, true) => DEFAULT_MASTER_PORT,
+        (None, false) => 0,
+    };
+    let store = Store::bind(&spec.master_addr, port, timeout)?;
+    let token = events::new_token();
+    let ev_tx = tx.clone();
+    // The event stream listens on a routable address only when other nodes must reach it.
+    let listen = if several {
+        spec.master_addr.as_str()
+    } else {
+        "127.0.0.1"
+    };
+    let collector = Collector::start(listen, token.clone(), move |e| {
+        ev_tx.send(Incoming::Event(e)).is_ok()
+    })?;
+    let events = collector.endpoint().to_string();
+    if several {
+        let info = JobInfo {
+            config: config.clone(),
+            device,
+            events: events.clone(),
+            token: token.clone(),
+            run_name: run_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        store.set(JOB_KEY, &serde_json::to_vec(&info)?)?;
+    }
+    Ok(Node {
+        config,
+        device,
+        run_dir,
+        store,
+        events,
+        token,
+        collector: Some(collector),
+        forward: None,
+    })
+}
+
+/// Nodes 1..N: fetch node 0's job from its rendezvous store and run this node's share of it.
+fn join(spec: JobSpec) -> Result<Node> {
+    let timeout = Duration::from_secs(spec.collective_timeout_secs);
+    let port = spec.master_port.unwrap_or(DEFAULT_MASTER_PORT);
+    let node = spec.node_rank;
+    let reach = |e: anyhow::Error| {
+        e.context(format!(
+            "node {node} could not reach node 0's rendezvous at {}:{port} within {} s: start node 0 \
+             with the same --nnodes, --master-addr and --master-port, and check that this machine \
+             can reach that address and port",
+            spec.master_addr,
+            timeout.as_secs()
+        ))
+    };
+    let store = Store::connect(&spec.master_addr, port, timeout).map_err(reach)?;
+    let info: JobInfo = serde_json::from_slice(&store.get(JOB_KEY).map_err(reach)?)
+        .context("node 0 published a job this trainbook cannot read: run the same trainbook version on every node")?;
+    let theirs = &info.config.spec;
+    if theirs.recipe != spec.recipe || theirs.nodes != spec.nodes || theirs.workers != spec.workers
+    {
+        bail!(
+            "node {node} was started for {} on {} node(s) x {} worker(s), but node 0 runs {} on {} node(s) x {} worker(s): start every node with the same recipe, --nnodes and --workers",
+            spec.recipe,
+            spec.nodes,
+            spec.workers,
+            theirs.recipe,
+            theirs.nodes,
+            theirs.workers
+        );
+    }
+    // Node 0's resolved job, with this node's own place, paths and threads.
+    let mut config = info.config;
+    config.spec.node_rank = node;
+    config.spec.node_addr = spec.node_addr.clone();
+    config.spec.runs_root = spec.runs_root.clone();
+    config.spec.threads_per_worker = spec.threads_per_worker.or(config.spec.threads_per_worker);
+    config.spec.env.extend(spec.env.iter().cloned());
+    config.spec.dedup = spec.dedup;
+    config.spec.extensions = spec.extensions;
+    let run_dir = create_run_dir(&config.spec, Some(format!("{}-node{node}", info.run_name)))?;
+    write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
+    let forward = Emitter::connect(&info.events, &info.token, config.spec.local_ranks().start)
+        .context("connecting to node 0's event stream")?;
+    Ok(Node {
+        config,
+        device: info.device,
+        run_dir,
+        store,
+        events: info.events,
+        token: info.token,
+        collector: None,
+        forward: Some(forward),
+    })
+}
+
+/// Starts a job and returns at once; see [`Job::wait`]. The recipe is looked up in `recipes`.
+///
+/// In a job of several nodes, node 0 hosts the rendezvous and collects every rank's events
+/// (its [`Job`] is the whole job's), and each other node starts its own workers with node 0's
+/// resolved configuration (its [`Job`] shows its own workers' output and how they ended).
+pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
+    crate::spec::validate(&spec, recipes)?;
     let (program, program_env) = if spec.recipe == crate::task::TASK {
         crate::task::worker_program(&spec)?
     } else {
         (launch::worker_binary()?, Vec::new())
     };
-    let run_dir = create_run_dir(&spec)?;
-    let config_file = run_dir.join(checkpoint::RUN_CONFIG);
-    let config = RunConfig { spec, hyper };
-    write_json_atomic(&config_file, &config)?;
-    let spec = config.spec;
-
-    let timeout = Duration::from_secs(spec.collective_timeout_secs);
-    let store = RendezvousServer::bind(&spec.master_addr, spec.master_port.unwrap_or(0), timeout)?;
-    let token = events::new_token();
     let (tx, rx) = mpsc::channel::<Incoming>();
-    let ev_tx = tx.clone();
-    let collector = Collector::start("127.0.0.1", token.clone(), move |e| {
-        ev_tx.send(Incoming::Event(e)).is_ok()
-    })?;
+    let node = if spec.node_rank == 0 {
+        host(spec, recipes, &tx)?
+    } else {
+        join(spec)?
+    };
+    let Node {
+        config,
+        device,
+        run_dir,
+        store,
+        events: events_endpoint,
+        token,
+        collector,
+        forward,
+    } = node;
+    let config_file = run_dir.join(checkpoint::RUN_CONFIG);
+    let spec = config.spec;
 
     let threads = match device {
         DeviceKind::Cpu => spec
@@ -186,18 +335,28 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
             .unwrap_or_else(|| device::cpu_threads_per_worker(spec.workers)),
         _ => spec.threads_per_worker.unwrap_or(4),
     };
+    let node_addr = spec.node_addr.clone().or_else(|| {
+        // Several nodes on one machine (tests, trials) share loopback: each binds the address
+        // it was given, else the master's.
+        is_loopback(&spec.master_addr).then(|| spec.master_addr.clone())
+    });
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    let cmds: Vec<WorkerCommand> = (0..spec.workers)
-        .map(|rank| {
+    let world = spec.world_size();
+    let cmds: Vec<WorkerCommand> = spec
+        .local_ranks()
+        .enumerate()
+        .map(|(local, rank)| {
             let mut env: Vec<(String, String)> = vec![
                 ("RANK".into(), rank.to_string()),
-                ("LOCAL_RANK".into(), rank.to_string()),
-                ("WORLD_SIZE".into(), spec.workers.to_string()),
+                ("LOCAL_RANK".into(), local.to_string()),
+                ("WORLD_SIZE".into(), world.to_string()),
                 ("LOCAL_WORLD_SIZE".into(), spec.workers.to_string()),
+                ("GROUP_RANK".into(), spec.node_rank.to_string()),
+                ("NODE_RANK".into(), spec.node_rank.to_string()),
                 ("MASTER_ADDR".into(), spec.master_addr.clone()),
                 ("MASTER_PORT".into(), store.port().to_string()),
                 (worker::AGENT_STORE.into(), "1".into()),
-                (worker::EVENTS.into(), collector.endpoint().to_string()),
+                (worker::EVENTS.into(), events_endpoint.clone()),
                 (worker::TOKEN.into(), token.clone()),
                 (worker::RUN_DIR.into(), run_dir.display().to_string()),
                 (worker::CONFIG.into(), config_file.display().to_string()),
@@ -206,6 +365,9 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                 ("OMP_NUM_THREADS".into(), threads.to_string()),
                 ("MKL_NUM_THREADS".into(), threads.to_string()),
             ];
+            if let Some(a) = &node_addr {
+                env.push((crate::dist::NODE_ADDR.into(), a.clone()));
+            }
             env.extend(program_env.iter().cloned());
             env.extend(spec.env.iter().cloned());
             WorkerCommand {
@@ -217,12 +379,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
         })
         .collect();
 
-    let shared = Arc::new(Shared::new(
-        spec,
-        device,
-        run_dir,
-        collector.endpoint().to_string(),
-    ));
+    let shared = Arc::new(Shared::new(spec, device, run_dir, events_endpoint));
     REGISTRY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -245,7 +402,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                         st.status = JobStatus::Running;
                     }
                     let _ = spawned_tx.send(Ok(()));
-                    drive(&driver_shared, w, rx, collector, store);
+                    drive(&driver_shared, w, rx, collector, forward, store);
                 }
                 Err(e) => {
                     {
@@ -274,6 +431,11 @@ struct Driver<'a> {
     dedup: Deduplicator,
     log_files: Vec<Option<File>>,
     dllog: Option<DlLog>,
+    /// On nodes other than 0: node 0's event stream, which gets this node's worker output and
+    /// failures (their events go there directly).
+    forward: Option<Emitter>,
+    /// Failed workers of other nodes, as their drivers reported them (node 0).
+    remote_exits: Vec<Exit>,
 }
 
 impl Driver<'_> {
@@ -282,6 +444,13 @@ impl Driver<'_> {
     }
 
     fn line(&mut self, rank: usize, stream: Stream, text: String) {
+        if let Some(fwd) = &self.forward {
+            fwd.send(Event::Log {
+                rank,
+                stream: stream.into(),
+                text: text.clone(),
+            });
+        }
         if let Some(Some(f)) = self.log_files.get_mut(rank) {
             let tag = if stream == Stream::Stderr {
                 "[stderr] "
@@ -395,6 +564,20 @@ impl Driver<'_> {
             } => {
                 let _ = (rank, pid, device, threads);
             }
+            Event::Exited {
+                rank,
+                node,
+                code,
+                signal,
+            } => {
+                let exit = Exit { rank, code, signal };
+                self.line(
+                    rank,
+                    Stream::Stderr,
+                    format!("worker on node {node}: {}", exit.describe()),
+                );
+                self.remote_exits.push(exit);
+            }
         }
     }
 
@@ -447,7 +630,9 @@ impl Driver<'_> {
             rank: exit.rank,
             how,
             message,
-            tail: if tail.is_empty() {
+            tail: if tail.is_empty() && self.forward.is_some() {
+                "  (no output here: this node's workers report to node 0, whose run directory has their logs)".into()
+            } else if tail.is_empty() {
                 "  (no output)".into()
             } else {
                 tail.join("\n")
@@ -487,14 +672,22 @@ fn drive(
     shared: &Shared,
     mut workers: Workers,
     rx: mpsc::Receiver<Incoming>,
-    collector: Collector,
-    store: RendezvousServer,
+    collector: Option<Collector>,
+    forward: Option<Emitter>,
+    store: Store,
 ) {
-    let world = shared.spec.workers;
+    let world = shared.spec.world_size();
     let logs_dir = shared.run_dir.join("logs");
+    // Node 0 logs every rank (other nodes forward their output to it); other nodes their own.
+    let local = shared.spec.local_ranks();
     let log_files = (0..world)
-        .map(|r| File::create(logs_dir.join(format!("rank{r}.log"))).ok())
+        .map(|r| {
+            (forward.is_none() || local.contains(&r))
+                .then(|| File::create(logs_dir.join(format!("rank{r}.log"))).ok())
+                .flatten()
+        })
         .collect();
+    let joined = forward.is_some();
     // The resolved hyper-parameters, as config.json records them, head the dllogger file.
     let mut parameters = std::fs::read(shared.run_dir.join(checkpoint::RUN_CONFIG))
         .ok()
@@ -509,7 +702,9 @@ fn drive(
         shared,
         dedup: Deduplicator::new(shared.spec.dedup),
         log_files,
-        dllog: Some(DlLog::create(&shared.run_dir, parameters)),
+        dllog: (!joined).then(|| DlLog::create(&shared.run_dir, parameters)),
+        forward,
+        remote_exits: Vec::new(),
     };
     let mut stopped_by_user = false;
 
@@ -532,15 +727,17 @@ fn drive(
             continue;
         }
         let exits = workers.poll();
-        if stopped_by_user || exits.is_empty() {
+        let remote = std::mem::take(&mut d.remote_exits);
+        if stopped_by_user || (exits.is_empty() && remote.is_empty()) {
             continue;
         }
         let done_ranks =
             |st: &State, r: usize| st.summaries.get(r).map(|s| s.is_some()).unwrap_or(false);
         // A clean exit counts only once its `done` event arrived; give the socket a moment.
-        let mut bad: Vec<Exit> = Vec::new();
+        // On other nodes the `done` events go to node 0, so a clean exit is enough.
+        let mut bad: Vec<Exit> = remote;
         for e in exits {
-            if e.success() {
+            if e.success() && !joined {
                 let deadline = Instant::now() + Duration::from_millis(500);
                 while !done_ranks(&shared.lock(), e.rank) && Instant::now() < deadline {
                     if let Ok(m) = rx.recv_timeout(Duration::from_millis(10)) {
@@ -550,7 +747,7 @@ fn drive(
                 if !done_ranks(&shared.lock(), e.rank) {
                     bad.push(e);
                 }
-            } else {
+            } else if !e.success() {
                 bad.push(e);
             }
         }
@@ -563,6 +760,28 @@ fn drive(
             while let Ok(m) = rx.try_recv() {
                 d.incoming(m);
             }
+            // A worker killed on another node fails this node's workers at once ("connection
+            // closed"); its driver's report follows within moments, and names the cause.
+            let mut first = first;
+            if shared.spec.nodes > 1 && !joined && first.signal.is_none() {
+                let deadline = Instant::now() + REMOTE_REPORT_WAIT;
+                while d.remote_exits.is_empty() && Instant::now() < deadline {
+                    if let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
+                        d.incoming(m);
+                    }
+                }
+                bad.append(&mut d.remote_exits);
+                first = root_cause(&bad).cloned().unwrap_or(first);
+            }
+            if let Some(fwd) = &d.forward {
+                fwd.send(Event::Exited {
+                    rank: first.rank,
+                    node: shared.spec.node_rank,
+                    code: first.code,
+                    signal: first.signal,
+                });
+                fwd.flush(Duration::from_secs(2));
+            }
             let failure = d.failure(&first);
             shared.lock().failure = Some(failure);
         }
@@ -570,8 +789,14 @@ fn drive(
 
     // Every worker is gone: take in what is still in flight.
     workers.join_readers(Duration::from_secs(1));
-    let deadline = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < deadline {
+    // Other nodes' `done` events travel further than this node's.
+    let settle = if shared.spec.nodes > 1 && !joined {
+        REMOTE_DONE_WAIT
+    } else {
+        Duration::from_millis(300)
+    };
+    let deadline = Instant::now() + settle;
+    while Instant::now() < deadline && !joined {
         match rx.recv_timeout(Duration::from_millis(20)) {
             Ok(m) => d.incoming(m),
             Err(_) => {
@@ -582,8 +807,18 @@ fn drive(
             }
         }
     }
+    if let (Some(first), true) = (
+        d.remote_exits.first().cloned(),
+        shared.lock().failure.is_none(),
+    ) {
+        let failure = d.failure(&first);
+        shared.lock().failure = Some(failure);
+    }
     d.flush_dedup(true);
-    let dropped = collector.dropped();
+    if let Some(fwd) = &d.forward {
+        fwd.flush(Duration::from_secs(2));
+    }
+    let dropped = collector.as_ref().map_or(0, |c| c.dropped());
     drop(collector);
     drop(store);
 
@@ -591,11 +826,9 @@ fn drive(
         let mut st = shared.lock();
         st.dropped_events = dropped;
         st.elapsed = shared.started.elapsed().as_secs_f64();
-        st.status = final_status(
-            st.failure.is_some(),
-            stopped_by_user,
-            st.summaries.iter().all(|s| s.is_some()),
-        );
+        // Other nodes see their own workers' clean exits; node 0 every rank's `done`.
+        let every_rank_done = joined || st.summaries.iter().all(|s| s.is_some());
+        st.status = final_status(st.failure.is_some(), stopped_by_user, every_rank_done);
         if st.status == JobStatus::Failed && st.failure.is_none() {
             st.failure = Some(TrainError::WorkerFailed {
                 rank: 0,
@@ -799,7 +1032,7 @@ impl JobControl for Driven {
         Ok(TrainResult {
             status: st.status,
             recipe: self.shared.spec.recipe.clone(),
-            workers: self.shared.spec.workers,
+            workers: self.shared.spec.world_size(),
             device: self.shared.device,
             metrics: final_metrics,
             metric_rows: st.metrics.clone(),
@@ -827,7 +1060,18 @@ impl JobControl for Driven {
     }
 }
 
-fn create_run_dir(spec: &JobSpec) -> Result<PathBuf> {
+/// 127.0.0.0/8, ::1 or localhost.
+fn is_loopback(addr: &str) -> bool {
+    addr == "localhost"
+        || addr
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+/// `name`: the run's directory name (another node's run keeps node 0's name); default
+/// `<recipe>-<time>-<random>`.
+fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<PathBuf> {
     let root = spec
         .runs_root
         .clone()
@@ -835,7 +1079,7 @@ fn create_run_dir(spec: &JobSpec) -> Result<PathBuf> {
         .unwrap_or_else(|| PathBuf::from("trainbook_runs"));
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
     let suffix: u16 = rand::random();
-    let dir = root.join(format!("{}-{stamp}-{suffix:04x}", spec.recipe));
+    let dir = root.join(name.unwrap_or_else(|| format!("{}-{stamp}-{suffix:04x}", spec.recipe)));
     std::fs::create_dir_all(dir.join("logs"))
         .with_context(|| format!("cannot create the run directory {}: check that its parent is writable, or set TRAINBOOK_RUNS", dir.display()))?;
     Ok(std::fs::canonicalize(&dir).unwrap_or(dir))
@@ -860,6 +1104,8 @@ mod tests {
             dedup: Deduplicator::new(shared.spec.dedup),
             log_files: Vec::new(),
             dllog: None,
+            forward: None,
+            remote_exits: Vec::new(),
         }
     }
 

@@ -78,6 +78,8 @@ pub enum RawOutput {
 /// The running workers of one job.
 pub struct Workers {
     children: Vec<Option<Child>>,
+    /// The global rank of each child (this node's share of the job's ranks).
+    ranks: Vec<usize>,
     pgid: Option<Pid>,
     readers: Vec<thread::JoinHandle<()>>,
 }
@@ -127,6 +129,7 @@ impl Workers {
     {
         let mut me = Workers {
             children: Vec::new(),
+            ranks: Vec::new(),
             pgid: None,
             readers: Vec::new(),
         };
@@ -192,6 +195,7 @@ impl Workers {
                 me.readers.push(read_lines(se, rank, true, out.clone())?);
             }
             me.children.push(Some(child));
+            me.ranks.push(rank);
         }
         Ok(me)
     }
@@ -211,7 +215,7 @@ impl Workers {
     /// Reaps workers that have exited since the last call.
     pub fn poll(&mut self) -> Vec<Exit> {
         let mut exits = Vec::new();
-        for (rank, slot) in self.children.iter_mut().enumerate() {
+        for (&rank, slot) in self.ranks.iter().zip(self.children.iter_mut()) {
             if let Some(child) = slot {
                 if let Ok(Some(status)) = child.try_wait() {
                     exits.push(Exit::from_status(rank, status));
@@ -241,7 +245,7 @@ impl Workers {
         }
         if !self.all_exited() {
             self.signal(Signal::SIGKILL);
-            for (rank, slot) in self.children.iter_mut().enumerate() {
+            for (&rank, slot) in self.ranks.iter().zip(self.children.iter_mut()) {
                 if let Some(mut child) = slot.take() {
                     let _ = child.kill();
                     if let Ok(status) = child.wait() {
@@ -331,4 +335,26 @@ pub fn process_alive(pid: u32) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// The pids whose parent is `pid` (from /proc): a launcher's workers, for tools and tests that
+/// check none is left behind.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // Field 4, after the parenthesised command name and the state.
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }

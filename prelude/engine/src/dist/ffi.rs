@@ -27,6 +27,30 @@ extern "C" {
         errlen: usize,
     ) -> *mut TbStore;
     pub fn tb_store_free(s: *mut TbStore);
+    pub fn tb_store_client(
+        host: *const c_char,
+        port: u16,
+        timeout_ms: i64,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut TbStore;
+    pub fn tb_store_set(
+        s: *mut TbStore,
+        key: *const c_char,
+        data: *const u8,
+        len: usize,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn tb_store_get(
+        s: *mut TbStore,
+        key: *const c_char,
+        out: *mut *mut u8,
+        out_len: *mut usize,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    pub fn tb_bytes_free(p: *mut u8);
     #[allow(clippy::too_many_arguments)]
     pub fn tb_pg_new(
         backend: *const c_char,
@@ -37,6 +61,7 @@ extern "C" {
         is_server: c_int,
         timeout_ms: i64,
         gloo_ifname: *const c_char,
+        gloo_host: *const c_char,
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbPg;

@@ -74,18 +74,22 @@ fn explain_timeout(e: anyhow::Error, timeout: Duration) -> anyhow::Error {
     }
 }
 
-/// A rendezvous store hosted by the launcher. Binding port 0 lets the OS pick a free port
-/// atomically, so two jobs started at once can never race for the same port.
-pub struct RendezvousServer {
+/// The job's rendezvous store (c10d's TCPStore). One node's driver hosts it; the workers and
+/// the drivers of other nodes connect to it, and drivers exchange what a job's nodes must
+/// agree on through it (see `job`). Hosting on port 0 lets the OS pick a free port atomically,
+/// so two jobs started at once can never race for the same port.
+pub struct Store {
     ptr: *mut ffi::TbStore,
     port: u16,
 }
 
-// SAFETY: the TCPStore server runs its own threads; the handle is only freed once.
-unsafe impl Send for RendezvousServer {}
-unsafe impl Sync for RendezvousServer {}
+// SAFETY: TCPStore serialises its client calls and runs its server on its own threads; the
+// handle is only freed once.
+unsafe impl Send for Store {}
+unsafe impl Sync for Store {}
 
-impl RendezvousServer {
+impl Store {
+    /// Hosts the store on `host:port` (port 0: any free port).
     pub fn bind(host: &str, port: u16, timeout: Duration) -> Result<Self> {
         let chost = CString::new(host).context("master address contains a NUL byte")?;
         let mut out_port = 0u16;
@@ -107,7 +111,8 @@ impl RendezvousServer {
             if port != 0 {
                 anyhow!(
                     "{e}\nhint: master port {port} on {host} is probably in use by another \
-                     process; choose another port, or leave the port unset to pick a free one"
+                     process (or a job of this node is still running); choose another port, or \
+                     leave the port unset to pick a free one (one node only)"
                 )
             } else {
                 e
@@ -119,16 +124,60 @@ impl RendezvousServer {
         })
     }
 
+    /// Connects to the store hosted at `host:port`, waiting up to `timeout` for it to appear.
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self> {
+        let chost = CString::new(host).context("master address contains a NUL byte")?;
+        let ptr = call(
+            &format!("connecting to the rendezvous store at {host}:{port}"),
+            |e, n| unsafe {
+                ffi::tb_store_client(chost.as_ptr(), port, timeout.as_millis() as i64, e, n)
+            },
+            |p| p.is_null(),
+        )?;
+        Ok(Self { ptr, port })
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let ckey = CString::new(key).context("store key contains a NUL byte")?;
+        call(
+            &format!("writing '{key}' to the rendezvous store"),
+            |e, n| unsafe {
+                ffi::tb_store_set(self.ptr, ckey.as_ptr(), value.as_ptr(), value.len(), e, n)
+            },
+            |rc| *rc != 0,
+        )?;
+        Ok(())
+    }
+
+    /// The value of `key`, waiting for it up to the store's timeout.
+    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let ckey = CString::new(key).context("store key contains a NUL byte")?;
+        let mut out: *mut u8 = std::ptr::null_mut();
+        let mut len = 0usize;
+        call(
+            &format!("reading '{key}' from the rendezvous store"),
+            |e, n| unsafe { ffi::tb_store_get(self.ptr, ckey.as_ptr(), &mut out, &mut len, e, n) },
+            |rc| *rc != 0,
+        )?;
+        // SAFETY: on success the shim returned a malloc'd buffer of `len` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(out, len) }.to_vec();
+        unsafe { ffi::tb_bytes_free(out) };
+        Ok(bytes)
+    }
 }
 
-impl Drop for RendezvousServer {
+impl Drop for Store {
     fn drop(&mut self) {
         unsafe { ffi::tb_store_free(self.ptr) }
     }
 }
+
+/// Set by trainbook's driver for its workers: the address their gloo connections bind to.
+pub const NODE_ADDR: &str = "TRAINBOOK_NODE_ADDR";
 
 /// How a worker joins its job's process group.
 /// Set to 1 by a launcher that hosts the rendezvous store itself (see [`InitOptions`]).
@@ -147,6 +196,8 @@ pub struct InitOptions {
     pub timeout: Duration,
     /// Network interface for gloo (`GLOO_SOCKET_IFNAME`), if set.
     pub gloo_ifname: Option<String>,
+    /// Address for gloo to bind ([`NODE_ADDR`]), if set.
+    pub gloo_host: Option<String>,
 }
 
 impl InitOptions {
@@ -182,6 +233,7 @@ impl InitOptions {
             gloo_ifname: std::env::var("GLOO_SOCKET_IFNAME")
                 .ok()
                 .filter(|s| !s.is_empty()),
+            gloo_host: std::env::var(NODE_ADDR).ok().filter(|s| !s.is_empty()),
         })
     }
 }
@@ -210,6 +262,8 @@ impl ProcessGroup {
             CString::new(opts.master_addr.as_str()).context("MASTER_ADDR contains a NUL byte")?;
         let ifname = CString::new(opts.gloo_ifname.clone().unwrap_or_default())
             .context("GLOO_SOCKET_IFNAME contains a NUL byte")?;
+        let gloo_host = CString::new(opts.gloo_host.clone().unwrap_or_default())
+            .context("the node address contains a NUL byte")?;
         let ptr = call(
             &format!(
                 "joining the {} process group as rank {} of {} at {}:{}",
@@ -229,6 +283,7 @@ impl ProcessGroup {
                     opts.host_store as i32,
                     opts.timeout.as_millis() as i64,
                     ifname.as_ptr(),
+                    gloo_host.as_ptr(),
                     e,
                     n,
                 )

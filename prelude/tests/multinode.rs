@@ -1,0 +1,306 @@
+//! Jobs of several nodes, on one machine: each "node" is its own `trainbook train` driver
+//! process on its own loopback address (127.0.0.2 for node 0, 127.0.0.3 for node 1), joined
+//! through node 0's rendezvous store exactly as separate machines would be.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NODE0: &str = "127.0.0.2";
+const NODE1: &str = "127.0.0.3";
+
+fn runs_root() -> PathBuf {
+    let d = std::env::temp_dir().join("trainbook-multinode-tests");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A port free on node 0's address now (the test's two drivers must agree on it beforehand,
+/// as nodes do).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind((NODE0, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A synthetic job: SGD, no dropout, 20 steps of a global batch of 8.
+fn job_args(workers: &str, steps: &str) -> Vec<String> {
+    [
+        "train",
+        "synthetic",
+        "--workers",
+        workers,
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--optimizer",
+        "sgd",
+        "--dropout",
+        "0",
+        "--seed",
+        "5",
+        "--global-batch-size",
+        "8",
+        "--max-steps",
+        steps,
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn start(args: &[String], env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainbook"));
+    cmd.args(args)
+        .env("TRAINBOOK_RUNS", runs_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Waits for a driver with a hard deadline, so a hang fails the test instead of stalling CI.
+fn finish(mut child: Child, deadline: Duration) -> Output {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "a node did not finish within {deadline:?}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn summary(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
+        panic!(
+            "last stdout line is not JSON ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn with_flags(mut args: Vec<String>, node: usize, port: u16) -> Vec<String> {
+    let addr = if node == 0 { NODE0 } else { NODE1 };
+    args.extend(
+        [
+            "--nnodes".to_string(),
+            "2".into(),
+            "--node-rank".into(),
+            node.to_string(),
+            "--master-addr".into(),
+            NODE0.into(),
+            "--master-port".into(),
+            port.to_string(),
+            "--node-addr".into(),
+            addr.into(),
+        ]
+        .into_iter(),
+    );
+    args
+}
+
+/// Runs a 2-node job; `node_env(k)` is node k's launcher environment.
+fn two_nodes(
+    args: impl Fn(usize) -> Vec<String>,
+    node_env: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> (Output, Output) {
+    // Node 1 first: its driver waits for node 0's rendezvous like a node booted early.
+    let n1 = start(&args(1), &node_env(1));
+    std::thread::sleep(Duration::from_millis(300));
+    let n0 = start(&args(0), &node_env(0));
+    let out0 = finish(n0, Duration::from_secs(180));
+    let out1 = finish(n1, Duration::from_secs(30));
+    (out0, out1)
+}
+
+fn weights(checkpoint: &Path) -> Vec<(String, tch::Tensor)> {
+    let mut v = tch::Tensor::read_safetensors(checkpoint.join("model.safetensors")).unwrap();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn checkpoint(s: &serde_json::Value) -> PathBuf {
+    PathBuf::from(s["last_checkpoint"].as_str().expect("a last checkpoint"))
+}
+
+/// 2 nodes x 1 worker end where 1 node x 1 worker ends, and node 0 tells the whole job.
+#[test]
+fn two_nodes_train_like_one() {
+    let port = free_port();
+    let (out0, out1) = two_nodes(|k| with_flags(job_args("1", "20"), k, port), |_| vec![]);
+    let err1 = String::from_utf8_lossy(&out1.stderr);
+    assert!(
+        out0.status.success(),
+        "node 0 failed: {}\nnode 1: {err1}",
+        String::from_utf8_lossy(&out0.stderr)
+    );
+    assert!(out1.status.success(), "node 1 failed: {err1}");
+    assert!(err1.contains("node 1 of 2, ranks 1-1 of 2"), "{err1}");
+    let s0 = summary(&out0);
+    assert_eq!(s0["status"], "succeeded");
+    assert_eq!(s0["workers"], 2);
+    assert_eq!(s0["steps"], 20);
+
+    // Node 0's run directory holds every rank's log; node 1's keeps node 0's run name.
+    let run0 = PathBuf::from(s0["run_dir"].as_str().unwrap());
+    let rank1 = std::fs::read_to_string(run0.join("logs/rank1.log")).unwrap();
+    assert!(
+        rank1.contains("loss"),
+        "rank 1's lines reach node 0: {rank1}"
+    );
+    let run1 = PathBuf::from(summary(&out1)["run_dir"].as_str().unwrap());
+    assert_eq!(
+        run1.file_name().unwrap().to_string_lossy(),
+        format!("{}-node1", run0.file_name().unwrap().to_string_lossy())
+    );
+
+    let one = finish(start(&job_args("1", "20"), &[]), Duration::from_secs(120));
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    let (a, b) = (
+        weights(&checkpoint(&s0)),
+        weights(&checkpoint(&summary(&one))),
+    );
+    assert_eq!(a.len(), b.len());
+    let mut max_diff = 0.0f64;
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        max_diff = max_diff.max((ta - tb).abs().max().double_value(&[]));
+    }
+    assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
+}
+
+/// Killing node 1's worker fails node 0's job, which names global rank 1 and the signal.
+#[test]
+fn a_worker_killed_on_node_1_fails_node_0_naming_its_rank() {
+    let port = free_port();
+    let n1 = start(&with_flags(job_args("1", "100000"), 1, port), &[]);
+    let n0 = start(&with_flags(job_args("1", "100000"), 0, port), &[]);
+    // Wait until node 1's worker trains (its log has a loss line on node 0).
+    let t0 = Instant::now();
+    let worker = loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "node 1 never started"
+        );
+        let started = std::fs::read_dir(runs_root()).unwrap().flatten().any(|e| {
+            std::fs::read_to_string(e.path().join("logs/rank1.log"))
+                .map(|l| l.contains("loss"))
+                .unwrap_or(false)
+        });
+        if let (true, Some(&w)) = (
+            started,
+            trainbook::engine::launch::children_of(n1.id()).first(),
+        ) {
+            break w;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out0 = finish(n0, Duration::from_secs(60));
+    let out1 = finish(n1, Duration::from_secs(30));
+    assert!(
+        killed.elapsed() < Duration::from_secs(30),
+        "node 0 took {:?} to fail",
+        killed.elapsed()
+    );
+    assert!(!out0.status.success());
+    assert!(!out1.status.success());
+    let s0 = summary(&out0);
+    assert_eq!(s0["status"], "failed");
+    let error = s0["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("rank 1") && error.contains("SIGKILL"),
+        "node 0 names the killed rank: {error}"
+    );
+}
+
+/// Node ranks and node 0's address from the variables of `srun --ntasks-per-node=1` and of
+/// Open MPI's `mpirun --map-by ppr:1:node`, with no topology flags.
+#[test]
+fn slurm_and_open_mpi_environments_place_the_nodes() {
+    let slurm = |port: u16| {
+        move |k: usize| {
+            vec![
+                ("SLURM_PROCID", k.to_string()),
+                ("SLURM_NTASKS", "2".to_string()),
+                ("SLURM_NNODES", "2".to_string()),
+                ("SLURM_NODEID", k.to_string()),
+                // Node 0 is the list's first host.
+                ("SLURM_JOB_NODELIST", "127.0.0.[2-3]".to_string()),
+                ("MASTER_PORT", port.to_string()),
+            ]
+        }
+    };
+    let mpi = |port: u16| {
+        move |k: usize| {
+            vec![
+                ("OMPI_COMM_WORLD_RANK", k.to_string()),
+                ("OMPI_COMM_WORLD_SIZE", "2".to_string()),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "1".to_string()),
+                ("MASTER_ADDR", NODE0.to_string()),
+                ("MASTER_PORT", port.to_string()),
+            ]
+        }
+    };
+    for (launcher, env) in [
+        (
+            "slurm",
+            Box::new(slurm(free_port())) as Box<dyn Fn(usize) -> _>,
+        ),
+        ("open mpi", Box::new(mpi(free_port()))),
+    ] {
+        let (out0, out1) = two_nodes(|_| job_args("1", "4"), &env);
+        let err1 = String::from_utf8_lossy(&out1.stderr);
+        assert!(
+            out0.status.success() && out1.status.success(),
+            "{launcher}: node 0: {}\nnode 1: {err1}",
+            String::from_utf8_lossy(&out0.stderr)
+        );
+        assert!(
+            err1.contains("node 1 of 2, ranks 1-1 of 2, rendezvous at 127.0.0.2"),
+            "{launcher}: {err1}"
+        );
+        let s0 = summary(&out0);
+        assert_eq!(s0["workers"], 2, "{launcher}");
+        assert_eq!(s0["steps"], 4, "{launcher}");
+    }
+}
+
+/// A node that cannot reach node 0 says where it looked and what to check, within the
+/// collective timeout, instead of hanging.
+#[test]
+fn a_node_without_node_0_fails_with_what_to_check() {
+    let mut args = with_flags(job_args("1", "4"), 1, free_port());
+    args.extend(["--collective-timeout".to_string(), "3".into()]);
+    let t0 = Instant::now();
+    let out = finish(start(&args, &[]), Duration::from_secs(60));
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("could not reach node 0's rendezvous at 127.0.0.2"),
+        "{err}"
+    );
+}
