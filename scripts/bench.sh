@@ -21,6 +21,9 @@
 # m: BERT masked-LM pre-training throughput, trainbook bert-mlm vs PyTorch eager + Transformers
 #    BertForMaskedLM + DDP (bench/torch_bert.py --task mlm): 4-layer hidden-256 from scratch,
 #    128-token blocks, global batch 32, alternating BENCH_MLM_ROUNDS (3) times
+# n: 2 nodes x 1 worker on loopback (two drivers on 127.0.0.2 and 127.0.0.3) vs 1 node x 2
+#    workers: BERT default preset training samples/s, 1 thread per worker, alternating
+#    BENCH_NODES_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -28,7 +31,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -48,7 +51,7 @@ has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$ou
 has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
 
 tb=target/release/trainbook
-if has d || has e || has f || has g; then cargo build -q --release -p trainbook $features --bins; fi
+if has d || has e || has f || has g || has m || has n; then cargo build -q --release -p trainbook $features --bins; fi
 if has d; then
   for padding in dynamic max-length; do
     $tb train bert --workers 2 --device cpu --preset default --optimizer adamw --lr 1e-4 \
@@ -92,6 +95,21 @@ if has g; then
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "resnet_throughput", "impl": "trainbook", /' | tee -a "$out"
     .bench-venv/bin/python bench/torch_resnet.py --workers 2 --global-batch-size 32 --image-size 64 \
       --steps "$steps" 2>/dev/null | tee -a "$out"
+  done
+fi
+if has n; then
+  steps=${BENCH_NODES_STEPS:-30}
+  bert=(train bert --device cpu --preset default --optimizer adamw --lr 5e-5 --threads 1
+        --global-batch-size 32 --max-length 64 --padding max-length --max-steps "$steps" --eval-rows 0 --json)
+  for round in $(seq "${BENCH_NODES_ROUNDS:-3}"); do
+    $tb "${bert[@]}" --workers 2 2>/dev/null | tail -n1 |
+      sed 's/^{/{"bench": "nodes_throughput", "layout": "1x2", /' | tee -a "$out"
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.2", 0)); print(s.getsockname()[1])')
+    nodes=(--workers 1 --nnodes 2 --master-addr 127.0.0.2 --master-port "$port")
+    $tb "${bert[@]}" "${nodes[@]}" --node-rank 1 --node-addr 127.0.0.3 >/dev/null 2>&1 &
+    $tb "${bert[@]}" "${nodes[@]}" --node-rank 0 --node-addr 127.0.0.2 2>/dev/null | tail -n1 |
+      sed 's/^{/{"bench": "nodes_throughput", "layout": "2x1", /' | tee -a "$out"
+    wait
   done
 fi
 
@@ -139,6 +157,14 @@ for name, label in (("bert_throughput", "(e) BERT"), ("resnet_throughput", "(g) 
     paired = statistics.median(a / b for a, b in zip(ours, torch))
     print(f"{label} training samples/s, {len(ours)} alternating rounds: trainbook {statistics.median(ours):.1f}, "
           f"PyTorch eager {statistics.median(torch):.1f} (medians); median paired ratio {paired:.3f}x (target >= 1.0)")
+nt = [r for r in rows if r.get("bench") == "nodes_throughput"]
+if nt:
+    one = [r["metrics"]["train_samples_per_second"] for r in nt if r["layout"] == "1x2"]
+    two = [r["metrics"]["train_samples_per_second"] for r in nt if r["layout"] == "2x1"]
+    paired = statistics.median(b / a for a, b in zip(one, two))
+    print(f"(n) BERT samples/s after warm-up, {len(one)} alternating rounds: 2 nodes x 1 worker on loopback "
+          f"{statistics.median(two):.1f}, 1 node x 2 workers {statistics.median(one):.1f} (medians); "
+          f"median paired ratio {paired:.3f}x")
 mlm = [r for r in rows if r.get("bench") == "bert_mlm_throughput"]
 if mlm:
     # Steady state on both sides: the first 5 steps left out.

@@ -386,7 +386,16 @@ fn train(args: &TrainArgs) -> Result<i32> {
     let result = job.wait();
     let summary = job.result()?;
     view.finish(&job);
-    eprintln!("{}", view.dashboard().summary_text());
+    let spec = job.spec();
+    if spec.node_rank > 0 && summary.status == JobStatus::Succeeded {
+        // This node's workers reported to node 0: the job's numbers are there.
+        eprintln!(
+            "trainbook: node {} finished: {} worker(s) done in {:.1} s; the job's metrics, logs and checkpoints are on node 0",
+            spec.node_rank, spec.workers, summary.elapsed
+        );
+    } else {
+        eprintln!("{}", view.dashboard().summary_text());
+    }
     if let (Err(e), None) = (&result, &summary.error) {
         eprintln!("error: {e:#}");
     }

@@ -304,3 +304,58 @@ fn a_node_without_node_0_fails_with_what_to_check() {
         "{err}"
     );
 }
+
+/// Open MPI's real `mpirun` (Debian's openmpi-bin, which `make setup` installs) starting one
+/// driver per "node". Both tasks run on this machine, so each is told it is alone on its node
+/// (OMPI_COMM_WORLD_LOCAL_SIZE=1) and binds its own loopback address, as two machines would.
+#[test]
+fn real_mpirun_starts_a_two_node_job() {
+    let mpirun = ["/usr/bin/mpirun", "/usr/local/bin/mpirun"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("mpirun is missing: `make setup` installs Debian's openmpi-bin");
+    let dir = runs_root().join(format!("mpirun-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let args = job_args("1", "4").join(" ");
+    let script = format!(
+        "OMPI_COMM_WORLD_LOCAL_SIZE=1 exec {} {args} --node-addr 127.0.0.$((2 + OMPI_COMM_WORLD_RANK)) \
+         > {dir}/node$OMPI_COMM_WORLD_RANK.out 2> {dir}/node$OMPI_COMM_WORLD_RANK.err",
+        env!("CARGO_BIN_EXE_trainbook"),
+        dir = dir.display()
+    );
+    let port = free_port().to_string();
+    let child = Command::new(mpirun)
+        .args(["--oversubscribe", "-np", "2"])
+        .args([
+            "-x",
+            "MASTER_ADDR",
+            "-x",
+            "MASTER_PORT",
+            "-x",
+            "TRAINBOOK_RUNS",
+        ])
+        .args(["sh", "-c", &script])
+        .env("MASTER_ADDR", NODE0)
+        .env("MASTER_PORT", &port)
+        .env("TRAINBOOK_RUNS", runs_root())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = finish(child, Duration::from_secs(180));
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "mpirun: {}\nnode 0: {}\nnode 1: {}",
+        String::from_utf8_lossy(&out.stderr),
+        read("node0.err"),
+        read("node1.err")
+    );
+    assert!(read("node1.err").contains("node 1 of 2, ranks 1-1 of 2"));
+    let s0: serde_json::Value =
+        serde_json::from_str(read("node0.out").lines().last().unwrap_or_default()).unwrap();
+    assert_eq!(s0["status"], "succeeded");
+    assert_eq!(s0["workers"], 2);
+}

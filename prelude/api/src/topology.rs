@@ -152,7 +152,7 @@ impl Topology {
                 "torchrun",
                 local,
                 1,
-                "launch with `torchrun --nproc-per-node 1 $(which trainbook) train ...`",
+                "launch with `torchrun --nproc-per-node 1 --no-python trainbook train ...`",
             )?;
             return Ok(Some(Topology {
                 nodes: world,

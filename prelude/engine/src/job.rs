@@ -621,11 +621,15 @@ impl Driver<'_> {
             .flatten()
             .map(|m| format!("\nerror: {m}"))
             .unwrap_or_default();
-        let how = if exit.success() {
+        let mut how = if exit.success() {
             "exited before reporting completion".to_string()
         } else {
             exit.describe()
         };
+        let spec = &self.shared.spec;
+        if spec.nodes > 1 {
+            how = format!("{how}, on node {}", exit.rank / spec.workers.max(1));
+        }
         TrainError::WorkerFailed {
             rank: exit.rank,
             how,
