@@ -24,6 +24,9 @@
 # n: 2 nodes x 1 worker on loopback (two drivers on 127.0.0.2 and 127.0.0.3) vs 1 node x 2
 #    workers: BERT default preset training samples/s, 1 thread per worker, alternating
 #    BENCH_NODES_ROUNDS (3) times
+# z: ZeRO-1 vs plain data parallelism, BERT default preset with AdamW, 1 thread per worker:
+#    optimizer-state bytes per rank at 2 and 4 workers, and training step time at 2 workers,
+#    alternating BENCH_ZERO_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -31,7 +34,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
 out=$(mktemp)
@@ -113,6 +116,24 @@ if has n; then
   done
 fi
 
+if has z; then
+  steps=${BENCH_ZERO_STEPS:-30}
+  bert=(train bert --device cpu --preset default --optimizer adamw --lr 5e-5 --threads 1
+        --global-batch-size 32 --max-length 64 --padding max-length --eval-rows 0 --json)
+  for workers in 2 4; do
+    for zero in 0 1; do
+      $tb "${bert[@]}" --workers $workers --zero $zero --max-steps 4 2>/dev/null | tail -n1 |
+        sed "s/^{/{\"bench\": \"zero_memory\", \"zero\": $zero, /" | tee -a "$out"
+    done
+  done
+  for round in $(seq "${BENCH_ZERO_ROUNDS:-3}"); do
+    for zero in 0 1; do
+      $tb "${bert[@]}" --workers 2 --zero $zero --max-steps "$steps" 2>/dev/null | tail -n1 |
+        sed "s/^{/{\"bench\": \"zero_step\", \"zero\": $zero, /" | tee -a "$out"
+    done
+  done
+fi
+
 if has w; then
   cargo bench -q -p trainbook-widgets --bench render
 fi
@@ -165,6 +186,26 @@ if nt:
     print(f"(n) BERT samples/s after warm-up, {len(one)} alternating rounds: 2 nodes x 1 worker on loopback "
           f"{statistics.median(two):.1f}, 1 node x 2 workers {statistics.median(one):.1f} (medians); "
           f"median paired ratio {paired:.3f}x")
+zm = [r for r in rows if r.get("bench") == "zero_memory"]
+for w in sorted({r["workers"] for r in zm}):
+    ddp = next(r for r in zm if r["workers"] == w and r["zero"] == 0)
+    zero = next(r for r in zm if r["workers"] == w and r["zero"] == 1)
+    full = ddp["memory"][0]["optimizer_state"]
+    shares = [m["optimizer_state"] / full for m in zero["memory"]]
+    print(f"(z) {w} workers: optimizer state per rank {full / 2**20:.1f} MiB without ZeRO; with ZeRO-1 "
+          + ", ".join(f"{m['optimizer_state'] / 2**20:.1f}" for m in zero["memory"])
+          + f" MiB = {min(shares):.3f}..{max(shares):.3f} of it (target {1 / w:.3f} +- 5%); peak RSS rank 0 "
+          f"{ddp['memory'][0]['peak'] / 2**20:.0f} -> {zero['memory'][0]['peak'] / 2**20:.0f} MiB")
+zs = [r for r in rows if r.get("bench") == "zero_step"]
+if zs:
+    # Step time is the inverse of steady samples/s; pair each ZeRO run with the DDP run before it.
+    ddp = [r["metrics"]["train_samples_per_second"] for r in zs if r["zero"] == 0]
+    zero = [r["metrics"]["train_samples_per_second"] for r in zs if r["zero"] == 1]
+    ratios = [d / z for d, z in zip(ddp, zero)]
+    print(f"(z) 2 workers, step time ZeRO-1 / DDP over {len(ratios)} alternating rounds: "
+          + ", ".join(f"{x:.3f}" for x in ratios)
+          + f"; median {statistics.median(ratios):.3f}x (target <= 1.1); samples/s DDP "
+          f"{statistics.median(ddp):.1f}, ZeRO-1 {statistics.median(zero):.1f}")
 mlm = [r for r in rows if r.get("bench") == "bert_mlm_throughput"]
 if mlm:
     # Steady state on both sides: the first 5 steps left out.

@@ -203,6 +203,7 @@ impl JobDashboard {
             metrics,
             checkpoint,
             error: r.error,
+            memory: r.memory,
         });
     }
 

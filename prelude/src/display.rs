@@ -8,7 +8,7 @@ use std::any::Any;
 use trainbook_api::table::{Table, Value};
 use trainbook_engine::{Job, TrainResult};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
-use trainbook_widgets::{format_duration, format_metric, Bundle};
+use trainbook_widgets::{format_bytes, format_duration, format_metric, Bundle};
 
 /// The rich display of a value: its MIME bundle (`text/html` and `text/plain`).
 pub trait NotebookDisplay {
@@ -98,6 +98,24 @@ impl NotebookDisplay for TrainResult {
             if !matches!(name.as_str(), "samples_per_second" | "train_loss") {
                 pairs.push((name.as_str(), format_metric(*value)));
             }
+        }
+        if let Some(m) = self.memory.first() {
+            // Rank 0's; `memory_table()` has every rank's.
+            let peak = if m.peak > 0 {
+                format!(", peak {} {}", format_bytes(m.peak), m.peak_of)
+            } else {
+                String::new()
+            };
+            pairs.push((
+                "memory (rank 0)",
+                format!(
+                    "parameters {}, gradients {}, optimizer state {}, buffers {}{peak}",
+                    format_bytes(m.parameters),
+                    format_bytes(m.gradients),
+                    format_bytes(m.optimizer_state),
+                    format_bytes(m.buffers)
+                ),
+            ));
         }
         pairs.push(("best checkpoint", path(&self.best_checkpoint)));
         pairs.push(("last checkpoint", path(&self.last_checkpoint)));

@@ -112,7 +112,7 @@ fn resuming_mid_epoch_continues_the_same_run() {
     // Same weights, same AdamW moments, same data order: the same model.
     assert_same_params(&resumed, &straight, 1e-5, "resumed vs straight");
 
-    // Another worker count would change the data order: refused, with the fix.
+    // Another worker count would continue another data order mid-epoch: refused, with the fix.
     let err = format!(
         "{:#}",
         tiny()
@@ -123,7 +123,7 @@ fn resuming_mid_epoch_continues_the_same_run() {
             .unwrap_err()
     );
     assert!(
-        err.contains("trained with 2 workers") && err.contains("Resume with the same values"),
+        err.contains("middle of an epoch by 2 workers") && err.contains("Resume with 2 workers"),
         "{err}"
     );
 }

@@ -42,6 +42,8 @@ pub struct Outcome {
     pub checkpoint: Option<String>,
     /// The failing rank's error (or why the run stopped).
     pub error: Option<String>,
+    /// Each rank's memory at the end (none when the workers did not report it).
+    pub memory: Vec<crate::memory::MemoryUse>,
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +120,9 @@ impl Dashboard {
         if !self.table.is_empty() {
             out.push(self.table.text());
         }
+        if let Some(o) = self.outcome.as_ref().filter(|o| !o.memory.is_empty()) {
+            out.push(crate::memory::memory_text(&o.memory));
+        }
         if logs && !self.logs.is_empty() {
             out.push(self.logs.text());
         }
@@ -180,6 +185,9 @@ impl Dashboard {
         }
         if !self.table.is_empty() {
             h.push_str(&self.table.html());
+        }
+        if let Some(o) = &self.outcome {
+            h.push_str(&crate::memory::memory_html(&o.memory));
         }
         if self.options.logs && !self.logs.is_empty() {
             // A finished, successful run folds its logs away; a failed one keeps them open.

@@ -8,6 +8,7 @@ pub mod format;
 pub mod grid;
 mod html;
 pub mod logs;
+pub mod memory;
 pub mod plot;
 pub mod progress;
 pub mod series;
@@ -18,6 +19,7 @@ pub use format::{eta, format_duration, format_metric, format_rate, progress_line
 pub use grid::Grid;
 pub use html::escape;
 pub use logs::{LogLevel, LogLine, LogPanel};
+pub use memory::format_bytes;
 pub use plot::{loss_bundle, loss_svg, svg_to_png, PlotOptions};
 pub use progress::{ProgressView, Status};
 pub use series::{downsample_minmax, Curves, Series, MAX_PLOT_POINTS};

@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceKind;
 use crate::logs::Shown;
@@ -103,6 +103,24 @@ pub enum Update {
     Finished(JobStatus),
 }
 
+/// One worker's memory at the end of its run, in bytes: what its parameters, gradients,
+/// optimizer state and communication buffers take (ZeRO-1 cuts the optimizer state to 1/W),
+/// and the peak the process or device reached.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    pub rank: usize,
+    pub parameters: u64,
+    pub gradients: u64,
+    pub optimizer_state: u64,
+    /// Flat gradient buckets (and ZeRO's shards).
+    pub buffers: u64,
+    /// The peak of [`MemoryUse::peak_of`]; 0 where it could not be read.
+    pub peak: u64,
+    /// What `peak` measures: `cuda` / `hpu` (device memory allocated) or `rss` (the worker
+    /// process's resident memory, on CPU).
+    pub peak_of: String,
+}
+
 /// The outcome of a job.
 #[derive(Clone, Debug)]
 pub struct TrainResult {
@@ -127,6 +145,8 @@ pub struct TrainResult {
     pub param_sum: f64,
     pub param_l2: f64,
     pub elapsed: f64,
+    /// Each rank's memory, by rank ([`TrainResult::memory_table`] as a table).
+    pub memory: Vec<MemoryUse>,
 }
 
 impl TrainResult {
@@ -139,6 +159,28 @@ impl TrainResult {
     /// Every metric reported: columns rank, step, epoch, name, value, time.
     pub fn history(&self) -> Table {
         metrics_table(&self.metric_rows)
+    }
+
+    /// One row per rank: parameters, gradients, optimizer state, buffers and peak, in MiB.
+    pub fn memory_table(&self) -> Table {
+        let mib = |f: fn(&MemoryUse) -> u64| {
+            self.memory
+                .iter()
+                .map(move |m| Some(f(m) as f64 / (1 << 20) as f64))
+        };
+        Table::from_columns(vec![
+            Column::uint("rank", self.memory.iter().map(|m| Some(m.rank as u64))),
+            Column::float("parameters_mib", mib(|m| m.parameters)),
+            Column::float("gradients_mib", mib(|m| m.gradients)),
+            Column::float("optimizer_state_mib", mib(|m| m.optimizer_state)),
+            Column::float("buffers_mib", mib(|m| m.buffers)),
+            Column::float("peak_mib", mib(|m| m.peak)),
+            Column::str(
+                "peak_of",
+                self.memory.iter().map(|m| Some(m.peak_of.clone())),
+            ),
+        ])
+        .expect("memory columns have one value per rank")
     }
 
     /// The summary the CLI prints with `--json`.
@@ -159,6 +201,7 @@ impl TrainResult {
             "last_checkpoint": self.last_checkpoint.as_ref().map(|p| p.display().to_string()),
             "best_checkpoint": self.best_checkpoint.as_ref().map(|p| p.display().to_string()),
             "error": self.error,
+            "memory": self.memory,
         })
     }
 }

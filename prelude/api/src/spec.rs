@@ -183,11 +183,16 @@ crate::options! {
         /// Keep only the last K step checkpoints (epoch checkpoints are all kept).
         #[arg(value_name = "K")]
         keep_checkpoints: usize => Option<usize>,
+        /// ZeRO stage: 0, every worker keeps the whole optimizer state; 1, each keeps 1/W of
+        /// it (less memory per device, the same results; checkpoints load either way).
+        #[arg(value_name = "0|1")]
+        zero: u8 => u8,
         /// fp32, or bf16 autocast (CUDA and Gaudi; also runs on CPU, where it is rarely faster).
         #[arg(value_name = "fp32|bf16")]
         precision: Precision => Precision,
         /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer
-        /// state, step count and data order; needs the same workers and batch.
+        /// state, step count and data order; needs the same batch, and the same workers
+        /// unless it is an epoch checkpoint.
         #[arg(value_name = "CHECKPOINT")]
         resume_from: PathBuf [into] => Option<PathBuf>,
         /// Model to start from: a Hugging Face-style directory, a weights file or a Hub id (each
@@ -239,6 +244,7 @@ impl Hyper {
             poly_power: 1.0,
             checkpoint_every: None,
             keep_checkpoints: None,
+            zero: 0,
             precision: Precision::Fp32,
             resume_from: None,
             model: None,
@@ -625,6 +631,9 @@ impl JobSpec {
         }
         if t.checkpoint_every == Some(0) {
             bail!("checkpoint_every is 0: give the number of optimizer steps between checkpoints (e.g. 200)");
+        }
+        if let Some(z) = t.zero.filter(|&z| z > 1) {
+            bail!("ZeRO stage {z} is not available: use 1 (optimizer state sharded over the workers) or 0 (not sharded)");
         }
         if t.keep_checkpoints == Some(0) {
             bail!("keep_checkpoints is 0: keep at least the last one (a resume needs it), or leave it unset to keep all");

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #ifdef TRAINBOOK_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include <chrono>
@@ -67,6 +68,23 @@ int tb_have_nccl() {
   return 1;
 #else
   return 0;
+#endif
+}
+
+// The most CUDA memory the caching allocator has handed out on `device` since the process
+// started (torch.cuda.max_memory_allocated); -1 in builds without CUDA or on error.
+int64_t tb_cuda_peak_bytes(int device) {
+#ifdef TRAINBOOK_WITH_NCCL
+  try {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .peak;
+  } catch (...) {
+    return -1;
+  }
+#else
+  (void)device;
+  return -1;
 #endif
 }
 
@@ -234,6 +252,34 @@ tb_work* tb_pg_allreduce_start(tb_pg* p, void* tensor, int op, char* err, size_t
     o.reduceOp = to_op(op);
     o.timeout = p->timeout;
     out = new tb_work{p->pg->allreduce(v, o), p->timeout};
+  });
+  return out;
+}
+
+// ZeRO's two collectives, started like the all-reduce so buckets overlap. Both take one flat
+// tensor of world * shard elements and a shard-sized one; the process group's dispatcher picks
+// the backend from the tensors' device (gloo, nccl or a device plugin's, e.g. hccl).
+tb_work* tb_pg_reduce_scatter_start(tb_pg* p, void* output, void* input, char* err, size_t errlen) {
+  tb_work* out = nullptr;
+  guarded(err, errlen, [&] {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    o.timeout = p->timeout;
+    out = new tb_work{p->pg->reduce_scatter_single(*static_cast<at::Tensor*>(output),
+                                                   *static_cast<at::Tensor*>(input), o),
+                      p->timeout};
+  });
+  return out;
+}
+
+tb_work* tb_pg_allgather_start(tb_pg* p, void* output, void* input, char* err, size_t errlen) {
+  tb_work* out = nullptr;
+  guarded(err, errlen, [&] {
+    c10d::AllgatherOptions o;
+    o.timeout = p->timeout;
+    out = new tb_work{p->pg->all_gather_single(*static_cast<at::Tensor*>(output),
+                                               *static_cast<at::Tensor*>(input), o),
+                      p->timeout};
   });
   return out;
 }

@@ -17,9 +17,54 @@ use crate::dist::ProcessGroup;
 /// Default bucket size in bytes.
 pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
 
+/// Consecutive parameters of one dtype and device, about `bucket_bytes` in all:
+/// (index into params, offset in the flat bucket, numel) per parameter.
+pub type BucketPlan = Vec<(usize, i64, i64)>;
+
+/// Groups `params` into buckets, in order (ZeRO shards the same buckets).
+pub fn plan_buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<BucketPlan> {
+    let mut buckets = Vec::new();
+    let mut slots: BucketPlan = Vec::new();
+    let (mut off, mut bytes) = (0i64, 0usize);
+    // tch reports every device it cannot name (an HPU) as MPS; buckets never mix devices
+    // anyway, since all parameters of a worker live on its one device.
+    let mut key: Option<(Kind, tch::Device)> = None;
+    for (i, p) in params.iter().enumerate() {
+        let k = (p.kind(), p.device());
+        let n = p.numel() as i64;
+        let size = n as usize * p.kind().elt_size_in_bytes();
+        if key.is_some() && (key != Some(k) || bytes + size > bucket_bytes) {
+            buckets.push(std::mem::take(&mut slots));
+            (off, bytes) = (0, 0);
+        }
+        key = Some(k);
+        slots.push((i, off, n));
+        off += n;
+        bytes += size;
+    }
+    if !slots.is_empty() {
+        buckets.push(slots);
+    }
+    buckets
+}
+
+/// The elements of a bucket plan.
+pub fn plan_len(plan: &BucketPlan) -> i64 {
+    plan.last().map_or(0, |&(_, off, n)| off + n)
+}
+
+/// Like PyTorch DDP without find_unused_parameters: every rank must produce every gradient,
+/// or the ranks' models would drift apart.
+pub fn missing_gradient(i: usize, param: &Tensor) -> anyhow::Error {
+    anyhow::anyhow!(
+        "trainable parameter #{i} ({:?}) got no gradient this step: every trainable parameter \
+         must take part in the loss for data-parallel training",
+        param.size()
+    )
+}
+
 struct Bucket {
-    /// (index into params, offset, numel)
-    slots: Vec<(usize, i64, i64)>,
+    slots: BucketPlan,
     flat: Tensor,
 }
 
@@ -32,43 +77,24 @@ impl GradSync {
     /// `params` are the trainable variables (shallow clones share storage and `.grad()`).
     pub fn new(params: &[Tensor], bucket_bytes: usize) -> Self {
         let params: Vec<Tensor> = params.iter().map(|p| p.shallow_clone()).collect();
-        // Group consecutive parameters of one dtype and device into buckets of ~bucket_bytes.
-        let mut buckets = Vec::new();
-        let mut slots: Vec<(usize, i64, i64)> = Vec::new();
-        let mut off = 0i64;
-        let mut bytes = 0usize;
-        // tch reports every device it cannot name (an HPU) as MPS; buckets never mix devices
-        // anyway, since all parameters of a worker live on its one device.
-        let mut key: Option<(Kind, tch::Device)> = None;
-        let flush = |slots: &mut Vec<(usize, i64, i64)>,
-                     off: &mut i64,
-                     key: Option<(Kind, tch::Device)>,
-                     buckets: &mut Vec<Bucket>| {
-            if let (false, Some((kind, _))) = (slots.is_empty(), key) {
+        let buckets = plan_buckets(&params, bucket_bytes)
+            .into_iter()
+            .map(|slots| {
                 // Allocated next to the bucket's first parameter, wherever that lives.
                 let first = &params[slots[0].0];
-                buckets.push(Bucket {
-                    slots: std::mem::take(slots),
-                    flat: first.zeros_on_device(&[*off], kind),
-                });
-            }
-            *off = 0;
-        };
-        for (i, p) in params.iter().enumerate() {
-            let k = (p.kind(), p.device());
-            let n = p.numel() as i64;
-            let size = n as usize * p.kind().elt_size_in_bytes();
-            if key.is_some() && (key != Some(k) || bytes + size > bucket_bytes) {
-                flush(&mut slots, &mut off, key, &mut buckets);
-                bytes = 0;
-            }
-            key = Some(k);
-            slots.push((i, off, n));
-            off += n;
-            bytes += size;
-        }
-        flush(&mut slots, &mut off, key, &mut buckets);
+                let flat = first.zeros_on_device(&[plan_len(&slots)], first.kind());
+                Bucket { slots, flat }
+            })
+            .collect();
         Self { params, buckets }
+    }
+
+    /// Bytes of the flat communication buckets.
+    pub fn buffer_bytes(&self) -> u64 {
+        self.buckets
+            .iter()
+            .map(|b| b.flat.numel() as u64 * b.flat.kind().elt_size_in_bytes() as u64)
+            .sum()
     }
 
     pub fn num_buckets(&self) -> usize {
@@ -117,13 +143,7 @@ impl GradSync {
         for &(i, off, n) in &bucket.slots {
             let g = self.params[i].grad();
             if !g.defined() {
-                // Like PyTorch DDP without find_unused_parameters: every rank must produce every
-                // gradient, or the ranks' models would drift apart.
-                anyhow::bail!(
-                    "trainable parameter #{i} ({:?}) got no gradient this step: every trainable \
-                     parameter must take part in the loss for data-parallel training",
-                    self.params[i].size()
-                );
+                return Err(missing_gradient(i, &self.params[i]));
             }
             g.view([-1]).copy_(&bucket.flat.narrow(0, off, n));
         }

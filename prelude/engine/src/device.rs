@@ -208,6 +208,36 @@ pub trait HpuBridge: Sync {
         init: &crate::dist::InitOptions,
         prefix: &str,
     ) -> anyhow::Result<crate::dist::BackendHandle>;
+    /// The most HPU memory allocated so far, when the bridge can tell.
+    fn peak_memory(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The peak memory of a worker: bytes allocated on its CUDA or HPU device
+/// (`torch.cuda.max_memory_allocated`, `torch.hpu.max_memory_allocated`) or, on CPU, its
+/// process's peak resident set. 0 where it cannot be read.
+pub fn peak_memory(device: Device, bridge: Option<&dyn HpuBridge>) -> (u64, &'static str) {
+    match device {
+        Device::Cuda(i) => {
+            extern "C" {
+                fn tb_cuda_peak_bytes(device: c_int) -> i64;
+            }
+            // SAFETY: a plain query; the shim catches C++ exceptions.
+            let peak = unsafe { tb_cuda_peak_bytes(i as c_int) };
+            (peak.max(0) as u64, "cuda")
+        }
+        Device::Hpu(_) => (bridge.and_then(|b| b.peak_memory()).unwrap_or(0), "hpu"),
+        Device::Cpu => (peak_rss().unwrap_or(0), "rss"),
+    }
+}
+
+/// The process's peak resident set size (`VmHWM` in /proc/self/status), on Linux.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Where the Intel Gaudi software shows itself, if anywhere: accelerator device nodes, or the

@@ -41,6 +41,8 @@ pub struct WorkerSummary {
     pub device: String,
     /// Final epoch metrics (all-reduced), e.g. eval_loss, eval_accuracy.
     pub metrics: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    pub memory: trainbook_api::job::MemoryUse,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

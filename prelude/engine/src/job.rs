@@ -1055,6 +1055,7 @@ impl JobControl for Driven {
             final_train_loss: s0.final_train_loss,
             param_sum: s0.param_sum,
             param_l2: s0.param_l2,
+            memory: summaries.iter().map(|s| s.memory.clone()).collect(),
             elapsed: if st.status.is_finished() {
                 st.elapsed
             } else {

@@ -26,7 +26,9 @@ pub mod scores;
 pub mod spec;
 pub mod task;
 pub mod train;
+pub mod update;
 pub mod worker;
+pub mod zero;
 
 pub use device::{DeviceKind, DeviceRequest};
 pub use job::{

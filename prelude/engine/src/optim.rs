@@ -90,15 +90,39 @@ pub struct OptimizerConfig {
 
 pub struct Optimizer {
     cfg: OptimizerConfig,
-    /// (name, parameter) in a fixed order.
+    /// (name, parameter) in a fixed order: whole parameters, or under ZeRO the flat pieces of
+    /// parameters this rank updates (see [`Piece`]).
     params: Vec<(String, Tensor)>,
     /// Whether weight decay applies: matrices and embeddings yes; biases and norm scales
     /// (1-D tensors) no, as Transformers' Trainer and most recipes do.
     decays: Vec<bool>,
+    /// Pieces only: where each lies in its named parameter.
+    pieces: Vec<Option<Piece>>,
+    /// Trainable parameters of the job (more than `params` holds under ZeRO).
+    param_count: usize,
+    /// Pieces only: a tensor on the optimizer's device, for ranks that hold no piece.
+    home: Option<Tensor>,
     /// SGD: one momentum buffer; AdamW: first and second moments.
     state: Vec<Vec<Tensor>>,
     steps: u64,
 }
+
+/// Where a flat piece of a parameter lies: LAMB's and LANS's per-tensor norms add up the
+/// squares of every piece of a parameter (over ranks too), and a checkpoint's whole-parameter
+/// state is cut into the same pieces on load.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    /// The parameter's index among the job's trainable parameters (sorted by name).
+    pub param: usize,
+    /// The piece's first element in the flattened parameter.
+    pub offset: i64,
+    /// The whole parameter's shape.
+    pub shape: Vec<i64>,
+    pub decays: bool,
+}
+
+/// Sums a tensor over all ranks in place (an all-reduce), for norms of sharded parameters.
+pub type SumOverRanks<'a> = &'a dyn Fn(&Tensor) -> Result<()>;
 
 extern "C" {
     fn tb_fused_adamw(
@@ -135,21 +159,66 @@ impl Optimizer {
     pub fn new(cfg: OptimizerConfig, mut params: Vec<(String, Tensor)>) -> Self {
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let decays = params.iter().map(|(_, p)| p.dim() >= 2).collect();
-        let slots = match cfg.kind {
-            OptimizerKind::Sgd => usize::from(cfg.momentum != 0.0),
-            OptimizerKind::Adamw | OptimizerKind::Lamb | OptimizerKind::Lans => 2,
-        };
+        let slots = state_suffixes(&cfg).len();
         let state = params
             .iter()
             .map(|(_, p)| (0..slots).map(|_| p.zeros_like()).collect())
             .collect();
         Self {
             cfg,
+            pieces: vec![None; params.len()],
+            param_count: params.len(),
+            home: None,
             params,
             decays,
             state,
             steps: 0,
         }
+    }
+
+    /// An optimizer over flat pieces of parameters (ZeRO's shard of one rank), named after
+    /// their parameters; [`Optimizer::step_with`] gives it their gradients.
+    /// `param_count`: the job's trainable parameters; `home`: any tensor on the device.
+    pub fn for_pieces(
+        cfg: OptimizerConfig,
+        param_count: usize,
+        home: Tensor,
+        pieces: Vec<(String, Tensor, Piece)>,
+    ) -> Self {
+        let mut opt = Self::new(cfg, Vec::new());
+        opt.param_count = param_count;
+        opt.home = Some(home);
+        for (name, t, piece) in pieces {
+            let slots = opt.slots();
+            opt.state.push((0..slots).map(|_| t.zeros_like()).collect());
+            opt.decays.push(piece.decays);
+            opt.pieces.push(Some(piece));
+            opt.params.push((name, t));
+        }
+        opt
+    }
+
+    fn slots(&self) -> usize {
+        self.suffixes().len()
+    }
+
+    /// The names of a parameter's state tensors in a checkpoint (`<param>.<suffix>`).
+    pub fn suffixes(&self) -> &'static [&'static str] {
+        state_suffixes(&self.cfg)
+    }
+
+    /// State tensor `slot` (index into [`Optimizer::suffixes`]) of every parameter or piece.
+    pub fn state_of(&self, slot: usize) -> impl Iterator<Item = &Tensor> {
+        self.state.iter().map(move |s| &s[slot])
+    }
+
+    /// Bytes of optimizer state this process holds.
+    pub fn state_bytes(&self) -> u64 {
+        self.state
+            .iter()
+            .flatten()
+            .map(|t| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64)
+            .sum()
     }
 
     /// Optimizer steps taken so far (restored by [`Optimizer::load`]).
@@ -202,13 +271,24 @@ impl Optimizer {
     /// vectorised pass per parameter, where an elementwise chain would read and write every
     /// parameter-sized buffer about ten times.
     pub fn step(&mut self, lr: f64) -> Result<()> {
+        let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
+        self.step_with(lr, &grads, None)
+    }
+
+    /// One update with the given gradient of each parameter or piece. `sum_over_ranks` adds
+    /// up per-parameter partial sums when the pieces of a parameter are spread over ranks
+    /// (LAMB's and LANS's norms under ZeRO).
+    pub fn step_with(
+        &mut self,
+        lr: f64,
+        grads: &[Tensor],
+        sum_over_ranks: Option<SumOverRanks>,
+    ) -> Result<()> {
         self.steps += 1;
         let c = self.cfg;
         if matches!(c.kind, OptimizerKind::Lamb | OptimizerKind::Lans) {
-            self.layerwise_step(lr);
-            return Ok(());
+            return self.layerwise_step(lr, grads, sum_over_ranks);
         }
-        let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         // The fused AdamW kernel reads the (already incremented) step from a float tensor per
         // parameter; one shared scalar serves them all since it never writes it.
         let step = match self.params.first() {
@@ -287,69 +367,150 @@ impl Optimizer {
     /// added to the update (decoupled) on the tensors that decay. LANS first normalises each
     /// tensor's gradient to unit norm, and mixes two trust-scaled directions: the moment
     /// ratio (weight beta1) and the current gradient over the same denominator (1 - beta1).
-    fn layerwise_step(&mut self, lr: f64) {
+    ///
+    /// The norms are of whole parameters: [`Optimizer::norms`] adds up the squares of every
+    /// piece of a parameter, over ranks when they are spread out.
+    fn layerwise_step(
+        &mut self,
+        lr: f64,
+        grads: &[Tensor],
+        sum_over_ranks: Option<SumOverRanks>,
+    ) -> Result<()> {
         let c = self.cfg;
         let (b1, b2) = c.betas;
         let t = self.steps as i32;
         let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        tch::no_grad(|| {
-            for (i, (_, p)) in self.params.iter().enumerate() {
-                let g = p.grad();
-                if !g.defined() {
-                    continue;
+        tch::no_grad(|| -> Result<()> {
+            let live: Vec<usize> = (0..self.params.len())
+                .filter(|&i| grads[i].defined())
+                .collect();
+            // Norms and trust ratios stay on the device as tensors: reading them back would
+            // synchronise with a GPU or HPU two or three times per tensor per step.
+            let mut g: Vec<Tensor> = live
+                .iter()
+                .map(|&i| grads[i].to_kind(Kind::Float))
+                .collect();
+            if c.kind == OptimizerKind::Lans {
+                let norms = self.norms(&live, &[&g], sum_over_ranks)?;
+                // A zero gradient stays zero.
+                for (g, n) in g.iter_mut().zip(&norms[0]) {
+                    *g = &*g / n.clamp_min(f64::from(f32::MIN_POSITIVE));
                 }
-                // Norms and trust ratios stay on the device as 0-d tensors: reading them back
-                // would synchronise with a GPU or HPU two or three times per tensor per step.
-                let mut g = g.to_kind(Kind::Float);
-                if c.kind == OptimizerKind::Lans {
-                    // A zero gradient stays zero.
-                    g = &g / g.norm().clamp_min(f64::from(f32::MIN_POSITIVE));
-                }
-                let wd = if self.decays[i] { c.weight_decay } else { 0.0 };
+            }
+            let mut w = Vec::with_capacity(live.len());
+            let mut dirs: Vec<Vec<Tensor>> = (0..1 + usize::from(c.kind == OptimizerKind::Lans))
+                .map(|_| Vec::new())
+                .collect();
+            for (k, &i) in live.iter().enumerate() {
                 let (mut m, mut v) = (
                     self.state[i][0].shallow_clone(),
                     self.state[i][1].shallow_clone(),
                 );
                 m *= b1;
-                m += &g * (1.0 - b1);
+                m += &g[k] * (1.0 - b1);
                 v *= b2;
-                v += g.square() * (1.0 - b2);
+                v += g[k].square() * (1.0 - b2);
                 let denom = (&v / bc2).sqrt() + c.eps;
-                let w = p.to_kind(Kind::Float);
-                let w_norm = w.norm();
-                // The direction plus decoupled decay, scaled by its trust ratio (1 where either
-                // norm is 0).
-                let trusted = |dir: Tensor| {
-                    let dir = if wd != 0.0 { dir + &w * wd } else { dir };
-                    let d_norm = dir.norm();
+                let wk = self.params[i].1.to_kind(Kind::Float);
+                let wd = if self.decays[i] { c.weight_decay } else { 0.0 };
+                // Each direction plus decoupled decay.
+                let with_decay = |dir: Tensor| if wd != 0.0 { dir + &wk * wd } else { dir };
+                dirs[0].push(with_decay(&m / bc1 / &denom));
+                if c.kind == OptimizerKind::Lans {
+                    dirs[1].push(with_decay(&g[k] / &denom));
+                }
+                w.push(wk);
+            }
+            let mut sets: Vec<&[Tensor]> = vec![&w];
+            sets.extend(dirs.iter().map(|d| d.as_slice()));
+            let norms = self.norms(&live, &sets, sum_over_ranks)?;
+            for (k, &i) in live.iter().enumerate() {
+                let w_norm = &norms[0][k];
+                // |w| / |dir|, 1 where either norm is 0.
+                let trusted = |dir: &Tensor, d_norm: &Tensor| {
                     let defined = w_norm.gt(0.0).logical_and(&d_norm.gt(0.0));
-                    let ratio = (&w_norm / &d_norm).where_self(&defined, &w_norm.ones_like());
+                    let ratio = (w_norm / d_norm).where_self(&defined, &w_norm.ones_like());
                     dir * ratio
                 };
                 let update = match c.kind {
                     OptimizerKind::Lans => {
-                        trusted(&m / bc1 / &denom) * b1 + trusted(&g / &denom) * (1.0 - b1)
+                        trusted(&dirs[0][k], &norms[1][k]) * b1
+                            + trusted(&dirs[1][k], &norms[2][k]) * (1.0 - b1)
                     }
-                    _ => trusted(&m / bc1 / &denom),
+                    _ => trusted(&dirs[0][k], &norms[1][k]),
                 };
-                let mut p = p.shallow_clone();
+                let mut p = self.params[i].1.shallow_clone();
                 p -= (update * lr).to_kind(p.kind());
             }
-        });
+            Ok(())
+        })
     }
 
-    /// The state as named tensors (`<param>.momentum`, `<param>.exp_avg`, ...), for
-    /// `optimizer.safetensors` in a checkpoint.
-    fn named_state(&self) -> Vec<(String, Tensor)> {
-        let suffixes: &[&str] = match self.cfg.kind {
-            OptimizerKind::Sgd => &["momentum"],
-            OptimizerKind::Adamw | OptimizerKind::Lamb | OptimizerKind::Lans => {
-                &["exp_avg", "exp_avg_sq"]
-            }
+    /// The L2 norm of each whole parameter, for each set of per-slot tensors (slots `live`),
+    /// as 0-d device tensors. Whole parameters: one `norm()` each. Pieces: partial sums of
+    /// squares added up per parameter, and over ranks, in one all-reduce for every set.
+    fn norms(
+        &self,
+        live: &[usize],
+        sets: &[&[Tensor]],
+        sum_over_ranks: Option<SumOverRanks>,
+    ) -> Result<Vec<Vec<Tensor>>> {
+        let Some(sum) = sum_over_ranks else {
+            return Ok(sets
+                .iter()
+                .map(|set| set.iter().map(|t| t.norm()).collect())
+                .collect());
         };
+        // Every rank joins the all-reduce with the same shape, even one without pieces.
+        let Some(home) = live
+            .first()
+            .map(|&i| &self.params[i].1)
+            .or(self.home.as_ref())
+        else {
+            bail!("a sharded optimizer needs a tensor on its device (none was given)");
+        };
+        let index: Vec<i64> = live
+            .iter()
+            .map(|&i| self.pieces[i].as_ref().map_or(i, |p| p.param) as i64)
+            .collect();
+        let index = Tensor::from_slice(&index).to_device_of(home);
+        let mut totals =
+            home.zeros_on_device(&[sets.len() as i64, self.param_count as i64], Kind::Float);
+        if !live.is_empty() {
+            let partial = Tensor::stack(
+                &sets
+                    .iter()
+                    .map(|set| {
+                        Tensor::stack(
+                            &set.iter()
+                                .map(|t| t.square().sum(Kind::Float))
+                                .collect::<Vec<_>>(),
+                            0,
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+                0,
+            );
+            totals = totals.index_add(1, &index, &partial);
+        }
+        sum(&totals)?;
+        let per_slot = totals.index_select(1, &index).sqrt();
+        Ok((0..sets.len() as i64)
+            .map(|s| {
+                (0..live.len() as i64)
+                    .map(|k| per_slot.get(s).get(k))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// The state as named tensors (`steps`, `<param>.momentum`, `<param>.exp_avg`, ...), for
+    /// `optimizer.safetensors` in a checkpoint. Whole parameters only: ZeRO gathers its pieces
+    /// into the same layout (`zero::ShardedOptimizer::gather_state`).
+    pub fn named_state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![("steps".to_string(), Tensor::from(self.steps as i64))];
         for ((name, _), slots) in self.params.iter().zip(&self.state) {
-            for (s, t) in suffixes.iter().zip(slots) {
+            for (s, t) in self.suffixes().iter().zip(slots) {
                 out.push((format!("{name}.{s}"), t.shallow_clone()));
             }
         }
@@ -357,19 +518,17 @@ impl Optimizer {
     }
 
     pub fn save(&self, path: &Path) -> Result<()> {
-        let named = self.named_state();
-        let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        Tensor::write_safetensors(&refs, path)
-            .with_context(|| format!("writing optimizer state {}", path.display()))
+        save_state(&self.named_state(), path)
     }
 
-    /// Restores state written by [`Optimizer::save`] for the same parameters and optimizer.
+    /// Restores state written by [`Optimizer::save`] (or gathered from ZeRO's shards) for the
+    /// same parameters and optimizer; pieces take their part of each parameter's state, so a
+    /// checkpoint loads with any worker count.
     pub fn load(&mut self, path: &Path) -> Result<()> {
         let loaded: HashMap<String, Tensor> = Tensor::read_safetensors(path)
             .with_context(|| format!("reading optimizer state {}", path.display()))?
             .into_iter()
             .collect();
-        let mut named = self.named_state();
         let Some(steps) = loaded.get("steps") else {
             bail!(
                 "{} holds no optimizer step count: not an optimizer state file",
@@ -377,27 +536,55 @@ impl Optimizer {
             );
         };
         let steps = steps.int64_value(&[]) as u64;
-        for (name, t) in named.iter_mut().skip(1) {
-            let Some(src) = loaded.get(name.as_str()) else {
-                bail!(
-                    "{} has no '{name}': it was written by a different optimizer ({} now) or model; resume with the same optimizer and model",
-                    path.display(),
-                    self.cfg.kind
-                );
-            };
-            if src.size() != t.size() {
-                bail!(
-                    "optimizer state '{name}' has shape {:?} in {}, the model needs {:?}",
-                    src.size(),
-                    path.display(),
-                    t.size()
-                );
+        let suffixes = self.suffixes();
+        for (i, (pname, t)) in self.params.iter().enumerate() {
+            for (s, dst) in suffixes.iter().zip(&self.state[i]) {
+                let name = format!("{pname}.{s}");
+                let Some(src) = loaded.get(name.as_str()) else {
+                    bail!(
+                        "{} has no '{name}': it was written by a different optimizer ({} now) or model; resume with the same optimizer and model",
+                        path.display(),
+                        self.cfg.kind
+                    );
+                };
+                let want = match &self.pieces[i] {
+                    Some(p) => p.shape.clone(),
+                    None => t.size(),
+                };
+                if src.size() != want {
+                    bail!(
+                        "optimizer state '{name}' has shape {:?} in {}, the model needs {want:?}",
+                        src.size(),
+                        path.display(),
+                    );
+                }
+                let src = match &self.pieces[i] {
+                    Some(p) => src.reshape([-1]).narrow(0, p.offset, t.numel() as i64),
+                    None => src.shallow_clone(),
+                };
+                tch::no_grad(|| dst.shallow_clone().copy_(&src));
             }
-            tch::no_grad(|| t.copy_(src));
         }
         self.steps = steps;
         Ok(())
     }
+}
+
+fn state_suffixes(cfg: &OptimizerConfig) -> &'static [&'static str] {
+    match cfg.kind {
+        OptimizerKind::Sgd if cfg.momentum != 0.0 => &["momentum"],
+        OptimizerKind::Sgd => &[],
+        OptimizerKind::Adamw | OptimizerKind::Lamb | OptimizerKind::Lans => {
+            &["exp_avg", "exp_avg_sq"]
+        }
+    }
+}
+
+/// Writes named optimizer state as safetensors.
+pub fn save_state(named: &[(String, Tensor)], path: &Path) -> Result<()> {
+    let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    Tensor::write_safetensors(&refs, path)
+        .with_context(|| format!("writing optimizer state {}", path.display()))
 }
 
 #[cfg(test)]

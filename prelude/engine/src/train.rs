@@ -9,14 +9,15 @@ use tch::nn;
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::{self, TrainerState};
-use crate::ddp::{self, GradSync};
+use crate::ddp;
 use crate::dist::ProcessGroup;
 use crate::events::{Emitter, Event, WorkerSummary};
-use crate::optim::{LrSchedule, Optimizer, OptimizerConfig};
+use crate::optim::{LrSchedule, OptimizerConfig};
 use crate::precision::autocast;
 use crate::recipe::{Hyper, Recipe, Split};
 use crate::sampler::{self, DistributedSampler};
 use crate::scores::Confusion;
+use crate::update::Update;
 
 /// Per-name sums of a recipe's own metrics, weighted by batch size.
 #[derive(Default)]
@@ -83,60 +84,42 @@ pub struct WorkerContext {
 /// Progress events are rate-limited: a notebook does not need 1000 updates a second.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
-fn optimizer(vs: &nn::VarStore, names: &[String], h: &Hyper) -> Optimizer {
-    let vars = vs.variables();
-    let params = names
-        .iter()
-        .filter(|n| vars[*n].requires_grad())
-        .map(|n| (n.clone(), vars[n].shallow_clone()))
-        .collect();
-    Optimizer::new(
-        OptimizerConfig {
-            kind: h.optimizer,
-            momentum: h.momentum,
-            weight_decay: h.weight_decay,
-            betas: (0.9, 0.999),
-            // LAMB's and LANS's usual epsilon (NVIDIA's and Habana's BERT pre-training); the
-            // torch default for the others.
-            eps: match h.optimizer {
-                crate::spec::OptimizerKind::Lamb | crate::spec::OptimizerKind::Lans => 1e-6,
-                _ => 1e-8,
-            },
+fn optimizer_config(h: &Hyper) -> OptimizerConfig {
+    OptimizerConfig {
+        kind: h.optimizer,
+        momentum: h.momentum,
+        weight_decay: h.weight_decay,
+        betas: (0.9, 0.999),
+        // LAMB's and LANS's usual epsilon (NVIDIA's and Habana's BERT pre-training); the
+        // torch default for the others.
+        eps: match h.optimizer {
+            crate::spec::OptimizerKind::Lamb | crate::spec::OptimizerKind::Lans => 1e-6,
+            _ => 1e-8,
         },
-        params,
-    )
+    }
 }
 
-/// Loads weights and optimizer state from `dir`; returns the optimizer step to continue from.
+/// Optimizer steps per epoch: each of `world` ranks takes `train_len / world` samples in
+/// micro-batches of `global_batch / (world * accum)`, `accum` micro-batches a step.
+pub fn steps_per_epoch(train_len: usize, world: usize, global_batch: usize, accum: usize) -> u64 {
+    let local_batch = (global_batch / (world * accum)).max(1);
+    (train_len / world).div_ceil(local_batch).div_ceil(accum) as u64
+}
+
+/// Loads weights and optimizer state from `dir`; returns its trainer state.
 fn resume(
     dir: &Path,
     vs: &mut nn::VarStore,
-    opt: &mut Optimizer,
-    world: usize,
+    update: &mut Update,
     h: &Hyper,
     log: &dyn Fn(String),
-) -> Result<u64> {
+) -> Result<TrainerState> {
     let state = TrainerState::read(dir)?;
-    // The data order depends on the worker count, the batch and the accumulation: continuing
-    // with other values would silently repeat or skip samples.
-    let then = (state.world_size, state.global_batch_size, state.grad_accum);
-    let now = (Some(world), Some(h.global_batch_size), Some(h.grad_accum));
-    if then != now {
-        bail!(
-            "cannot resume from {}: it was trained with {} workers, global batch {}, grad_accum {}; this job has {world} workers, global batch {}, grad_accum {}. Resume with the same values (or start a new run with the checkpoint as --model)",
-            dir.display(),
-            state.world_size.map_or("?".into(), |v| v.to_string()),
-            state.global_batch_size.map_or("?".into(), |v| v.to_string()),
-            state.grad_accum.map_or("?".into(), |v| v.to_string()),
-            h.global_batch_size,
-            h.grad_accum
-        );
-    }
     vs.load(dir.join(checkpoint::MODEL))
         .with_context(|| format!("loading the weights of {}", dir.display()))?;
     let opt_file = dir.join(checkpoint::OPTIMIZER);
     if opt_file.exists() {
-        opt.load(&opt_file)?;
+        update.load(&opt_file)?;
     } else {
         log(format!(
             "warning: {} has no optimizer state (only the latest checkpoint keeps it); the {} state restarts from zero",
@@ -144,7 +127,58 @@ fn resume(
             h.optimizer
         ));
     }
-    Ok(state.step)
+    Ok(state)
+}
+
+/// Where a resumed run continues: (step, first epoch, steps of that epoch already taken).
+///
+/// The data order depends on the worker count, the batch and the accumulation. With the same
+/// values the run continues mid-epoch exactly where the checkpoint left it; with another
+/// worker count (the optimizer state is whole in every checkpoint, ZeRO's too) only from the
+/// end of an epoch, since a mid-epoch position means nothing in another sharding.
+fn continue_at(
+    dir: &Path,
+    state: &TrainerState,
+    world: usize,
+    h: &Hyper,
+    train_len: usize,
+    steps_per_epoch: u64,
+) -> Result<(u64, u64, u64)> {
+    let step = state.step;
+    let same_batch = (state.global_batch_size, state.grad_accum)
+        == (Some(h.global_batch_size), Some(h.grad_accum));
+    let then_world = state.world_size.unwrap_or(world);
+    if same_batch && then_world == world {
+        return Ok((step, step / steps_per_epoch, step % steps_per_epoch));
+    }
+    let then = |v: Option<usize>| v.map_or("?".into(), |v| v.to_string());
+    if !same_batch {
+        bail!(
+            "cannot resume from {}: it was trained with global batch {}, grad_accum {}; this job has global batch {}, grad_accum {}. Resume with the same values (or start a new run with the checkpoint as --model)",
+            dir.display(),
+            then(state.global_batch_size),
+            then(state.grad_accum),
+            h.global_batch_size,
+            h.grad_accum
+        );
+    }
+    let then_per_epoch = steps_per_epoch_of(
+        train_len,
+        then_world,
+        h.global_batch_size,
+        h.grad_accum.max(1),
+    );
+    if step % then_per_epoch != 0 {
+        bail!(
+            "cannot resume from {} with {world} workers: it was written in the middle of an epoch by {then_world} workers, whose data order only {then_world} workers can continue. Resume with {then_world} workers, or from a checkpoint written at the end of an epoch to change the worker count",
+            dir.display()
+        );
+    }
+    Ok((step, step / then_per_epoch, 0))
+}
+
+fn steps_per_epoch_of(train_len: usize, world: usize, global_batch: usize, accum: usize) -> u64 {
+    steps_per_epoch(train_len, world, global_batch, accum).max(1)
 }
 
 /// Sum and L2 norm of all trainable parameters, in f64.
@@ -184,7 +218,7 @@ fn retire(
 fn write_checkpoint(
     dir: &Path,
     recipe: &dyn Recipe,
-    opt: &Optimizer,
+    opt_state: &[(String, Tensor)],
     h: &Hyper,
     at: (u64, u64, usize, usize),
     metrics: std::collections::BTreeMap<String, f64>,
@@ -205,7 +239,7 @@ fn write_checkpoint(
     };
     checkpoint::write_dir_atomic(dir, |tmp| {
         recipe.save(tmp)?;
-        opt.save(&tmp.join(checkpoint::OPTIMIZER))?;
+        crate::optim::save_state(opt_state, &tmp.join(checkpoint::OPTIMIZER))?;
         std::fs::write(
             tmp.join(checkpoint::TRAINER_STATE),
             serde_json::to_vec_pretty(&state)?,
@@ -242,25 +276,30 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         v.sort();
         v
     };
-    let mut opt = optimizer(recipe.vars(), &names, h);
-    let mut step: u64 = 0;
-    if let Some(dir) = &h.resume_from {
-        step = resume(dir, recipe.vars_mut(), &mut opt, world, h, &|m| ev.log(m))?;
-        if rank == 0 {
-            ev.log(format!("resumed from {} at step {step}", dir.display()));
-        }
-    }
+    let trainable: Vec<(String, Tensor)> = {
+        let vars = recipe.vars().variables();
+        names
+            .iter()
+            .filter(|n| vars[*n].requires_grad())
+            .map(|n| (n.clone(), vars[n].shallow_clone()))
+            .collect()
+    };
+    let shallow = trainable
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let mut update = Update::new(optimizer_config(h), shallow, h.zero, rank, world);
+    let resumed = match &h.resume_from {
+        Some(dir) => Some((
+            dir,
+            resume(dir, recipe.vars_mut(), &mut update, h, &|m| ev.log(m))?,
+        )),
+        None => None,
+    };
     let vs = recipe.vars();
     let vars = vs.variables();
     let ordered: Vec<Tensor> = names.iter().map(|n| vars[n].shallow_clone()).collect();
     ddp::broadcast_parameters(&ctx.pg, &ordered)?;
-
-    let trainable: Vec<Tensor> = names
-        .iter()
-        .filter(|n| vars[*n].requires_grad())
-        .map(|n| vars[n].shallow_clone())
-        .collect();
-    let mut sync = GradSync::new(&trainable, ddp::BUCKET_BYTES);
     // Buffers (batch-norm running statistics) drift apart per rank; rank 0's are broadcast
     // before each evaluation, as DDP does before each forward.
     let buffers: Vec<Tensor> = names
@@ -277,7 +316,17 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             recipe.train_len()
         );
     }
-    let steps_per_epoch = shard.div_ceil(local_batch).div_ceil(accum) as u64;
+    let steps_per_epoch = steps_per_epoch(recipe.train_len(), world, h.global_batch_size, accum);
+    let (mut step, first_epoch, mut skip) = match &resumed {
+        Some((dir, state)) => {
+            let at = continue_at(dir, state, world, h, recipe.train_len(), steps_per_epoch)?;
+            if rank == 0 {
+                ev.log(format!("resumed from {} at step {}", dir.display(), at.0));
+            }
+            at
+        }
+        None => (0, 0, 0),
+    };
     let total_steps = match h.max_steps {
         Some(m) => m.min(steps_per_epoch * h.epochs),
         None => steps_per_epoch * h.epochs,
@@ -310,9 +359,6 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
 
     let eval_idx = sampler::eval_shard(recipe.eval_len(), rank, world);
     let perplexity = recipe.perplexity();
-    let first_epoch = step / steps_per_epoch;
-    // Optimizer steps of the first epoch that the checkpoint already took.
-    let mut skip = step % steps_per_epoch;
     let mut samples: u64 = 0;
     let mut train_time = Duration::ZERO;
     let mut last_progress = Instant::now() - PROGRESS_EVERY;
@@ -357,7 +403,7 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                     .wrapping_mul(1_000_003)
                     .wrapping_add((step * world as u64 + rank as u64) as i64),
             );
-            opt.zero_grad();
+            update.zero_grad();
             let (mut group_loss, mut group_n) = (0.0f64, 0usize);
             let mut group_metrics = MetricSums::default();
             for batch in group {
@@ -382,12 +428,8 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 group_metrics.add(&metrics, batch.len());
             }
             // Each rank's share of the global batch (equal shards: 1/world).
-            sync.sync(&ctx.pg, 1.0 / world as f64)?;
-            if let Some(c) = h.grad_clip {
-                opt.clip_grad_norm(c);
-            }
             let lr = schedule.at(step);
-            opt.step(lr)?;
+            update.step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
             let l = group_loss / group_n.max(1) as f64;
             if !l.is_finite() {
                 bail!("loss became {l} at step {step} (epoch {epoch}): lower the learning rate or enable gradient clipping");
@@ -412,11 +454,22 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             if rank == 0 && (h.schedule != crate::optim::Schedule::Constant || warmup > 0) {
                 ev.metric(step, epoch, "lr", lr);
             }
-            if rank == 0 && h.checkpoint_every.is_some_and(|n| step % n == 0) && step < total_steps
-            {
+            if h.checkpoint_every.is_some_and(|n| step % n == 0) && step < total_steps {
+                // Every rank: ZeRO gathers the state from all of them.
+                let opt_state = update.checkpoint_state(&ctx.pg)?;
+                if rank != 0 {
+                    continue;
+                }
                 let dir = ctx.run_dir.join("checkpoints").join(format!("step-{step}"));
                 let metrics = [("train_loss".to_string(), l)].into_iter().collect();
-                write_checkpoint(&dir, recipe, &opt, h, (epoch, step, world, accum), metrics)?;
+                write_checkpoint(
+                    &dir,
+                    recipe,
+                    &opt_state,
+                    h,
+                    (epoch, step, world, accum),
+                    metrics,
+                )?;
                 retire(last_checkpoint.replace(dir.clone()), &step_checkpoints, h);
                 step_checkpoints.push_back(dir.clone());
                 while step_checkpoints.len() > h.keep_checkpoints.unwrap_or(usize::MAX) {
@@ -534,6 +587,8 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 steady_samples as f64 * world as f64 / steady_time.as_secs_f64(),
             );
         }
+        // Every rank: ZeRO gathers the state from all of them.
+        let opt_state = update.checkpoint_state(&ctx.pg)?;
         if rank == 0 {
             for (k, v) in &final_metrics {
                 ev.metric(step, epoch, k, *v);
@@ -567,7 +622,7 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
             write_checkpoint(
                 &dir,
                 recipe,
-                &opt,
+                &opt_state,
                 h,
                 (epoch, step, world, accum),
                 final_metrics.clone(),
@@ -586,6 +641,23 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
     }
 
     let (param_sum, param_l2) = param_stats(vs);
+    let (optimizer_state, buffers) = update.memory();
+    let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+    let memory = trainbook_api::job::MemoryUse {
+        rank,
+        parameters: vs.variables().values().map(bytes).sum(),
+        gradients: trainable
+            .iter()
+            .map(|(_, p)| p.grad())
+            .filter(|g| g.defined())
+            .map(|g| bytes(&g))
+            .sum(),
+        optimizer_state,
+        buffers,
+        // The worker adds the device's peak (it knows the device's plugins).
+        peak: 0,
+        peak_of: String::new(),
+    };
     Ok(WorkerSummary {
         steps: step,
         epochs,
@@ -596,5 +668,6 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
         param_l2,
         device: ctx.device_name.clone(),
         metrics: final_metrics,
+        memory,
     })
 }

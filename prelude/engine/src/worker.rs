@@ -199,7 +199,7 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()
         events: events.clone(),
         run_dir: env(RUN_DIR)?.into(),
     };
-    let trained = train_recipe(&ctx, hyper, &spec.recipe, recipes);
+    let trained = train_recipe(&ctx, hyper, &spec.recipe, recipes, bridge);
     if trained.is_err() {
         // The process group stays open until this process exits, after `main` has reported
         // the error: closing it now would fail the peers at once ("connection reset"), and
@@ -214,6 +214,7 @@ fn train_recipe(
     hyper: Option<crate::spec::Hyper>,
     name: &str,
     recipes: &Registry,
+    bridge: Option<&dyn HpuBridge>,
 ) -> Result<()> {
     let (rank, events) = (ctx.rank, &ctx.events);
     let log = |line: String| events.log(line);
@@ -232,7 +233,9 @@ fn train_recipe(
     } else {
         recipes.build(name, &hyper, ctx.device, &log)?
     };
-    let summary = train::run(ctx, recipe.as_mut(), &hyper)?;
+    let mut summary = train::run(ctx, recipe.as_mut(), &hyper)?;
+    let (peak, peak_of) = crate::device::peak_memory(ctx.device, bridge);
+    (summary.memory.peak, summary.memory.peak_of) = (peak, peak_of.to_string());
     // Nobody leaves before everyone is done, so no peer sees a closed connection.
     ctx.pg.barrier()?;
     events.send(Event::Done { rank, summary });

@@ -104,3 +104,15 @@ def create_hccl(host, port, rank, world, timeout_ms, prefix):
         opts.group_id, opts.global_ranks_in_group = "0", list(range(world))
         return plugin.creator_fn(opts, None)
     return plugin.creator_fn(store, rank, world, timeout)
+
+
+def peak_memory():
+    """The most HPU memory allocated so far in bytes, or None if the bridge cannot tell."""
+    import torch
+
+    hpu = getattr(torch, "hpu", None)
+    fn = getattr(hpu, "max_memory_allocated", None)
+    try:
+        return int(fn()) if fn is not None else None
+    except Exception:
+        return None

@@ -141,6 +141,18 @@ impl HpuBridge for GaudiBridge {
         Ok(facts)
     }
 
+    fn peak_memory(&self) -> Option<u64> {
+        Python::attach(|py| {
+            let m = bridge_module(py).ok()?;
+            m.getattr("peak_memory")
+                .and_then(|f| f.call0())
+                .ok()?
+                .extract::<Option<u64>>()
+                .ok()
+                .flatten()
+        })
+    }
+
     fn hccl_backend(&self, init: &InitOptions, prefix: &str) -> Result<BackendHandle> {
         Python::attach(|py| -> Result<BackendHandle> {
             let m = bridge_module(py).map_err(|e| py_error(py, e))?;

@@ -82,6 +82,20 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbWork;
+    pub fn tb_pg_reduce_scatter_start(
+        p: *mut TbPg,
+        output: *mut c_void,
+        input: *mut c_void,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut TbWork;
+    pub fn tb_pg_allgather_start(
+        p: *mut TbPg,
+        output: *mut c_void,
+        input: *mut c_void,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut TbWork;
     pub fn tb_work_wait(w: *mut TbWork, err: *mut c_char, errlen: usize) -> c_int;
     pub fn tb_work_free(w: *mut TbWork);
     pub fn tb_pg_allreduce(

@@ -337,18 +337,62 @@ impl ProcessGroup {
 
     /// Starts an in-place sum-allreduce of one tensor; [`Work::wait`] completes it.
     pub fn allreduce_start(&self, tensor: &Tensor) -> Result<Work> {
-        let ptr = call(
-            "allreduce",
-            |e, n| unsafe {
-                ffi::tb_pg_allreduce_start(self.ptr, tensor.as_ptr() as *mut c_void, 0, e, n)
-            },
-            |p| p.is_null(),
-        )
-        .map_err(|e| explain_timeout(e, self.timeout))?;
+        self.start("allreduce", |e, n| unsafe {
+            ffi::tb_pg_allreduce_start(self.ptr, tensor.as_ptr() as *mut c_void, 0, e, n)
+        })
+    }
+
+    /// Starts a sum-reduce-scatter: `input` holds `world_size` equal chunks; `output` (one
+    /// chunk's size) receives the sum over ranks of chunk `rank`.
+    pub fn reduce_scatter_start(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        self.check_chunks("reduce_scatter", output, input)?;
+        let (out, inp) = (
+            output.as_ptr() as *mut c_void,
+            input.as_ptr() as *mut c_void,
+        );
+        self.start("reduce_scatter", |e, n| unsafe {
+            ffi::tb_pg_reduce_scatter_start(self.ptr, out, inp, e, n)
+        })
+    }
+
+    /// Starts an all-gather: `output` (`world_size` chunks) receives every rank's `input` in
+    /// rank order.
+    pub fn allgather_start(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+        self.check_chunks("allgather", input, output)?;
+        let (out, inp) = (
+            output.as_ptr() as *mut c_void,
+            input.as_ptr() as *mut c_void,
+        );
+        self.start("allgather", |e, n| unsafe {
+            ffi::tb_pg_allgather_start(self.ptr, out, inp, e, n)
+        })
+    }
+
+    fn start(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(*mut c_char, usize) -> *mut ffi::TbWork,
+    ) -> Result<Work> {
+        let ptr = call(what, f, |p| p.is_null()).map_err(|e| explain_timeout(e, self.timeout))?;
         Ok(Work {
             ptr,
             timeout: self.timeout,
+            what,
         })
+    }
+
+    /// `full` must be `world_size` copies of `chunk`'s size: c10d would fail with a less
+    /// telling message (or, on some backends, read past the end).
+    fn check_chunks(&self, what: &str, chunk: &Tensor, full: &Tensor) -> Result<()> {
+        if full.numel() != chunk.numel() * self.world_size {
+            bail!(
+                "{what}: the flat tensor has {} elements, not {} ranks x {}",
+                full.numel(),
+                self.world_size,
+                chunk.numel()
+            );
+        }
+        Ok(())
     }
 
     /// Broadcasts `tensors` in place from `root` to every rank.
@@ -432,12 +476,13 @@ impl Drop for ProcessGroup {
 pub struct Work {
     ptr: *mut ffi::TbWork,
     timeout: Duration,
+    what: &'static str,
 }
 
 impl Work {
     pub fn wait(self) -> Result<()> {
         let rc = call(
-            "allreduce",
+            self.what,
             |e, n| unsafe { ffi::tb_work_wait(self.ptr, e, n) },
             |rc| *rc != 0,
         );
