@@ -36,7 +36,10 @@ cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
-features=$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true)
+# The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
+features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
+  $(test -s .libtorch/hpu-python && echo --features trainbook/hpu || true)"
+export PYO3_PYTHON=$(cat .libtorch/hpu-python 2>/dev/null || echo python3)
 out=$(mktemp)
 # Build first, so no compilation overlaps the first measured round.
 cargo bench -q -p trainbook $features --bench engine --no-run

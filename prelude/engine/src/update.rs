@@ -85,12 +85,14 @@ impl Update {
         }
     }
 
-    /// The whole optimizer state for a checkpoint. Under ZeRO a collective: every rank calls
-    /// it at the same step.
+    /// The whole optimizer state for rank 0's checkpoint (other ranks get nothing). Under
+    /// ZeRO a collective: every rank calls it at the same step.
     pub fn checkpoint_state(&mut self, pg: &ProcessGroup) -> Result<Vec<(String, Tensor)>> {
+        let writer = pg.rank() == 0;
         match self {
-            Update::Replicated { opt, .. } => Ok(opt.named_state()),
-            Update::Sharded(z) => z.gather_state(pg),
+            Update::Replicated { opt, .. } if writer => Ok(opt.named_state()),
+            Update::Replicated { .. } => Ok(Vec::new()),
+            Update::Sharded(z) => z.gather_state(pg, writer),
         }
     }
 

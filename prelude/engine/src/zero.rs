@@ -235,8 +235,10 @@ impl ShardedOptimizer {
     }
 
     /// The whole optimizer state in the replicated layout (`Optimizer::named_state`), gathered
-    /// from every rank's shard: a collective, so every rank calls it; each gets the full state.
-    pub fn gather_state(&mut self, pg: &ProcessGroup) -> Result<Vec<(String, Tensor)>> {
+    /// from every rank's shard: a collective, so every rank calls it. Only the rank that writes
+    /// the checkpoint (`keep`) copies the state out of the buckets; the others return nothing,
+    /// so a checkpoint costs them no more than a step's buffers.
+    pub fn gather_state(&mut self, pg: &ProcessGroup, keep: bool) -> Result<Vec<(String, Tensor)>> {
         tch::no_grad(|| {
             let mut out = vec![("steps".to_string(), Tensor::from(self.opt.steps() as i64))];
             let suffixes = self.opt.suffixes();
@@ -251,6 +253,9 @@ impl ShardedOptimizer {
                         }
                     }
                     pg.allgather_start(&s.flat, &s.grad)?.wait()?;
+                    if !keep {
+                        continue;
+                    }
                     for &(i, off, n) in &s.slots {
                         out.push((
                             format!("{}.{suffix}", self.names[i]),
@@ -264,6 +269,9 @@ impl ShardedOptimizer {
             }
             // The flat buckets now hold state, not parameters; nothing reads them before the
             // next step packs gradients into them.
+            if !keep {
+                out.clear();
+            }
             Ok(out)
         })
     }
