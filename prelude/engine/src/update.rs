@@ -42,13 +42,6 @@ impl Update {
         }
     }
 
-    fn optimizer(&self) -> &Optimizer {
-        match self {
-            Update::Replicated { opt, .. } => opt,
-            Update::Sharded(z) => z.optimizer(),
-        }
-    }
-
     pub fn zero_grad(&mut self) {
         match self {
             Update::Replicated { opt, .. } => opt.zero_grad(),
@@ -60,7 +53,7 @@ impl Update {
     pub fn load(&mut self, path: &Path) -> Result<()> {
         match self {
             Update::Replicated { opt, .. } => opt.load(path),
-            Update::Sharded(z) => z.optimizer_mut().load(path),
+            Update::Sharded(z) => z.load(path),
         }
     }
 
@@ -102,6 +95,10 @@ impl Update {
             Update::Replicated { sync, .. } => sync.buffer_bytes(),
             Update::Sharded(z) => z.buffer_bytes(),
         };
-        (self.optimizer().state_bytes(), buffers)
+        let state = match self {
+            Update::Replicated { opt, .. } => opt.state_bytes(),
+            Update::Sharded(z) => z.state_bytes(),
+        };
+        (state, buffers)
     }
 }

@@ -38,16 +38,16 @@ struct Shard {
     param: Tensor,
     /// (parameter, offset in the parameter, offset in the shard, elements) of each piece.
     pieces: Vec<(usize, i64, i64, i64)>,
+    /// The optimizer over this rank's pieces of the bucket (a parameter lies in one bucket, so
+    /// LAMB's per-tensor norms never span two), and their gradients (views of `grad`).
+    opt: Optimizer,
+    grads: Vec<Tensor>,
 }
 
 pub struct ShardedOptimizer {
     names: Vec<String>,
     params: Vec<Tensor>,
     shards: Vec<Shard>,
-    /// The optimizer over this rank's pieces, in shard order.
-    opt: Optimizer,
-    /// The gradient of each of the optimizer's pieces (views of the shards' `grad`).
-    grads: Vec<Tensor>,
 }
 
 impl ShardedOptimizer {
@@ -60,52 +60,58 @@ impl ShardedOptimizer {
         bucket_bytes: usize,
     ) -> Self {
         let (names, params): (Vec<String>, Vec<Tensor>) = params.into_iter().unzip();
+        // Ranks without a piece in a bucket still join LAMB's norm all-reduces on the device.
+        let home = params
+            .first()
+            .map(|p| p.zeros_on_device(&[1], Kind::Float))
+            .unwrap_or_else(|| Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)));
         let mut shards = Vec::new();
-        let (mut pieces, mut grads) = (Vec::new(), Vec::new());
         for slots in ddp::plan_buckets(&params, bucket_bytes) {
             let first = &params[slots[0].0];
             let kind = first.kind();
             // Elements per rank: the flat bucket holds `world * len`, padded with zeros.
             let len = (ddp::plan_len(&slots) + world as i64 - 1) / world as i64;
-            let shard = Shard {
-                flat: first.zeros_on_device(&[len * world as i64], kind),
-                grad: first.zeros_on_device(&[len], kind),
-                param: first.zeros_on_device(&[len], kind),
-                pieces: pieces_of(&slots, rank as i64 * len, len),
-                slots,
-            };
-            for &(i, in_param, in_shard, n) in &shard.pieces {
+            let (grad, param) = (
+                first.zeros_on_device(&[len], kind),
+                first.zeros_on_device(&[len], kind),
+            );
+            let pieces = pieces_of(&slots, rank as i64 * len, len);
+            let (mut named, mut grads) = (Vec::new(), Vec::new());
+            for &(i, in_param, in_shard, n) in &pieces {
                 let piece = Piece {
                     param: i,
                     offset: in_param,
                     shape: params[i].size(),
                     decays: params[i].dim() >= 2,
                 };
-                pieces.push((names[i].clone(), shard.param.narrow(0, in_shard, n), piece));
-                grads.push(shard.grad.narrow(0, in_shard, n));
+                named.push((names[i].clone(), param.narrow(0, in_shard, n), piece));
+                grads.push(grad.narrow(0, in_shard, n));
             }
-            shards.push(shard);
+            shards.push(Shard {
+                flat: first.zeros_on_device(&[len * world as i64], kind),
+                grad,
+                param,
+                pieces,
+                slots,
+                opt: Optimizer::for_pieces(cfg, params.len(), home.shallow_clone(), named),
+                grads,
+            });
         }
-        let home = params
-            .first()
-            .map(|p| p.zeros_on_device(&[1], Kind::Float))
-            .unwrap_or_else(|| Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)));
-        let opt = Optimizer::for_pieces(cfg, params.len(), home, pieces);
         Self {
             names,
             params,
             shards,
-            opt,
-            grads,
         }
     }
 
-    pub fn optimizer(&self) -> &Optimizer {
-        &self.opt
+    /// Bytes of optimizer state this rank holds.
+    pub fn state_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.opt.state_bytes()).sum()
     }
 
-    pub fn optimizer_mut(&mut self) -> &mut Optimizer {
-        &mut self.opt
+    /// Restores this rank's part of a checkpoint's whole optimizer state.
+    pub fn load(&mut self, path: &std::path::Path) -> Result<()> {
+        self.shards.iter_mut().try_for_each(|s| s.opt.load(path))
     }
 
     pub fn zero_grad(&mut self) {
@@ -145,16 +151,7 @@ impl ShardedOptimizer {
                 Some(max) => Some(self.clip(pg, max)?),
                 None => None,
             };
-            for s in &mut self.shards {
-                for &(i, in_param, in_shard, n) in &s.pieces {
-                    s.param
-                        .narrow(0, in_shard, n)
-                        .copy_(&self.params[i].reshape([-1]).narrow(0, in_param, n));
-                }
-            }
-            let sum = |t: &Tensor| pg.allreduce(&[t], ReduceOp::Sum);
-            self.opt.step_with(lr, &self.grads, Some(&sum))?;
-            self.allgather(pg)?;
+            self.update_and_allgather(pg, lr)?;
             Ok(norm)
         })
     }
@@ -205,10 +202,21 @@ impl ShardedOptimizer {
         Ok(norm)
     }
 
-    fn allgather(&mut self, pg: &ProcessGroup) -> Result<()> {
+    /// Updates each bucket's shard and all-gathers it while the next bucket's shard is
+    /// updated (two all-gathers in flight).
+    fn update_and_allgather(&mut self, pg: &ProcessGroup, lr: f64) -> Result<()> {
+        let sum = |t: &Tensor| pg.allreduce(&[t], ReduceOp::Sum);
         let mut flight: VecDeque<(usize, Work)> = VecDeque::new();
         for b in 0..self.shards.len() {
-            let s = &self.shards[b];
+            let s = &mut self.shards[b];
+            // The optimizer steps the parameters as they are now (a resume or a broadcast may
+            // have changed them since the last all-gather).
+            for &(i, in_param, in_shard, n) in &s.pieces {
+                s.param
+                    .narrow(0, in_shard, n)
+                    .copy_(&self.params[i].reshape([-1]).narrow(0, in_param, n));
+            }
+            s.opt.step_with(lr, &s.grads, Some(&sum))?;
             flight.push_back((b, pg.allgather_start(&s.flat, &s.param)?));
             if flight.len() >= IN_FLIGHT {
                 if let Some((done, w)) = flight.pop_front() {
@@ -240,17 +248,15 @@ impl ShardedOptimizer {
     /// so a checkpoint costs them no more than a step's buffers.
     pub fn gather_state(&mut self, pg: &ProcessGroup, keep: bool) -> Result<Vec<(String, Tensor)>> {
         tch::no_grad(|| {
-            let mut out = vec![("steps".to_string(), Tensor::from(self.opt.steps() as i64))];
-            let suffixes = self.opt.suffixes();
+            let steps = self.shards.first().map_or(0, |s| s.opt.steps());
+            let mut out = vec![("steps".to_string(), Tensor::from(steps as i64))];
+            let suffixes = self.shards.first().map_or(&[][..], |s| s.opt.suffixes());
             for (slot, suffix) in suffixes.iter().enumerate() {
-                let mut state = self.opt.state_of(slot);
                 for s in &mut self.shards {
                     // The gradient shard is free between steps: it stages this rank's state.
                     let _ = s.grad.zero_();
-                    for &(_, _, in_shard, n) in &s.pieces {
-                        if let Some(t) = state.next() {
-                            s.grad.narrow(0, in_shard, n).copy_(t);
-                        }
+                    for (&(_, _, in_shard, n), t) in s.pieces.iter().zip(s.opt.state_of(slot)) {
+                        s.grad.narrow(0, in_shard, n).copy_(t);
                     }
                     pg.allgather_start(&s.flat, &s.grad)?.wait()?;
                     if !keep {
