@@ -71,7 +71,7 @@ pub struct Synthetic {
 pub const PRESETS: &[(&str, &str)] = &[
     (
         "tiny",
-        "a 2-layer hidden-64 BERT on 1,024 generated sequences: seconds, for tests and CI",
+        "a 2-layer hidden-64 BERT on 1,024 generated sequences (256 held out): seconds, for tests and CI",
     ),
     (
         "bench",
@@ -140,8 +140,11 @@ impl Synthetic {
         let mut vs = device.var_store();
         let model = BertClassifier::new(&vs.root(), &bert, 2);
         device.place_vars(&mut vs)?;
-        let train = generate(p.train_len, DATA_SEED, device)?;
-        let eval = generate(p.eval_len, DATA_SEED + 1, device)?;
+        // train_rows / eval_rows take the first rows of the preset's data (the generator is
+        // sequential, so the first N rows are the same whatever N).
+        let rows = |asked: Option<usize>, all: usize| asked.map_or(all, |n| n.min(all));
+        let train = generate(rows(hyper.train_rows, p.train_len), DATA_SEED, device)?;
+        let eval = generate(rows(hyper.eval_rows, p.eval_len), DATA_SEED + 1, device)?;
         Ok(Self {
             vs,
             model,
@@ -179,5 +182,22 @@ impl Recipe for Synthetic {
             logits.to_kind(Kind::Float),
             d.labels.index_select(0, &idx),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn train_and_eval_rows_take_the_first_generated_rows() {
+        let mut h = preset("tiny").unwrap().hyper;
+        (h.train_rows, h.eval_rows) = (Some(100), Some(0));
+        let r = Synthetic::build(&h, Device::Cpu).unwrap();
+        assert_eq!((r.train_len(), r.eval_len()), (100, 0));
+        let all = generate(1024, DATA_SEED, Device::Cpu).unwrap();
+        assert!(r.train.ids.equal(&all.ids.narrow(0, 0, 100)));
+        h.train_rows = Some(5000);
+        assert_eq!(Synthetic::build(&h, Device::Cpu).unwrap().train_len(), 1024);
     }
 }
