@@ -5,6 +5,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use trainbook::engine::launch::process_alive;
 use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
 
@@ -20,12 +22,6 @@ fn tiny(workers: usize) -> JobSpec {
         .preset("tiny")
         .device(trainbook::DeviceRequest::Cpu)
         .runs_root(runs_root())
-}
-
-fn load(path: &Path) -> Vec<(String, tch::Tensor)> {
-    let mut v = tch::Tensor::read_safetensors(path).unwrap();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
 }
 
 fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -55,24 +51,13 @@ fn data_parallel_matches_single_worker() {
     let two = run(2);
     assert_eq!(one.steps, 20);
     assert_eq!(two.steps, 20);
-    let a = load(
-        &one.last_checkpoint
+    let file = |r: &trainbook::TrainResult| {
+        r.last_checkpoint
             .as_ref()
             .unwrap()
-            .join("model.safetensors"),
-    );
-    let b = load(
-        &two.last_checkpoint
-            .as_ref()
-            .unwrap()
-            .join("model.safetensors"),
-    );
-    assert_eq!(a.len(), b.len());
-    let mut max_diff = 0.0f64;
-    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        max_diff = max_diff.max((ta - tb).abs().max().double_value(&[]));
-    }
+            .join("model.safetensors")
+    };
+    let max_diff = common::max_abs_diff(&file(&one), &file(&two));
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
     assert!(
         (one.param_sum - two.param_sum).abs() < 1e-3,

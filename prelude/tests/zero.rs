@@ -3,8 +3,10 @@
 //! lives and nothing else: the same parameters after every step, checkpoints in the replicated
 //! layout that resume with any worker count.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+mod common;
+use common::{load, max_abs_diff as max_diff};
 use trainbook::{Configure, ConfigureTraining, JobSpec, OptimizerKind, TrainResult};
 
 fn runs_root() -> PathBuf {
@@ -30,32 +32,8 @@ fn job(workers: usize, zero: u8, optimizer: OptimizerKind) -> JobSpec {
         .zero(zero)
 }
 
-fn load(path: &Path) -> Vec<(String, tch::Tensor)> {
-    let mut v = tch::Tensor::read_safetensors(path).unwrap();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
 fn checkpoint(r: &TrainResult) -> PathBuf {
     r.last_checkpoint.clone().expect("a checkpoint")
-}
-
-/// The largest difference between two files of named tensors, which must hold the same names.
-fn max_diff(a: &Path, b: &Path) -> f64 {
-    let (a, b) = (load(a), load(b));
-    assert_eq!(
-        a.iter().map(|t| &t.0).collect::<Vec<_>>(),
-        b.iter().map(|t| &t.0).collect::<Vec<_>>()
-    );
-    a.iter()
-        .zip(&b)
-        .map(|((_, x), (_, y))| {
-            (x.to_kind(tch::Kind::Double) - y.to_kind(tch::Kind::Double))
-                .abs()
-                .max()
-                .double_value(&[])
-        })
-        .fold(0.0, f64::max)
 }
 
 #[test]
