@@ -26,7 +26,8 @@ use ra_ap_syntax::ast::{self, HasModuleItem, HasName};
 use ra_ap_vfs::{FileId, VfsPath};
 use std::path::{Path, PathBuf};
 
-const EDITION: ide::Edition = ide::Edition::Edition2024;
+/// evcxr's edition for the cells' crate.
+pub const EDITION: ide::Edition = ide::Edition::Edition2024;
 /// The function evcxr wraps a cell in for analysis.
 const WRAPPER: &str = "evcxr_analysis_wrapper";
 

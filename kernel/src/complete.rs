@@ -1,71 +1,23 @@
 //! Code-completeness for console front ends (`is_complete_request`) and the unicode-character
 //! offsets Jupyter uses versus the byte offsets evcxr uses.
 
+use crate::scan;
 use jupyter_protocol::IsCompleteReply;
 
 /// Incomplete while a bracket, string or block comment is still open; invalid when a closing
 /// bracket has no opener. Enough for a console to decide whether Enter runs the cell.
 pub fn is_complete(code: &str) -> IsCompleteReply {
-    let mut depth: i64 = 0;
-    let mut chars = code.chars().peekable();
-    let mut block_comments = 0u32;
-    while let Some(c) = chars.next() {
-        if block_comments > 0 {
-            match (c, chars.peek()) {
-                ('*', Some('/')) => {
-                    chars.next();
-                    block_comments -= 1;
-                }
-                ('/', Some('*')) => {
-                    chars.next();
-                    block_comments += 1;
-                }
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            '/' if chars.peek() == Some(&'/') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
-                    }
-                }
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                chars.next();
-                block_comments += 1;
-            }
-            '"' => {
-                let mut closed = false;
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => {
-                            closed = true;
-                            break;
-                        }
-                        _ => {}
-                    }
-                }
-                if !closed {
-                    return IsCompleteReply::incomplete(String::new());
-                }
-            }
-            '(' | '[' | '{' => depth += 1,
-            ')' | ']' | '}' => {
-                depth -= 1;
-                if depth < 0 {
-                    return IsCompleteReply::invalid();
-                }
-            }
-            _ => {}
-        }
+    let tokens = scan::code(code);
+    if tokens.iter().any(|t| t.depth < 0) {
+        return IsCompleteReply::invalid();
     }
-    if depth > 0 || block_comments > 0 {
-        IsCompleteReply::incomplete("    ".repeat(depth.max(0) as usize))
+    // No indent inside a string: it would become part of the string.
+    if tokens.iter().any(|t| t.unterminated && t.is_string()) {
+        return IsCompleteReply::incomplete(String::new());
+    }
+    let open = tokens.last().map_or(0, |t| t.depth);
+    if open > 0 || tokens.iter().any(|t| t.unterminated) {
+        IsCompleteReply::incomplete("    ".repeat(open.max(0) as usize))
     } else {
         IsCompleteReply::complete()
     }
@@ -102,6 +54,15 @@ mod tests {
         assert_eq!(is_complete("/* /* */").status, S::Incomplete);
         assert_eq!(is_complete("}").status, S::Invalid);
         assert_eq!(is_complete("let s = \"\\\"{\";").status, S::Complete);
+    }
+
+    #[test]
+    fn chars_and_raw_strings_hold_no_brackets() {
+        assert_eq!(is_complete("let c = '{';").status, S::Complete);
+        assert_eq!(is_complete("fn f<'a>(s: &'a str) {").indent, "    ");
+        assert_eq!(is_complete("let s = r#\"\"}\"#;").status, S::Complete);
+        assert_eq!(is_complete("let s = r#\"{").status, S::Incomplete);
+        assert_eq!(is_complete("let s = r#\"{").indent, "");
     }
 
     #[test]

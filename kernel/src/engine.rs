@@ -8,6 +8,7 @@
 use crate::analysis::{self, Analyzer};
 use crate::iopub::Publisher;
 use crate::prelude::{Prelude, init_code};
+use crate::scan;
 use crate::toolchain::Toolchain;
 use crate::verdict;
 use anyhow::{Context, Result};
@@ -623,34 +624,12 @@ fn failed_cell(
 
 /// The 1-based cell lines that hold a `?` operator (outside strings, chars and comments).
 fn question_mark_lines(code: &str) -> Vec<usize> {
-    let mut lines = Vec::new();
-    let (mut in_str, mut in_block) = (false, 0usize);
-    for (n, line) in code.lines().enumerate() {
-        let b = line.as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            match (b[i], b.get(i + 1).copied()) {
-                (b'\\', _) if in_str => i += 1,
-                (b'"', _) if in_block == 0 => in_str = !in_str,
-                (b'/', Some(b'*')) if !in_str => {
-                    in_block += 1;
-                    i += 1;
-                }
-                (b'*', Some(b'/')) if in_block > 0 => {
-                    in_block -= 1;
-                    i += 1;
-                }
-                (b'/', Some(b'/')) if !in_str && in_block == 0 => break,
-                // A char literal such as '?' or '"'.
-                (b'\'', _) if !in_str && in_block == 0 && b.get(i + 2) == Some(&b'\'') => i += 2,
-                (b'?', _) if !in_str && in_block == 0 && lines.last() != Some(&(n + 1)) => {
-                    lines.push(n + 1)
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-    }
+    let mut lines: Vec<usize> = scan::code(code)
+        .iter()
+        .filter(|t| t.kind == scan::T![?])
+        .map(|t| code[..t.at].matches('\n').count() + 1)
+        .collect();
+    lines.dedup();
     lines
 }
 
@@ -889,6 +868,8 @@ mod tests {
     fn finds_the_lines_with_a_question_mark() {
         let code = "let a = f()?;\nlet s = \"why?\"; // ok?\nlet c = '?';\n/* x? */ g()?.h()?;";
         assert_eq!(question_mark_lines(code), [1, 4]);
+        let code = "let s = r#\"a \"?\"#;\nlet c = '\\'';\nf::<'a>(b'?')?;";
+        assert_eq!(question_mark_lines(code), [3]);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! `let` of a single name, `let (a, b) = e;` becomes `let a: A; let b: B; (a, b) = e;`.
 
 use crate::analysis::Analyzer;
+use crate::scan::{self, SyntaxKind, T};
 use evcxr::{CommandContext, EvalCallbacks};
 
 /// Runs a cell, writing the types evcxr could not find into its `let`s (up to four rounds).
@@ -100,14 +101,22 @@ pub fn static_borrows(code: &str) -> String {
     let mut out = String::with_capacity(code.len());
     let mut done = 0;
     for l in typed_lets(code) {
-        if !l.pattern.chars().all(|c| c.is_alphanumeric() || c == '_') {
+        if !matches!(
+            Pattern::parse(&l.binding.pattern),
+            Some(Pattern::Name { .. })
+        ) {
             continue;
         }
         out.push_str(&code[done..l.ty.start]);
-        let ty = &code[l.ty.clone()];
-        for (j, c) in ty.char_indices() {
-            out.push(c);
-            if c == '&' && !ty[j + 1..].trim_start().starts_with(['\'', '&']) {
+        let ty = scan::type_tokens(&code[l.ty.clone()]);
+        for (j, t) in ty.iter().enumerate() {
+            out.push_str(t.text);
+            let next = ty[j + 1..]
+                .iter()
+                .find(|t| t.kind != SyntaxKind::WHITESPACE);
+            if t.kind == T![&]
+                && !next.is_some_and(|n| matches!(n.kind, T![&] | SyntaxKind::LIFETIME_IDENT))
+            {
                 out.push_str("'static ");
             }
         }
@@ -117,67 +126,37 @@ pub fn static_borrows(code: &str) -> String {
     out
 }
 
-/// A top-level `let PATTERN: TYPE` (`mut` dropped from a single name's pattern).
-struct TypedLet<'a> {
-    start: usize,
-    pattern: &'a str,
+/// A top-level `let PATTERN: TYPE`.
+struct TypedLet {
+    binding: UntypedLet,
     /// Byte range of the type, up to the `=` or `;` that ends it.
     ty: std::ops::Range<usize>,
 }
 
-fn typed_lets(code: &str) -> Vec<TypedLet<'_>> {
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = code[from..].find("let ") {
-        let start = from + i;
-        from = start + 4;
-        if (start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
-            || !top_level(code, start)
-        {
-            continue;
-        }
-        let rest = &code[start + 4..];
-        let Some(colon) = rest.find(':') else {
-            continue;
-        };
-        let pattern = rest[..colon].trim();
-        let pattern = pattern.strip_prefix("mut ").unwrap_or(pattern).trim();
-        if pattern.is_empty()
-            || !pattern
-                .chars()
-                .all(|c| c.is_alphanumeric() || "_(), []".contains(c) || c.is_whitespace())
-        {
-            continue;
-        }
-        let ty_from = start + 4 + colon + 1;
-        let Some(ty_end) = type_end(code, ty_from) else {
-            continue;
-        };
-        out.push(TypedLet {
-            start,
-            pattern,
-            ty: ty_from..ty_end,
-        });
-        from = ty_end;
-    }
-    out
+fn typed_lets(code: &str) -> Vec<TypedLet> {
+    lets(code)
+        .into_iter()
+        .filter(|(l, then)| l.top_level && then.kind == T![:])
+        .filter_map(|(binding, colon)| {
+            let ty = colon.end()..type_end(code, colon.end())?;
+            Some(TypedLet { binding, ty })
+        })
+        .collect()
 }
 
-/// Where a `let`'s type that starts at `from` ends: the first `=` or `;` outside brackets.
+/// Where a `let`'s type that starts at `from` ends: the first `=` or `;` outside brackets
+/// (None at a brace or a string, which no type has).
 fn type_end(code: &str, from: usize) -> Option<usize> {
-    let mut depth = 0i32;
-    let bytes = code.as_bytes();
-    for (j, c) in code[from..].char_indices() {
-        match c {
-            '<' | '(' | '[' => depth += 1,
-            '>' if j > 0 && bytes[from + j - 1] == b'-' => {}
-            '>' | ')' | ']' => depth -= 1,
-            '=' | ';' if depth == 0 => return Some(from + j),
-            '{' | '}' | '"' => return None,
-            _ => {}
-        }
-    }
-    None
+    scan::type_tokens(&code[from..])
+        .iter()
+        .find(|t| {
+            (t.depth == 0 && matches!(t.kind, T![=] | T![;]))
+                || matches!(t.kind, T!['{'] | T!['}'] | SyntaxKind::EOF)
+                || t.is_string()
+                || t.depth < 0
+        })
+        .filter(|t| matches!(t.kind, T![=] | T![;]))
+        .map(|t| from + t.at)
 }
 
 /// The cell with its top-level typed tuple and array `let`s split into one typed `let` per
@@ -186,14 +165,13 @@ fn type_end(code: &str, from: usize) -> Option<usize> {
 pub fn split_typed_patterns(code: &str) -> String {
     let mut found: Vec<(UntypedLet, String)> = typed_lets(code)
         .into_iter()
-        .filter(|l| l.pattern.starts_with(['(', '[']) && code[l.ty.end..].starts_with('='))
+        .filter(|l| l.binding.pattern.starts_with(['(', '[']) && code[l.ty.end..].starts_with('='))
         .map(|l| {
             let binding = UntypedLet {
-                pattern: l.pattern.to_string(),
-                start: l.start,
                 end: l.ty.end,
+                ..l.binding
             };
-            (binding, code[l.ty.clone()].trim().to_string())
+            (binding, code[l.ty].trim().to_string())
         })
         .collect();
     found.reverse();
@@ -273,19 +251,19 @@ fn suggested_path(help: &str, name: &str) -> Option<String> {
 
 /// `ty` with the type name `name` (a whole word, not already a path's tail) replaced by `path`.
 fn replace_type_name(ty: &str, name: &str, path: &str) -> String {
-    let mut out = String::new();
-    let mut rest = ty;
-    while let Some(i) = rest.find(name) {
-        let before = &rest[..i];
-        let after = &rest[i + name.len()..];
-        let word = !before.ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
-            && !after.starts_with(|c: char| c.is_alphanumeric() || c == '_');
-        out.push_str(before);
-        out.push_str(if word { path } else { name });
-        rest = after;
-    }
-    out.push_str(rest);
-    out
+    let tokens = scan::type_tokens(ty);
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let tail = i > 0 && tokens[i - 1].kind == T![:];
+            if t.kind == SyntaxKind::IDENT && t.text == name && !tail {
+                path
+            } else {
+                t.text
+            }
+        })
+        .collect()
 }
 
 /// The cell with its top-level untyped `let`s typed by the trainbook-aware analyzer, where it
@@ -294,7 +272,7 @@ fn replace_type_name(ty: &str, name: &str, path: &str) -> String {
 fn typed_by_analyzer(ctx: &mut CommandContext, analyzer: &mut Analyzer, code: &str) -> String {
     let lets: Vec<UntypedLet> = untyped_lets(code)
         .into_iter()
-        .filter(|l| top_level(code, l.start))
+        .filter(|l| l.top_level)
         .collect();
     if lets.is_empty() || ctx.completions(code, code.len()).is_err() {
         return code.to_string();
@@ -324,10 +302,7 @@ fn typed_by_analyzer(ctx: &mut CommandContext, analyzer: &mut Analyzer, code: &s
 
 /// Whether a type names no placeholder (`_`) and nothing the analyzer could not resolve.
 fn is_complete(ty: &str) -> bool {
-    !ty.contains("{unknown}")
-        && !ty
-            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .any(|word| word == "_")
+    !ty.contains("{unknown}") && !scan::type_tokens(ty).iter().any(|t| t.kind == T![_])
 }
 
 /// With `TRAINBOOK_KERNEL_TIMING` set, says how a type was found (on stderr).
@@ -337,54 +312,24 @@ fn note(what: &str) {
     }
 }
 
-/// Whether byte `at` of the cell is outside every block (a statement evcxr keeps variables
-/// from), skipping braces in strings and comments.
-fn top_level(code: &str, at: usize) -> bool {
-    let mut depth = 0i32;
-    let mut chars = code[..at].chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '{' => depth += 1,
-            '}' => depth -= 1,
-            '"' => {
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => break,
-                        _ => {}
-                    }
-                }
-            }
-            '/' if chars.peek() == Some(&'/') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    depth == 0
-}
-
-/// A top-level `let PATTERN = ...` without a type, where PATTERN is a name or a tuple or array
-/// of names (`mut` allowed).
+/// A `let PATTERN = ...` without a type, where PATTERN is a name or a tuple or array of names
+/// (`mut` allowed).
 #[derive(Clone, Debug, PartialEq)]
 pub struct UntypedLet {
     pattern: String,
     /// Byte offsets in the code of `let` and of the end of the pattern.
     start: usize,
     end: usize,
+    /// Outside every block and bracket: a statement evcxr keeps variables from.
+    top_level: bool,
 }
 
 impl UntypedLet {
     pub fn names(&self) -> Vec<&str> {
-        self.pattern
-            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .filter(|w| !w.is_empty() && !matches!(*w, "mut" | "ref" | "_"))
+        scan::code(&self.pattern)
+            .into_iter()
+            .filter(|t| t.kind == SyntaxKind::IDENT)
+            .map(|t| t.text)
             .collect()
     }
 
@@ -394,9 +339,14 @@ impl UntypedLet {
 
     /// The pattern read as an expression (`(mut a, b)` → `(a, b)`): it has the pattern's type.
     fn expression(&self) -> String {
-        self.pattern
-            .split_inclusive(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .filter(|w| !matches!(*w, "mut " | "ref "))
+        let tokens = scan::code(&self.pattern);
+        let mode = |i: usize| matches!(tokens[i].kind, SyntaxKind::MUT_KW | SyntaxKind::REF_KW);
+        // `mut` and `ref` go with the space after them.
+        let space_after_mode =
+            |i: usize| i > 0 && mode(i - 1) && tokens[i].kind == SyntaxKind::WHITESPACE;
+        (0..tokens.len())
+            .filter(|&i| !mode(i) && !space_after_mode(i))
+            .map(|i| tokens[i].text)
             .collect()
     }
 
@@ -497,18 +447,11 @@ impl Pattern {
 /// comma (`(a,)`) ends the list.
 fn split_top(s: &str) -> Vec<&str> {
     let mut parts = Vec::new();
-    let (mut depth, mut from) = (0i32, 0);
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' | '[' | '<' => depth += 1,
-            // `->` in `fn(u8) -> u8` closes nothing.
-            '>' if s[..i].ends_with('-') => {}
-            ')' | ']' | '>' => depth -= 1,
-            ',' if depth == 0 => {
-                parts.push(&s[from..i]);
-                from = i + 1;
-            }
-            _ => {}
+    let mut from = 0;
+    for t in scan::type_tokens(s) {
+        if t.depth == 0 && t.kind == T![,] {
+            parts.push(&s[from..t.at]);
+            from = t.end();
         }
     }
     if !s[from..].trim().is_empty() {
@@ -519,56 +462,57 @@ fn split_top(s: &str) -> Vec<&str> {
 
 /// Every `let` whose pattern is a name, or a tuple or array of names, and that has no type.
 pub fn untyped_lets(code: &str) -> Vec<UntypedLet> {
+    lets(code)
+        .into_iter()
+        .filter(|(l, then)| then.kind == T![=] && !l.names().is_empty())
+        .map(|(l, _)| l)
+        .collect()
+}
+
+/// Every `let` whose pattern is made of names, `_`, tuples and arrays (`mut`, `ref` allowed),
+/// with the token after its pattern: the `:` of its type or the `=` of its value.
+fn lets(code: &str) -> Vec<(UntypedLet, scan::Token<'_>)> {
+    let tokens = scan::code(code);
     let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = code[from..].find("let ") {
-        let start = from + i;
-        from = start + 4;
-        if start > 0 && code[..start].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+    for (i, l) in tokens.iter().enumerate() {
+        if l.kind != SyntaxKind::LET_KW {
             continue;
         }
-        let rest = &code[start + 4..];
-        // The pattern ends at the first `=` (not `==`/`=>`) outside brackets; a `:` there is a
-        // type already.
-        let mut depth = 0i32;
-        let mut end = None;
-        for (j, c) in rest.char_indices() {
-            match c {
-                '(' | '[' => depth += 1,
-                ')' | ']' => depth -= 1,
-                ':' | ';' | '{' if depth == 0 => break,
-                '=' if depth == 0 => {
-                    if !rest[j + 1..].starts_with(['=', '>']) {
-                        end = Some(j);
-                    }
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else { continue };
-        let raw = &rest[..end];
-        let pattern = raw.trim();
-        let simple = pattern
-            .chars()
-            .all(|c| c.is_alphanumeric() || "_(), []".contains(c) || c.is_whitespace());
-        let named = pattern
-            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .any(|w| !w.is_empty() && !matches!(w, "mut" | "ref" | "_"));
+        let rest = &tokens[i + 1..];
+        let Some(n) = rest.iter().position(|t| !in_pattern(t)) else {
+            continue;
+        };
+        let (pattern, then) = (&rest[..n], rest[n]);
         // `Some(x)` is a variant, not a tuple of names.
         let variant = pattern
-            .match_indices(['(', '['])
-            .any(|(k, _)| pattern[..k].ends_with(|c: char| c.is_alphanumeric() || c == '_'));
-        if simple && named && !variant {
-            let lead = raw.len() - raw.trim_start().len();
-            out.push(UntypedLet {
-                pattern: pattern.to_string(),
-                start,
-                end: start + 4 + lead + pattern.len(),
-            });
+            .windows(2)
+            .any(|w| w[0].kind == SyntaxKind::IDENT && matches!(w[1].kind, T!['('] | T!['[']));
+        let mut words = pattern.iter().filter(|t| t.kind != SyntaxKind::WHITESPACE);
+        let Some(first) = words.next() else {
+            continue;
+        };
+        let last = words.next_back().unwrap_or(first);
+        if variant || then.depth != l.depth || !matches!(then.kind, T![:] | T![=]) {
+            continue;
         }
+        let binding = UntypedLet {
+            pattern: code[first.at..last.end()].to_string(),
+            start: l.at,
+            end: last.end(),
+            top_level: l.depth == 0,
+        };
+        out.push((binding, then));
     }
     out
+}
+
+/// What a pattern of names is made of.
+fn in_pattern(t: &scan::Token<'_>) -> bool {
+    use SyntaxKind::*;
+    matches!(
+        t.kind,
+        IDENT | UNDERSCORE | MUT_KW | REF_KW | WHITESPACE | COMMA
+    ) || matches!(t.kind, L_PAREN | R_PAREN | L_BRACK | R_BRACK)
 }
 
 /// The variable named in evcxr's "Couldn't automatically determine type of variable `x`".
@@ -716,16 +660,24 @@ mod tests {
         );
     }
 
+    /// The names each top-level untyped `let` binds.
+    fn top_level_names(code: &str) -> Vec<Vec<String>> {
+        untyped_lets(code)
+            .iter()
+            .filter(|l| l.top_level)
+            .map(|l| l.names().into_iter().map(String::from).collect())
+            .collect()
+    }
+
     #[test]
     fn only_lets_outside_blocks_are_top_level() {
         let code = "let a = 1;\nlet s = \"{\"; // {\nlet b = { let c = 2; c };\nlet d = 3;";
-        let lets = untyped_lets(code);
-        let tops: Vec<Vec<&str>> = lets
-            .iter()
-            .filter(|l| top_level(code, l.start))
-            .map(|l| l.names())
-            .collect();
+        let tops = top_level_names(code);
         assert_eq!(tops, [vec!["a"], vec!["s"], vec!["b"], vec!["d"]]);
+        // No `let` in a string or comment, and no brace in a char, raw string or comment.
+        let code = "let c = '{';\nprintln!(\"let x = 1;\"); /* let y = 2; { */\nlet d = r#\"}\"#;";
+        assert_eq!(top_level_names(code), [vec!["c"], vec!["d"]]);
+        assert_eq!(untyped_lets(code).len(), 2);
     }
 
     #[test]

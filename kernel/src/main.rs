@@ -11,6 +11,7 @@ mod iopub;
 mod kernel;
 mod prelude;
 mod procs;
+mod scan;
 mod toolchain;
 mod verdict;
 
