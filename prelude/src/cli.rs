@@ -9,9 +9,9 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::dashboard::JobDashboard;
-use crate::device::DeviceRequest;
-use crate::job::{JobStatus, Update};
-use crate::spec::{Configure, JobSpec, TrainConfig};
+use trainbook_api::device::DeviceRequest;
+use trainbook_api::job::{JobStatus, Update};
+use trainbook_api::spec::{Configure, JobSpec, TrainConfig};
 use crate::{MlmOptions, TextOptions, VisionOptions};
 
 #[derive(Parser, Debug)]
@@ -235,9 +235,7 @@ impl TrainArgs {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");
         }
         spec.dedup.window = Duration::from_secs_f64(self.dedup_window);
-        spec.extensions
-            .get_mut::<trainbook_api::ViewOptions>()
-            .log_level = self.log_level;
+        spec.view.log_level = self.log_level;
         Ok(spec)
     }
 }
@@ -258,7 +256,7 @@ pub fn main() -> i32 {
         Command::Tokenizer(TokenizerCommand::Train(args)) => train_tokenizer(&args),
         Command::Kernel { args } => kernel(&args),
         Command::Check { workers, device } => {
-            let spec = JobSpec::new(crate::engine::recipe::CHECK)
+            let spec = JobSpec::new(crate::engine::CHECK)
                 .workers(workers)
                 .device(device);
             match crate::fit(spec) {
@@ -314,7 +312,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
     }
     // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The
     // handler goes in before any thread exists, so no other thread receives the signal.
-    let current: std::sync::Arc<std::sync::Mutex<(bool, Option<crate::job::Job>)>> =
+    let current: std::sync::Arc<std::sync::Mutex<(bool, Option<trainbook_api::Job>)>> =
         Default::default();
     let slot = current.clone();
     let _ = ctrlc_stop(move || {
@@ -409,7 +407,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
     })
 }
 
-fn job_logs(r: &crate::job::TrainResult) -> Vec<String> {
+fn job_logs(r: &trainbook_api::TrainResult) -> Vec<String> {
     std::fs::read_to_string(r.run_dir.join("logs").join("rank0.log"))
         .map(|s| s.lines().map(String::from).collect())
         .unwrap_or_default()

@@ -46,7 +46,7 @@ use std::path::Path;
 pub use ::anyhow::{anyhow, bail, Context, Result};
 pub use serde::{self, Deserialize, Serialize};
 pub use tch::{self, nn, nn::Module, nn::ModuleT, nn::OptimizerConfig, IndexOp, Kind, Tensor};
-pub use trainbook_engine::device::Device;
+pub use trainbook_engine::Device;
 pub use trainbook_engine::{Batch, Setup, Split, Step, Task};
 
 use trainbook_api::{Configure, JobSpec};
@@ -117,7 +117,7 @@ pub fn load<T: Task>(task: &T, checkpoint: &Path) -> Result<(nn::VarStore, T::St
 /// defined in this program starts its workers by running this program again; there this call
 /// runs the worker and exits, so nothing after it runs twice.
 pub fn worker_hook() {
-    if std::env::var_os(trainbook_engine::task::WORKER_MAIN_ENV).is_some() {
+    if std::env::var_os(trainbook_engine::task::WORKER_MAIN).is_some() {
         std::process::exit(trainbook_recipes::worker_main());
     }
     trainbook_engine::task::mark_hooked();

@@ -2,11 +2,13 @@
 //! engine's metric names and the widgets. The notebook's live view and the terminal both feed
 //! through it, so they show the same numbers.
 
-use crate::dedup::{looks_like_error, Shown};
-use crate::job::{Job, JobStatus, Progress, Update};
+use trainbook_api::logs::Shown;
+use trainbook_api::metric;
+use trainbook_engine::looks_like_error;
+use trainbook_api::job::{Job, JobStatus, Progress, Update};
 use anyhow::Result;
 use std::path::PathBuf;
-use trainbook_engine::metrics::MetricRow;
+use trainbook_api::job::MetricRow;
 use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};
 
 /// A [`Dashboard`] kept up to date from one job.
@@ -115,23 +117,23 @@ impl JobDashboard {
     fn metric(&mut self, m: &MetricRow) {
         let d = &mut self.dash;
         match m.name.as_str() {
-            "loss" => {
+            metric::LOSS => {
                 d.curves.train_loss(m.rank as usize, m.step, m.value);
                 if let Some((_, l)) = d.curves.train.last() {
                     d.progress.loss = Some(l);
                 }
             }
-            "epoch_train_loss" => d.table.row_mut(m.epoch).train_loss = Some(m.value),
-            "epoch_train_accuracy" => d.table.row_mut(m.epoch).train_accuracy = Some(m.value),
-            "eval_loss" => {
+            metric::EPOCH_TRAIN_LOSS => d.table.row_mut(m.epoch).train_loss = Some(m.value),
+            metric::EPOCH_TRAIN_ACCURACY => d.table.row_mut(m.epoch).train_accuracy = Some(m.value),
+            metric::EVAL_LOSS => {
                 d.table.row_mut(m.epoch).val_loss = Some(m.value);
                 d.curves.validation(m.step, Some(m.value), None);
             }
-            "eval_accuracy" => {
+            metric::EVAL_ACCURACY => {
                 d.table.row_mut(m.epoch).val_accuracy = Some(m.value);
                 d.curves.validation(m.step, None, Some(m.value));
             }
-            "samples_per_second" => {
+            metric::SAMPLES_PER_SECOND => {
                 let row = d.table.row_mut(m.epoch);
                 row.samples_per_second = Some(m.value);
                 row.elapsed = Some(m.time);
@@ -171,14 +173,17 @@ impl JobDashboard {
         if r.steps > 0 {
             metrics.push(("train loss".to_string(), fmt(r.final_train_loss)));
         }
-        for (key, label) in [("eval_loss", "val loss"), ("eval_accuracy", "val accuracy")] {
+        for (key, label) in [
+            (metric::EVAL_LOSS, "val loss"),
+            (metric::EVAL_ACCURACY, "val accuracy"),
+        ] {
             if let Some(v) = r.metrics.get(key) {
                 metrics.push((label.to_string(), fmt(*v)));
             }
         }
         // F1 and the task's own evaluation scores, in name order.
         for (key, v) in &r.metrics {
-            if key.starts_with("eval_") {
+            if key.starts_with(metric::EVAL_PREFIX) {
                 if let Some(label) = score_column(key) {
                     metrics.push((label, fmt(*v)));
                 }
@@ -217,10 +222,10 @@ impl JobDashboard {
 /// "val f1 macro", a task's `epoch_train_confidence` is "train confidence". Per-step metrics
 /// (no prefix) have no column: the metrics DataFrame holds them.
 fn score_column(name: &str) -> Option<String> {
-    let (side, rest) = if let Some(rest) = name.strip_prefix("eval_") {
+    let (side, rest) = if let Some(rest) = name.strip_prefix(metric::EVAL_PREFIX) {
         ("val", rest)
     } else {
-        ("train", name.strip_prefix("epoch_train_")?)
+        ("train", name.strip_prefix(metric::EPOCH_TRAIN_PREFIX)?)
     };
     match rest {
         "loss" | "accuracy" | "" => None,

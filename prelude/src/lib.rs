@@ -43,5 +43,3 @@ pub use trainbook_api::{
     TrainError, TrainResult, Update, View, ViewOptions, VisionOptions,
 };
 
-// The facade's own modules reach the layers beneath by these names.
-use trainbook_engine::{dedup, device, job, spec};

@@ -6,7 +6,7 @@
 //! of the notebook survives. Outside the kernel none of this does anything.
 
 use crate::dashboard::JobDashboard;
-use crate::job::{self, Job, JobView, Update};
+use trainbook_api::job::{Job, JobView, Update};
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -38,10 +38,10 @@ fn install_handlers(link: &'static Link) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         link.on_interrupt(|| {
-            job::stop_all();
+            trainbook_engine::stop_all();
         });
         link.on_shutdown(|| {
-            job::stop_all();
+            trainbook_engine::stop_all();
         });
     });
 }

@@ -15,7 +15,7 @@ use trainbook_api::classify::{ImageModel, TextModel};
 use trainbook_api::run::view_options;
 use trainbook_api::runtime::{Bundle, Runtime};
 use trainbook_api::{Plan, Table, ViewOptions};
-use trainbook_engine::{Hyper, Job, JobSpec};
+use trainbook_api::{Hyper, Job, JobSpec};
 use trainbook_recipes::REGISTRY;
 
 use crate::{display, notebook};
@@ -35,14 +35,14 @@ impl Runtime for Trainbook {
     }
 
     fn plan(&self, spec: &JobSpec) -> Result<Plan> {
-        trainbook_engine::spec::validate(spec, &REGISTRY)?;
+        trainbook_engine::validate(spec, &REGISTRY)?;
         let hyper = REGISTRY.resolve(spec)?.ok_or_else(|| {
             anyhow!(
                 "job '{}' trains no recipe: it has no hyper-parameters",
                 spec.recipe
             )
         })?;
-        let device = trainbook_engine::device::resolve(spec.device, spec.workers)?;
+        let device = trainbook_engine::resolve_device(spec.device, spec.workers)?;
         Ok(Plan { device, hyper })
     }
 

@@ -5,9 +5,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use trainbook::dashboard::JobDashboard;
-use trainbook::engine::dedup::{Shown, Stream};
-use trainbook::engine::job::{JobStatus, Progress, Update};
-use trainbook::engine::metrics::MetricRow;
+use trainbook::api::logs::{Shown, Stream};
+use trainbook::api::job::{JobStatus, Progress, Update};
+use trainbook::api::job::MetricRow;
 use trainbook::notebook::follow;
 use trainbook_widgets::DashboardOptions;
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use trainbook::engine::launch::process_alive;
+use trainbook::engine::testing::process_alive;
 use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
 
 fn runs_root() -> std::path::PathBuf {
@@ -120,7 +120,7 @@ fn job_reports_metrics_logs_and_checkpoints() {
         assert!(r.run_dir.join(f).exists(), "{f} missing");
     }
     let parquet =
-        trainbook::engine::metrics::read_parquet(&r.run_dir.join("metrics.parquet")).unwrap();
+        trainbook::engine::checkpoint::read_metrics(&r.run_dir.join("metrics.parquet")).unwrap();
     assert_eq!(parquet.height(), table.height());
     assert_eq!(
         r.last_checkpoint.as_ref().unwrap().file_name().unwrap(),
@@ -184,12 +184,12 @@ fn event_socket_ignores_messages_without_the_token() {
     let forged =
         serde_json::json!({"type": "log", "rank": 0, "stream": "stdout", "text": "INJECTED"})
             .to_string();
-    trainbook::engine::events::send_raw(
+    trainbook::engine::testing::send_raw(
         &endpoint,
         vec![b"not-the-token".to_vec(), forged.clone().into_bytes()],
     )
     .unwrap();
-    trainbook::engine::events::send_raw(&endpoint, vec![forged.into_bytes()]).unwrap();
+    trainbook::engine::testing::send_raw(&endpoint, vec![forged.into_bytes()]).unwrap();
     job.wait().unwrap();
     assert!(job.logs().iter().all(|l| !l.text.contains("INJECTED")));
     assert_eq!(job.dropped_events(), 2);
@@ -238,7 +238,7 @@ fn workers_die_with_their_parent() {
     let pid = cli.id();
     let mut workers = Vec::new();
     assert!(wait_until(Duration::from_secs(60), || {
-        workers = trainbook::engine::launch::children_of(pid);
+        workers = trainbook::engine::testing::children_of(pid);
         workers.len() == 2
     }));
     std::thread::sleep(Duration::from_millis(500));

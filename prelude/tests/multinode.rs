@@ -196,7 +196,7 @@ fn a_worker_killed_on_node_1_fails_node_0_naming_its_rank() {
         });
         if let (true, Some(&w)) = (
             started,
-            trainbook::engine::launch::children_of(n1.id()).first(),
+            trainbook::engine::testing::children_of(n1.id()).first(),
         ) {
             break w;
         }

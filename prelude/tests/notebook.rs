@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
-use trainbook::engine::launch::process_alive;
+use trainbook::engine::testing::process_alive;
 use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, Train};
 use trainbook_channel::{decode, ToKernel};
 

@@ -12,6 +12,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceKind;
+use crate::metric;
 use crate::logs::Shown;
 use crate::spec::JobSpec;
 use crate::table::{Column, Table};
@@ -250,14 +251,19 @@ pub fn per_epoch(rows: &[MetricRow]) -> Result<Table> {
     // the others by name, throughput last.
     fn column(name: &str) -> Option<((u8, String), String)> {
         let label = match name {
-            "samples_per_second" => return Some(((2, String::new()), name.to_string())),
-            _ => match name.strip_prefix("epoch_train_") {
+            metric::SAMPLES_PER_SECOND => return Some(((2, String::new()), name.to_string())),
+            _ => match name.strip_prefix(metric::EPOCH_TRAIN_PREFIX) {
                 Some(rest) => format!("train_{rest}"),
-                None if name.starts_with("eval_") => name.to_string(),
+                None if name.starts_with(metric::EVAL_PREFIX) => name.to_string(),
                 None => return None,
             },
         };
-        let fixed = ["train_loss", "train_accuracy", "eval_loss", "eval_accuracy"];
+        let fixed = [
+            metric::TRAIN_LOSS,
+            "train_accuracy",
+            metric::EVAL_LOSS,
+            metric::EVAL_ACCURACY,
+        ];
         Some(match fixed.iter().position(|f| *f == label) {
             Some(i) => ((0, i.to_string()), label),
             None => ((1, label.clone()), label),

@@ -52,6 +52,7 @@ pub mod device;
 pub mod display;
 pub mod job;
 pub mod logs;
+pub mod metric;
 pub mod mlm;
 pub mod options;
 pub mod params;

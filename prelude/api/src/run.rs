@@ -55,29 +55,23 @@ impl<T: Configure> Train for T {}
 pub trait View: Configure {
     /// Draw the loss plot in the live view (default on).
     fn show_plot(mut self, on: bool) -> Self {
-        self.job_spec().extensions.get_mut::<ViewOptions>().plot = on;
+        self.job_spec().view.plot = on;
         self
     }
     /// Show worker logs in the live view (default on).
     fn show_logs(mut self, on: bool) -> Self {
-        self.job_spec().extensions.get_mut::<ViewOptions>().logs = on;
+        self.job_spec().view.logs = on;
         self
     }
     /// Which worker lines the live view and the terminal show: `LogLevel::Warn` keeps
     /// warnings and errors only (default: `$TRAINBOOK_LOG`, else `info`).
     fn log_level(mut self, level: LogLevel) -> Self {
-        self.job_spec()
-            .extensions
-            .get_mut::<ViewOptions>()
-            .log_level = Some(level);
+        self.job_spec().view.log_level = Some(level);
         self
     }
     /// Logarithmic loss axis in the plot.
     fn log_scale(mut self, on: bool) -> Self {
-        self.job_spec()
-            .extensions
-            .get_mut::<ViewOptions>()
-            .log_scale = on;
+        self.job_spec().view.log_scale = on;
         self
     }
 }
@@ -86,10 +80,7 @@ impl<T: Configure> View for T {}
 
 /// The view options set on `spec` (the defaults when none were).
 pub fn view_options(spec: &JobSpec) -> ViewOptions {
-    spec.extensions
-        .get::<ViewOptions>()
-        .cloned()
-        .unwrap_or_default()
+    spec.view.clone()
 }
 
 /// What a job's live view shows; see the `show_*`/`log_level` builder methods.

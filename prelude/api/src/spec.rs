@@ -297,68 +297,9 @@ pub struct JobSpec {
     pub env: Vec<(String, String)>,
     #[serde(skip)]
     pub dedup: DedupConfig,
-    /// Options of the caller's own layers, such as how the facade's views show the job; the
-    /// engine only carries them.
+    /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
     #[serde(skip)]
-    pub extensions: Extensions,
-}
-
-/// Typed values a caller attaches to a job spec (one per type), for options the engine carries
-/// but does not read.
-#[derive(Default)]
-pub struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn Extension>>);
-
-trait Extension: std::any::Any + Send + Sync {
-    fn clone_box(&self) -> Box<dyn Extension>;
-    fn as_any(&self) -> &dyn std::any::Any;
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
-}
-
-impl<T: std::any::Any + Clone + Send + Sync> Extension for T {
-    fn clone_box(&self) -> Box<dyn Extension> {
-        Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
-}
-
-impl Extensions {
-    pub fn get<T: 'static>(&self) -> Option<&T> {
-        self.0
-            .get(&std::any::TypeId::of::<T>())
-            .and_then(|v| (**v).as_any().downcast_ref())
-    }
-
-    /// The value of type `T`, inserted as `T::default()` when there is none.
-    pub fn get_mut<T: Default + Clone + Send + Sync + 'static>(&mut self) -> &mut T {
-        self.0
-            .entry(std::any::TypeId::of::<T>())
-            .or_insert_with(|| Box::new(T::default()))
-            .as_any_mut()
-            .downcast_mut()
-            .expect("extensions are keyed by their type")
-    }
-}
-
-impl Clone for Extensions {
-    fn clone(&self) -> Self {
-        Extensions(
-            self.0
-                .iter()
-                .map(|(k, v)| (*k, (**v).clone_box()))
-                .collect(),
-        )
-    }
-}
-
-impl std::fmt::Debug for Extensions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Extensions({})", self.0.len())
-    }
+    pub view: crate::run::ViewOptions,
 }
 
 /// The builder methods of how a job runs (workers, device, ports, logs): `JobSpec`,
@@ -479,7 +420,7 @@ impl JobSpec {
             collective_timeout_secs: 300,
             env: Vec::new(),
             dedup: DedupConfig::default(),
-            extensions: Extensions::default(),
+            view: Default::default(),
         }
     }
 

@@ -1,43 +1,63 @@
-//! trainbook's engine: what a job is and how it runs, with no UI and no concrete recipe.
+#![warn(unreachable_pub)]
+//! trainbook's engine: how a job runs, with no UI and no concrete recipe.
 //!
-//! `launch(spec, &registry)` starts one worker process per device; the workers keep their models
-//! in lock-step through PyTorch's c10d collectives and stream events (logs, metrics, progress,
-//! checkpoints) back to this process, which folds them into a [`Job`] handle. Recipes come in
-//! through a [`Registry`] that the caller injects (the `trainbook` facade for notebooks and the
-//! CLI, `trainbook-worker` in the workers); views subscribe to jobs ([`Job::subscribe`],
-//! [`JobView`]) instead of being called by them.
+//! Two sides, each a private room, and what they share:
+//!
+//! - the **driver** (`driver/`), in the process that starts a job (a notebook's kernel, the CLI):
+//!   device choice, rendezvous, worker processes, the event loop that folds what workers report
+//!   into a [`Job`](trainbook_api::Job) handle;
+//! - the **worker** (`worker/`), one exec'd process per device: the training loop, collectives,
+//!   update strategies, optimizers, precision, checkpoint writing;
+//! - **shared** (`shared/`): the environment contract between the two, the events wire, the
+//!   checkpoint format, the one C++ error path.
+//!
+//! The worker side never reaches into the driver side. Recipes come in through a [`Registry`]
+//! that the caller injects (the `trainbook` facade for notebooks and the CLI, `trainbook-worker`
+//! in the workers); views subscribe to jobs instead of being called by them. Everything below
+//! is the engine's whole public surface; the notebook-facing types (specs, jobs, results) are
+//! `trainbook-api`'s.
 
-pub mod check;
-pub mod checkpoint;
-pub mod ddp;
-pub mod dedup;
-pub mod device;
-pub mod dist;
-pub mod dllog;
-pub mod events;
-pub mod job;
-pub mod launch;
-pub mod metrics;
-pub mod optim;
-pub mod precision;
-pub mod recipe;
-pub mod sampler;
-pub mod scores;
-pub mod spec;
-pub mod task;
-pub mod train;
-pub mod update;
-pub mod worker;
-pub mod zero;
+mod driver;
+mod shared;
+mod worker;
 
-pub use device::{DeviceKind, DeviceRequest};
-pub use job::{
-    launch, running_jobs, stop_all, Job, JobStatus, JobView, TrainError, TrainResult, Update,
-};
-pub use recipe::{Recipe, RecipeEntry, Registry, Split, Step};
-pub use spec::{Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, TrainConfig};
-pub use task::{Batch, Setup, Task};
-/// The notebook-facing types the engine's own are made of (specs, options, jobs, results).
-pub use trainbook_api as api;
-/// Declares a group of options (see `trainbook_api::options`).
-pub use trainbook_api::options;
+// Running jobs: the driver side.
+pub use driver::dedup::looks_like_error;
+pub use driver::placement::resolve as resolve_device;
+pub use driver::{launch, running_jobs, stop_all, validate};
+
+// What a recipe is, and what a worker gives it.
+pub use worker::device::{Device, OnDeviceOf};
+pub use worker::dist::{BackendHandle, InitOptions};
+pub use worker::jobs::CHECK;
+pub use worker::recipe::{BuildFn, PresetFn, Recipe, RecipeEntry, Registry, Split, Step};
+pub use worker::task::{Batch, Setup, Task};
+pub use worker::{main as worker_main, Hpu, HpuBridge};
+
+/// The run directory's files and crash-safe writing (see the module's layout).
+pub mod checkpoint {
+    pub use crate::shared::checkpoint::{
+        write_atomic, write_file_atomic, write_json_atomic, RunConfig, TrainerState, MODEL,
+        OPTIMIZER, RUN_CONFIG, TRAINER_STATE,
+    };
+    pub use crate::driver::metrics::read_parquet as read_metrics;
+}
+
+/// C++ helpers' errors as `anyhow` errors: for crates that add helpers of their own (the HPU
+/// bridge's).
+pub mod ffi {
+    pub use crate::shared::ffi::{call, call_ptr, call_status};
+}
+
+/// Users' tasks in their own programs and in notebook cells (the facade's `custom` module).
+pub mod task {
+    pub use crate::shared::env::WORKER_MAIN;
+    pub use crate::worker::task::{job_spec, mark_hooked, setup_on_cpu};
+}
+
+/// For trainbook's own integration tests: process inspection and forged events.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::driver::processes::{children_of, process_alive};
+    pub use crate::shared::events::send_raw;
+}

@@ -10,7 +10,7 @@
 //! cross into Python: the model, batches and collectives stay in Rust and C++.
 //!
 //! Only `trainbook-worker` links this crate (the `hpu` feature); the engine reaches it through
-//! [`trainbook_engine::device::HpuBridge`], so no other process embeds Python.
+//! [`trainbook_engine::HpuBridge`], so no other process embeds Python.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::process::Command;
@@ -18,8 +18,7 @@ use std::process::Command;
 use anyhow::{anyhow, bail, Context, Result};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
-use trainbook_engine::device::{Device, HpuBridge};
-use trainbook_engine::dist::{BackendHandle, InitOptions};
+use trainbook_engine::{ffi, BackendHandle, Device, HpuBridge, InitOptions};
 
 extern "C" {
     fn tb_backend_from_python(
@@ -170,21 +169,10 @@ impl HpuBridge for GaudiBridge {
                 })
                 .map_err(|e| py_error(py, e))
                 .context("creating the hccl backend")?;
-            let mut err = [0 as c_char; 1024];
             // SAFETY: the GIL is held (inside `attach`) and `backend` is a live object.
-            let holder = unsafe {
-                tb_backend_from_python(
-                    backend.as_ptr(),
-                    Device::Hpu(0).c10_type(),
-                    err.as_mut_ptr(),
-                    err.len(),
-                )
-            };
-            if holder.is_null() {
-                // SAFETY: the helper NUL-terminates its message when it returns null.
-                let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
-                bail!("taking the hccl backend from Python: {msg}");
-            }
+            let holder = ffi::call_ptr("taking the hccl backend from Python", |err, len| unsafe {
+                tb_backend_from_python(backend.as_ptr(), Device::Hpu(0).c10_type(), err, len)
+            })?;
             // SAFETY: `holder` is a fresh `c10::intrusive_ptr<c10d::Backend>*`, freed once.
             Ok(unsafe { BackendHandle::from_raw(holder, tb_backend_free) })
         })

@@ -17,14 +17,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
-use trainbook_engine::device::Device;
+use trainbook_engine::Device;
 
 use crate::models::bert::{load_weights, BertClassifier, BertConfig};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
-use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
-use trainbook_engine::spec::{JobSpec, OptimizerKind};
+use trainbook_api::spec::Hyper;
+use trainbook_engine::{Recipe, Split, Step};
+use trainbook_api::spec::{JobSpec, OptimizerKind};
 
 pub use trainbook_api::text::{ConfigureText, TextOptions, TextSettings};
 
@@ -94,7 +95,7 @@ fn preset(name: &str) -> Result<Preset> {
     })
 }
 
-/// The job's preset with its text options resolved (see [`trainbook_engine::recipe::PresetFn`]):
+/// The job's preset with its text options resolved (see [`trainbook_engine::PresetFn`]):
 /// no model or data is loaded, but a missing offline model or an out-of-range option fails
 /// here, before any worker starts.
 pub fn resolve(spec: &JobSpec) -> Result<Hyper> {

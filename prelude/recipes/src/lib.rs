@@ -18,7 +18,8 @@ pub mod text;
 pub mod vision;
 
 use anyhow::{Context, Result};
-use trainbook_engine::recipe::{Hyper, RecipeEntry, Registry};
+use trainbook_api::spec::Hyper;
+use trainbook_engine::{RecipeEntry, Registry};
 
 /// Every recipe trainbook ships.
 pub static REGISTRY: Registry = Registry::new(&[
@@ -57,10 +58,10 @@ pub static REGISTRY: Registry = Registry::new(&[
 /// as their own workers (`trainbook::worker_hook`) all start here; returns the exit code.
 pub fn worker_main() -> i32 {
     #[cfg(feature = "hpu")]
-    let hpu: trainbook_engine::worker::Hpu = Some(&trainbook_hpu::BRIDGE);
+    let hpu: trainbook_engine::Hpu = Some(&trainbook_hpu::BRIDGE);
     #[cfg(not(feature = "hpu"))]
-    let hpu: trainbook_engine::worker::Hpu = None;
-    trainbook_engine::worker::main(&REGISTRY, hpu)
+    let hpu: trainbook_engine::Hpu = None;
+    trainbook_engine::worker_main(&REGISTRY, hpu)
 }
 
 /// The error for a preset name a recipe does not have, listing the ones it has.

@@ -28,9 +28,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
-use trainbook_engine::device::Device;
-use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
-use trainbook_engine::spec::{JobSpec, OptimizerKind, Schedule};
+use trainbook_engine::Device;
+use trainbook_api::spec::Hyper;
+use trainbook_engine::{Recipe, Split, Step};
+use trainbook_api::spec::{JobSpec, OptimizerKind, Schedule};
 
 use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, IGNORE_INDEX};
 use crate::text::cache;
@@ -143,7 +144,7 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
 }
 
 /// The job's preset with its options resolved; checks what can be checked without loading
-/// anything (see [`trainbook_engine::recipe::PresetFn`]).
+/// anything (see [`trainbook_engine::PresetFn`]).
 pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     let name = spec
         .train

@@ -18,14 +18,15 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use tch::nn;
-use trainbook_engine::device::Device;
+use trainbook_engine::Device;
 
 use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, Normalize};
-use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
-use trainbook_engine::spec::{JobSpec, OptimizerKind};
+use trainbook_api::spec::Hyper;
+use trainbook_engine::{Recipe, Split, Step};
+use trainbook_api::spec::{JobSpec, OptimizerKind};
 
 const IMAGENET: Normalize = Normalize::IMAGENET;
 
@@ -78,7 +79,7 @@ fn preset(name: &str) -> Result<Preset> {
             // 0.95 and 0.96 from epoch to epoch (measured); the decay settles it.
             hyper: rows(
                 Hyper {
-                    schedule: trainbook_engine::optim::Schedule::Linear,
+                    schedule: trainbook_api::spec::Schedule::Linear,
                     warmup_ratio: 0.05,
                     ..Hyper::new(name, 4, 32, 1e-3, OptimizerKind::Adamw)
                 },
@@ -107,7 +108,7 @@ fn reference_data() -> PathBuf {
 }
 
 /// The job's preset with its image options resolved (see
-/// [`trainbook_engine::recipe::PresetFn`]). With no preset named: the reference job when the
+/// [`trainbook_engine::PresetFn`]). With no preset named: the reference job when the
 /// hymenoptera folder is on this machine, else the offline default.
 pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     let name = spec.train.preset.clone().unwrap_or_else(|| {

@@ -9,11 +9,12 @@
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use tch::{nn, Kind, Tensor};
-use trainbook_engine::device::{Device, OnDeviceOf};
+use trainbook_engine::{Device, OnDeviceOf};
 
 use crate::models::bert::{BertClassifier, BertConfig};
-use trainbook_engine::recipe::{Hyper, Recipe, Split, Step};
-use trainbook_engine::spec::{JobSpec, OptimizerKind};
+use trainbook_api::spec::Hyper;
+use trainbook_engine::{Recipe, Split, Step};
+use trainbook_api::spec::{JobSpec, OptimizerKind};
 
 const VOCAB: i64 = 128;
 const SEQ: i64 = 16;
@@ -116,7 +117,7 @@ fn preset(name: &str) -> Result<Preset> {
     })
 }
 
-/// The job's preset (see [`trainbook_engine::recipe::PresetFn`]): `tiny` unless named. The
+/// The job's preset (see [`trainbook_engine::PresetFn`]): `tiny` unless named. The
 /// recipe has no options of its own.
 pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     let _: NoOptions = spec.recipe_options()?;

@@ -14,8 +14,11 @@
 //!   window, further lines with that key (from any rank) are held; when the
 //!   window that began with the first occurrence ends, one summary is shown:
 //!   the latest held line plus
-//!   `[repeated Nx across M workers: ranks 0-3; loss 0.41–2.46]`, where the
-//!   ranges are the min–max of every labelled number that varied.
+//!   `[repeated Nx across M workers: ranks 0-3; loss 0.41–2.46]`, where N and
+//!   M count every line of the window, the ones shown at once included (two
+//!   ranks printing one line once each read "repeated 2x across 2 workers:
+//!   ranks 0-1"), and the ranges are the min–max of every labelled number
+//!   that varied.
 //! * Lines that look like errors (and the indented traceback lines after
 //!   them) are never held.
 //!
@@ -28,7 +31,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Default cap on the number of keys tracked at once.
-pub const DEFAULT_MAX_KEYS: usize = 10_000;
+pub(crate) const DEFAULT_MAX_KEYS: usize = 10_000;
 /// At most this many distinct labels are tracked per held group.
 const MAX_LABELS: usize = 16;
 /// Labels longer than this are ignored (they are not metric names).
@@ -36,8 +39,8 @@ const MAX_LABEL_LEN: usize = 64;
 /// Windows are clamped to this so `Instant + window` cannot overflow.
 const MAX_WINDOW: Duration = Duration::from_secs(365 * 24 * 3600);
 
-pub use trainbook_api::logs::{fmt_num, format_ranks, Repeats, Shown, Stream};
-pub use trainbook_api::spec::DedupConfig;
+pub(crate) use trainbook_api::logs::{Repeats, Shown, Stream};
+pub(crate) use trainbook_api::spec::DedupConfig;
 
 fn has_digit(s: &str) -> bool {
     s.chars().any(char::is_numeric)
@@ -62,7 +65,7 @@ fn alnum_tokens(word: &str) -> impl Iterator<Item = &str> {
 /// (`Epoch 0-train` and `Epoch 0-val` do not merge) while any value,
 /// counter, id or timestamp is ignored.  Words are joined by single spaces.
 /// An empty result means the line is never merged.
-pub fn dedup_key(text: &str) -> String {
+pub(crate) fn dedup_key(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     fn push(w: &str, out: &mut String) {
         if !out.is_empty() {
@@ -131,7 +134,7 @@ fn clean_label(label: &str) -> Option<&str> {
 
 /// Calls `f(label, value)` for each labelled number in `text`:
 /// `label:NUM`, `label=NUM`, or `Label:` / `Label=` followed by a number word.
-pub fn for_each_labelled_number(text: &str, mut f: impl FnMut(&str, f64)) {
+pub(crate) fn for_each_labelled_number(text: &str, mut f: impl FnMut(&str, f64)) {
     let mut words = text.split_whitespace().peekable();
     while let Some(w) = words.next() {
         let Some(p) = w.find([':', '=']) else {
@@ -158,7 +161,7 @@ struct RangeAcc {
     max: f64,
 }
 
-/// Lines held for one key in the current window.
+/// Every line of one key in the current window (shown or held), for its summary.
 struct Held {
     count: usize,
     ranks: Vec<usize>, // sorted, distinct
@@ -229,7 +232,9 @@ struct KeyState {
     due: Instant,
     first_rank: usize,
     multi: bool,
-    held: Option<Held>,
+    /// Whether lines are held, so a summary is due when the window ends.
+    holding: bool,
+    seen: Held,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -241,7 +246,7 @@ enum ErrTail {
 }
 
 /// Merges repeated lines from several ranks; see the module docs.
-pub struct Deduplicator {
+pub(crate) struct Deduplicator {
     config: DedupConfig,
     max_keys: usize,
     /// Latest time seen; earlier `now` arguments are clamped to it.
@@ -268,12 +273,12 @@ fn plain(rank: usize, stream: Stream, text: &str, is_error: bool) -> Shown {
 }
 
 impl Deduplicator {
-    pub fn new(config: DedupConfig) -> Self {
+    pub(crate) fn new(config: DedupConfig) -> Self {
         Self::with_max_keys(config, DEFAULT_MAX_KEYS)
     }
 
     /// Like [`Deduplicator::new`] with a custom cap on tracked keys (>= 1).
-    pub fn with_max_keys(mut config: DedupConfig, max_keys: usize) -> Self {
+    pub(crate) fn with_max_keys(mut config: DedupConfig, max_keys: usize) -> Self {
         config.window = config.window.min(MAX_WINDOW);
         Deduplicator {
             config,
@@ -287,17 +292,15 @@ impl Deduplicator {
         }
     }
 
-    pub fn config(&self) -> DedupConfig {
-        self.config
-    }
-
     /// Number of keys currently tracked (bounded by the window and `max_keys`).
-    pub fn active_keys(&self) -> usize {
+    #[cfg(test)]
+    fn active_keys(&self) -> usize {
         self.states.len()
     }
 
     /// Number of keys currently holding lines for a summary.
-    pub fn held_keys(&self) -> usize {
+    #[cfg(test)]
+    fn held_keys(&self) -> usize {
         self.held_ids.len()
     }
 
@@ -316,8 +319,8 @@ impl Deduplicator {
             self.index.remove(&st.key);
             self.held_ids.remove(&self.front_id);
             self.front_id += 1;
-            if let Some(h) = st.held {
-                out.push(h.into_shown(st.stream));
+            if st.holding {
+                out.push(st.seen.into_shown(st.stream));
             }
         }
     }
@@ -353,7 +356,7 @@ impl Deduplicator {
 
     /// Feed one line; returns what must be shown now (0 or more entries):
     /// first any summaries that fell due by `now`, then possibly the line.
-    pub fn push(&mut self, rank: usize, stream: Stream, text: &str, now: Instant) -> Vec<Shown> {
+    pub(crate) fn push(&mut self, rank: usize, stream: Stream, text: &str, now: Instant) -> Vec<Shown> {
         let now = self.tick(now);
         let mut out = Vec::new();
         self.expire_until(now, &mut out);
@@ -376,14 +379,15 @@ impl Deduplicator {
 
         if let Some(&id) = self.index.get(&key) {
             let st = &mut self.states[(id - self.front_id) as usize];
+            st.seen.add(rank, text);
             if !st.multi && rank == st.first_rank {
                 out.push(plain(rank, stream, text, false));
             } else {
                 st.multi = true;
-                if st.held.is_none() {
+                if !st.holding {
+                    st.holding = true;
                     self.held_ids.insert(id);
                 }
-                st.held.get_or_insert_with(Held::new).add(rank, text);
             }
         } else {
             while self.states.len() >= self.max_keys {
@@ -391,13 +395,16 @@ impl Deduplicator {
             }
             let id = self.front_id + self.states.len() as u64;
             self.index.insert(key.clone(), id);
+            let mut seen = Held::new();
+            seen.add(rank, text);
             self.states.push_back(KeyState {
                 key,
                 stream,
                 due: now + self.config.window,
                 first_rank: rank,
                 multi: false,
-                held: None,
+                holding: false,
+                seen,
             });
             out.push(plain(rank, stream, text, false));
         }
@@ -406,7 +413,7 @@ impl Deduplicator {
 
     /// Summaries whose window has ended by `now`, in order of their keys'
     /// first occurrence.  Also forgets keys whose window ended.
-    pub fn flush_due(&mut self, now: Instant) -> Vec<Shown> {
+    pub(crate) fn flush_due(&mut self, now: Instant) -> Vec<Shown> {
         let now = self.tick(now);
         let mut out = Vec::new();
         self.expire_until(now, &mut out);
@@ -414,7 +421,7 @@ impl Deduplicator {
     }
 
     /// End of the job: emit every held summary and forget all keys.
-    pub fn finish(&mut self) -> Vec<Shown> {
+    pub(crate) fn finish(&mut self) -> Vec<Shown> {
         let mut out = Vec::new();
         while !self.states.is_empty() {
             self.pop_front(&mut out);
@@ -424,7 +431,8 @@ impl Deduplicator {
     }
 
     /// When the next held summary falls due, if any.
-    pub fn next_due(&self) -> Option<Instant> {
+    #[cfg(test)]
+    fn next_due(&self) -> Option<Instant> {
         let id = *self.held_ids.first()?;
         Some(self.states[(id - self.front_id) as usize].due)
     }
@@ -555,10 +563,8 @@ mod tests {
         for step in 0..180 {
             for rank in 0..2 {
                 let loss = (loss_of(rank, step) * 1e6).round() / 1e6;
-                if !first {
-                    lo = lo.min(loss);
-                    hi = hi.max(loss);
-                }
+                lo = lo.min(loss);
+                hi = hi.max(loss);
                 let out = d.push(rank, S, &bert(step, loss), ms(t0, step as u64 * 10));
                 if first {
                     assert_eq!(out.len(), 1, "first occurrence shown at once");
@@ -576,7 +582,8 @@ mod tests {
         assert_eq!(sum.len(), 1);
         let s = &sum[0];
         let r = s.repeats.as_ref().unwrap();
-        assert_eq!(r.count, 359);
+        // Every line of the window, the first (shown at once) included.
+        assert_eq!(r.count, 360);
         assert_eq!(r.ranks, vec![0, 1]);
         assert_eq!(r.ranges, vec![("loss".to_string(), lo, hi)]);
         assert_eq!(s.rank, 1);
@@ -585,7 +592,7 @@ mod tests {
         assert_eq!(
             s.to_string(),
             format!(
-                "(rank 1) {last} [repeated 359x across 2 workers: ranks 0-1; loss {}–{}]",
+                "(rank 1) {last} [repeated 360x across 2 workers: ranks 0-1; loss {}–{}]",
                 fmt_num(lo),
                 fmt_num(hi)
             )
@@ -595,6 +602,25 @@ mod tests {
         assert_eq!(d.next_due(), None);
         assert!(d.finish().is_empty());
         assert_eq!(all.len(), 1);
+    }
+
+    #[test]
+    fn two_ranks_one_line_each_read_as_two_lines_of_two_workers() {
+        // Rank 1 first, then rank 0, as `trainbook train bert --workers 2` prints its data
+        // summary: the line itself at once, then one summary that counts both.
+        let t0 = Instant::now();
+        let mut d = Deduplicator::new(DedupConfig::default());
+        let line = "loaded 2000 rows from mine.csv";
+        let out = d.push(1, S, line, t0);
+        assert_eq!(texts(&out), vec![format!("(rank 1) {line}")]);
+        assert!(d.push(0, S, line, ms(t0, 3)).is_empty());
+        let out = d.finish();
+        assert_eq!(
+            texts(&out),
+            vec![format!(
+                "(rank 0) {line} [repeated 2x across 2 workers: ranks 0-1]"
+            )]
+        );
     }
 
     #[test]
@@ -611,7 +637,7 @@ mod tests {
         assert_eq!(
             out[0].to_string(),
             format!(
-                "(rank 0) {} [repeated 2x across 2 workers: ranks 0-1; loss 0.9–1.272513]",
+                "(rank 0) {} [repeated 3x across 2 workers: ranks 0-1; loss 0.9–1.979938]",
                 bert(1, 0.9)
             )
         );
@@ -626,7 +652,7 @@ mod tests {
         assert_eq!(
             texts(&out),
             vec![format!(
-                "(rank 0) {} [repeated 1x across 1 worker: rank 0]",
+                "(rank 0) {} [repeated 2x across 2 workers: ranks 0-1; loss 0.7–0.75]",
                 bert(2, 0.75)
             )]
         );
@@ -698,7 +724,7 @@ mod tests {
             .is_empty());
         let out = d.finish();
         assert_eq!(out.len(), 2);
-        assert_eq!(out[0].repeats.as_ref().unwrap().count, 1);
+        assert_eq!(out[0].repeats.as_ref().unwrap().count, 2);
         assert_eq!(out[1].text, "warning: slow step 9");
     }
 
@@ -725,10 +751,10 @@ mod tests {
         let out = d.finish();
         assert_eq!(out.len(), 1);
         let r = out[0].repeats.as_ref().unwrap();
-        assert_eq!((r.count, r.ranks.clone(), r.ranges.len()), (1, vec![1], 0));
+        assert_eq!((r.count, r.ranks.clone(), r.ranges.len()), (2, vec![0, 1], 0));
         assert_eq!(
             out[0].to_string(),
-            format!("(rank 1) {WEIGHTS} [repeated 1x across 1 worker: rank 1]")
+            format!("(rank 1) {WEIGHTS} [repeated 2x across 2 workers: ranks 0-1]")
         );
     }
 
@@ -747,8 +773,8 @@ mod tests {
         assert_eq!(
             texts(&out),
             vec![
-                format!("(rank 1) {MAP0} [repeated 1x across 1 worker: rank 1]"),
-                format!("(rank 1) {other} [repeated 1x across 1 worker: rank 1]"),
+                format!("(rank 1) {MAP0} [repeated 2x across 2 workers: ranks 0-1]"),
+                format!("(rank 1) {other} [repeated 2x across 2 workers: ranks 0-1]"),
             ]
         );
     }
@@ -783,8 +809,8 @@ mod tests {
         assert_eq!(
             texts(&out),
             vec![
-                "(rank 3) Epoch 0-train Loss: 0.6300 Acc: 0.6900 [repeated 3x across 3 workers: ranks 1-3; Loss 0.61–0.63, Acc 0.67–0.69]".to_string(),
-                "(rank 3) Epoch 0-val Loss: 0.6300 Acc: 0.6900 [repeated 3x across 3 workers: ranks 1-3; Loss 0.61–0.63, Acc 0.67–0.69]".to_string(),
+                "(rank 3) Epoch 0-train Loss: 0.6300 Acc: 0.6900 [repeated 4x across 4 workers: ranks 0-3; Loss 0.6–0.63, Acc 0.66–0.69]".to_string(),
+                "(rank 3) Epoch 0-val Loss: 0.6300 Acc: 0.6900 [repeated 4x across 4 workers: ranks 0-3; Loss 0.6–0.63, Acc 0.66–0.69]".to_string(),
             ]
         );
     }
@@ -808,9 +834,9 @@ mod tests {
         assert_eq!(
             texts(&out),
             vec![
-                "(rank 5) alpha step 2 [repeated 2x across 2 workers: ranks 2,5]".to_string(),
-                "(rank 2) beta step 1 [repeated 1x across 1 worker: rank 2]".to_string(),
-                "(rank 2) gamma step 1 [repeated 1x across 1 worker: rank 2]".to_string(),
+                "(rank 5) alpha step 2 [repeated 3x across 3 workers: ranks 0,2,5; step 1–2]".to_string(),
+                "(rank 2) beta step 1 [repeated 2x across 2 workers: ranks 0,2]".to_string(),
+                "(rank 2) gamma step 1 [repeated 2x across 2 workers: ranks 0,2]".to_string(),
             ]
         );
         assert_eq!((d.active_keys(), d.held_keys(), d.next_due()), (0, 0, None));
@@ -885,7 +911,7 @@ mod tests {
         assert_eq!(summaries.len(), 10_000);
         assert!(summaries
             .iter()
-            .all(|s| s.repeats.as_ref().unwrap().count == 1));
+            .all(|s| s.repeats.as_ref().unwrap().count == 2));
     }
 
     #[test]

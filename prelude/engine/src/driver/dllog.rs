@@ -14,13 +14,14 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use serde_json::{json, Value};
+use trainbook_api::metric;
 
-use crate::events::WorkerSummary;
+use crate::shared::events::WorkerSummary;
 
 /// The file name in the run directory.
-pub const FILE: &str = "dllogger.json";
+pub(super) const FILE: &str = "dllogger.json";
 
-pub struct DlLog {
+pub(super) struct DlLog {
     out: Option<BufWriter<File>>,
     /// The step being collected: (epoch, step) and its metrics so far.
     pending: Option<((u64, u64), BTreeMap<String, f64>)>,
@@ -28,7 +29,7 @@ pub struct DlLog {
 
 impl DlLog {
     /// Starts `dir/dllogger.json` with a `PARAMETER` line of `parameters`.
-    pub fn create(dir: &Path, parameters: Value) -> Self {
+    pub(super) fn create(dir: &Path, parameters: Value) -> Self {
         let mut log = DlLog {
             out: File::create(dir.join(FILE)).ok().map(BufWriter::new),
             pending: None,
@@ -38,7 +39,7 @@ impl DlLog {
     }
 
     /// A metric of rank 0; a new step writes the previous step's line.
-    pub fn metric(&mut self, epoch: u64, step: u64, name: &str, value: f64, elapsed: f64) {
+    pub(super) fn metric(&mut self, epoch: u64, step: u64, name: &str, value: f64, elapsed: f64) {
         if self
             .pending
             .as_ref()
@@ -53,12 +54,12 @@ impl DlLog {
     }
 
     /// Rank 0's summary: the last step's line, then the run's summary line.
-    pub fn finish(&mut self, summary: &WorkerSummary, elapsed: f64) {
+    pub(super) fn finish(&mut self, summary: &WorkerSummary, elapsed: f64) {
         self.flush_step(elapsed);
         let throughput = summary
             .metrics
-            .get("train_samples_per_second")
-            .or(summary.metrics.get("samples_per_second"))
+            .get(metric::TRAIN_SAMPLES_PER_SECOND)
+            .or(summary.metrics.get(metric::SAMPLES_PER_SECOND))
             .copied()
             .unwrap_or(0.0);
         let data = json!({

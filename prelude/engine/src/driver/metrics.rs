@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 // polars' prelude has its own `Context`; the anyhow one is called by path where both apply.
 use polars::prelude::*;
 
-pub use trainbook_api::job::MetricRow;
+pub(crate) use trainbook_api::job::MetricRow;
 
-pub fn to_dataframe(rows: &[MetricRow]) -> Result<DataFrame> {
+pub(crate) fn to_dataframe(rows: &[MetricRow]) -> Result<DataFrame> {
     let df = df!(
         "rank" => rows.iter().map(|r| r.rank).collect::<Vec<u32>>(),
         "step" => rows.iter().map(|r| r.step).collect::<Vec<u64>>(),
@@ -22,17 +22,14 @@ pub fn to_dataframe(rows: &[MetricRow]) -> Result<DataFrame> {
 }
 
 /// Writes the metrics as parquet, atomically (temporary file, then rename).
-pub fn write_parquet(rows: &[MetricRow], path: &Path) -> Result<()> {
+pub(crate) fn write_parquet(rows: &[MetricRow], path: &Path) -> Result<()> {
     let mut df = to_dataframe(rows)?;
-    let tmp = crate::checkpoint::temp_path(path);
-    {
+    crate::shared::checkpoint::write_file_atomic(path, |tmp| {
         let file =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
         anyhow::Context::context(ParquetWriter::new(file).finish(&mut df), "writing parquet")?;
-    }
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
+        Ok(())
+    })
 }
 
 pub fn read_parquet(path: &Path) -> Result<DataFrame> {

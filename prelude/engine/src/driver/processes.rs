@@ -18,12 +18,12 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 /// How long workers get to exit after SIGTERM before SIGKILL.
-pub const STOP_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Locates the worker binary: `$TRAINBOOK_WORKER`, next to the running executable (or one
 /// directory up, for test binaries in `target/*/deps`), the build this library came from,
 /// then `$PATH`.
-pub fn worker_binary() -> Result<PathBuf> {
+pub(crate) fn worker_binary() -> Result<PathBuf> {
     const NAME: &str = "trainbook-worker";
     if let Some(p) = std::env::var_os("TRAINBOOK_WORKER") {
         let p = PathBuf::from(p);
@@ -59,7 +59,7 @@ pub fn worker_binary() -> Result<PathBuf> {
 }
 
 /// One worker to start.
-pub struct WorkerCommand {
+pub(crate) struct WorkerCommand {
     pub rank: usize,
     pub program: PathBuf,
     pub env: Vec<(String, String)>,
@@ -67,7 +67,7 @@ pub struct WorkerCommand {
 }
 
 /// A line of raw worker output (stdout/stderr), so panics and libtorch aborts reach the user.
-pub enum RawOutput {
+pub(crate) enum RawOutput {
     Line {
         rank: usize,
         stderr: bool,
@@ -76,7 +76,7 @@ pub enum RawOutput {
 }
 
 /// The running workers of one job.
-pub struct Workers {
+pub(crate) struct Workers {
     children: Vec<Option<Child>>,
     /// The global rank of each child (this node's share of the job's ranks).
     ranks: Vec<usize>,
@@ -86,7 +86,7 @@ pub struct Workers {
 
 /// How a worker ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Exit {
+pub(crate) struct Exit {
     pub rank: usize,
     pub code: Option<i32>,
     pub signal: Option<i32>,
@@ -101,12 +101,12 @@ impl Exit {
         }
     }
 
-    pub fn success(&self) -> bool {
+    pub(crate) fn success(&self) -> bool {
         self.code == Some(0)
     }
 
     /// "exit code 1" / "killed by signal 9 (SIGKILL)".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.code, self.signal) {
             (Some(c), _) => format!("exit code {c}"),
             (None, Some(s)) => {
@@ -123,7 +123,7 @@ impl Exit {
 impl Workers {
     /// Starts every worker. Output lines go to `out`. If any worker cannot start, the ones
     /// already started are stopped and the error says which rank failed and why.
-    pub fn spawn<F>(cmds: Vec<WorkerCommand>, out: F) -> Result<Self>
+    pub(crate) fn spawn<F>(cmds: Vec<WorkerCommand>, out: F) -> Result<Self>
     where
         F: Fn(RawOutput) -> bool + Clone + Send + 'static,
     {
@@ -200,20 +200,12 @@ impl Workers {
         Ok(me)
     }
 
-    pub fn len(&self) -> usize {
-        self.children.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.children.is_empty()
-    }
-
-    pub fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         self.children.iter().flatten().map(|c| c.id()).collect()
     }
 
     /// Reaps workers that have exited since the last call.
-    pub fn poll(&mut self) -> Vec<Exit> {
+    pub(crate) fn poll(&mut self) -> Vec<Exit> {
         let mut exits = Vec::new();
         for (&rank, slot) in self.ranks.iter().zip(self.children.iter_mut()) {
             if let Some(child) = slot {
@@ -226,13 +218,13 @@ impl Workers {
         exits
     }
 
-    pub fn all_exited(&self) -> bool {
+    pub(crate) fn all_exited(&self) -> bool {
         self.children.iter().all(|c| c.is_none())
     }
 
     /// SIGTERM to the whole group, SIGKILL after `grace`; reaps everything. Returns the exits
     /// that happened during the stop.
-    pub fn stop(&mut self, grace: Duration) -> Vec<Exit> {
+    pub(crate) fn stop(&mut self, grace: Duration) -> Vec<Exit> {
         let mut exits = self.poll();
         if self.all_exited() {
             return exits;
@@ -267,7 +259,7 @@ impl Workers {
     }
 
     /// Waits for the output readers to drain (call after every worker exited).
-    pub fn join_readers(&mut self, timeout: Duration) {
+    pub(crate) fn join_readers(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         for r in self.readers.drain(..) {
             while !r.is_finished() && Instant::now() < deadline {

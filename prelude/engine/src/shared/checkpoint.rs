@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Hyper, JobSpec};
+use trainbook_api::spec::{Hyper, JobSpec};
 
 /// A run directory's job record.
 pub const RUN_CONFIG: &str = "config.json";
@@ -96,7 +96,7 @@ impl RunConfig {
 }
 
 /// `dir/.name.tmp-<pid>` beside `path`.
-pub fn temp_path(path: &Path) -> PathBuf {
+fn temp_path(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -104,21 +104,37 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes the file `path` through `fill`, which is given a temporary path beside it, then
+/// renames it into place: a reader sees the old file or the whole new one, never half of it.
+pub fn write_file_atomic(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = temp_path(path);
-    {
-        let mut f =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().ok();
+    if let Err(e) = fill(&tmp) {
+        std::fs::remove_file(&tmp).ok();
+        return Err(e);
     }
     std::fs::rename(&tmp, path)
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
+/// Writes `bytes` to `path` atomically (see [`write_file_atomic`]).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_file_atomic(path, |tmp| {
+        let mut f =
+            std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().ok();
+        Ok(())
+    })
+}
+
+/// Writes `value` as pretty JSON to `path` atomically.
+pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+    write_atomic(path, &serde_json::to_vec_pretty(value)?)
+}
+
 /// Fills a fresh directory through `fill`, then renames it to `dir` (replacing an old one).
-pub fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+pub(crate) fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = temp_path(dir);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).ok();

@@ -15,10 +15,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
-pub use crate::dedup::Stream;
+pub(crate) use trainbook_api::logs::Stream;
 
 /// Seconds since the Unix epoch.
-pub fn unix_time() -> f64 {
+pub(crate) fn unix_time() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -27,7 +27,7 @@ pub fn unix_time() -> f64 {
 
 /// What a worker reports when it finishes.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct WorkerSummary {
+pub(crate) struct WorkerSummary {
     pub steps: u64,
     pub epochs: u64,
     pub samples: u64,
@@ -47,7 +47,7 @@ pub struct WorkerSummary {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Event {
+pub(crate) enum Event {
     Started {
         rank: usize,
         pid: u32,
@@ -98,21 +98,6 @@ pub enum Event {
         code: Option<i32>,
         signal: Option<i32>,
     },
-}
-
-impl Event {
-    pub fn rank(&self) -> usize {
-        match self {
-            Event::Started { rank, .. }
-            | Event::Log { rank, .. }
-            | Event::Metric { rank, .. }
-            | Event::Progress { rank, .. }
-            | Event::Checkpoint { rank, .. }
-            | Event::Error { rank, .. }
-            | Event::Done { rank, .. }
-            | Event::Exited { rank, .. } => *rank,
-        }
-    }
 }
 
 /// Serializable twin of [`Stream`].
@@ -172,7 +157,7 @@ where
 }
 
 /// Driver side: receives events for one job.
-pub struct Collector {
+pub(crate) struct Collector {
     endpoint: String,
     dropped: Arc<AtomicU64>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -182,7 +167,7 @@ pub struct Collector {
 impl Collector {
     /// Binds a PULL socket on `host` (port chosen by the OS) and forwards every event carrying
     /// `token` to `sink` (which returns false once nobody listens).
-    pub fn start(
+    pub(crate) fn start(
         host: &str,
         token: String,
         mut sink: impl FnMut(Event) -> bool + Send + 'static,
@@ -229,12 +214,12 @@ impl Collector {
     }
 
     /// Where workers connect, e.g. `tcp://127.0.0.1:40123`.
-    pub fn endpoint(&self) -> &str {
+    pub(crate) fn endpoint(&self) -> &str {
         &self.endpoint
     }
 
     /// Messages dropped for a missing or wrong token, or unparsable content.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 }
@@ -269,7 +254,7 @@ fn decode(msg: &ZmqMessage, token: &Bytes) -> Option<Event> {
 }
 
 /// A fresh random token for one job.
-pub fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     use rand::Rng;
     let bytes: [u8; 16] = rand::thread_rng().gen();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -282,14 +267,14 @@ enum Outgoing {
 
 /// Worker side: sends events to the driver from any thread, never blocking the training loop.
 #[derive(Clone)]
-pub struct Emitter {
+pub(crate) struct Emitter {
     tx: tokio::sync::mpsc::UnboundedSender<Outgoing>,
     rank: usize,
 }
 
 impl Emitter {
     /// Connects to the driver's collector. Fails if the driver cannot be reached.
-    pub fn connect(endpoint: &str, token: &str, rank: usize) -> Result<Self> {
+    pub(crate) fn connect(endpoint: &str, token: &str, rank: usize) -> Result<Self> {
         // A tokio channel, awaited: while this thread waits for events the runtime keeps running
         // zeromq's writer tasks, so events leave as they are sent, not at the end.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Outgoing>();
@@ -347,15 +332,11 @@ impl Emitter {
         Ok(Self { tx, rank })
     }
 
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
-    pub fn send(&self, ev: Event) {
+    pub(crate) fn send(&self, ev: Event) {
         let _ = self.tx.send(Outgoing::Event(ev));
     }
 
-    pub fn log(&self, text: impl Into<String>) {
+    pub(crate) fn log(&self, text: impl Into<String>) {
         self.send(Event::Log {
             rank: self.rank,
             stream: LogStream::Stdout,
@@ -363,7 +344,7 @@ impl Emitter {
         });
     }
 
-    pub fn metric(&self, step: u64, epoch: u64, name: &str, value: f64) {
+    pub(crate) fn metric(&self, step: u64, epoch: u64, name: &str, value: f64) {
         self.send(Event::Metric {
             rank: self.rank,
             step,
@@ -376,7 +357,7 @@ impl Emitter {
 
     /// Waits until every event sent so far has been handed to the kernel's socket buffer (call
     /// before exiting, so the last events are not lost).
-    pub fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let (tx, rx) = mpsc::channel();
         if self.tx.send(Outgoing::Flush(tx)).is_err() {
             return false;

@@ -5,10 +5,11 @@
 use anyhow::{bail, Result};
 use tch::{Kind, Tensor};
 
-use crate::device::Device;
+use crate::worker::device::Device;
 
-use crate::dist::{ProcessGroup, ReduceOp};
-use crate::events::Emitter;
+use crate::worker::dist::{ProcessGroup, ReduceOp};
+use crate::shared::events::Emitter;
+use crate::worker::jobs::JobKind;
 
 /// A tensor of `value`s on `device`, checked to be there: a device plugin that silently left
 /// tensors on the CPU would otherwise pass every check.
@@ -34,7 +35,7 @@ fn expect_close(what: &str, got: &Tensor, want: f64) -> Result<()> {
 }
 
 /// Runs every check on this rank; all ranks must run it together.
-pub fn run(pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
+fn check_collectives(pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
     let (rank, world) = (pg.rank() as f64, pg.world_size() as f64);
     let tri = world * (world + 1.0) / 2.0; // sum over ranks of (rank + 1)
     for &n in &[1i64, 7, 1 << 20] {
@@ -67,7 +68,7 @@ pub fn run(pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
 /// Times `iters` all-reduces of `numel` float32 values (after two warm-up rounds) and reports
 /// each as an `allreduce_seconds` metric; used by the benchmarks to compare with
 /// torch.distributed on the same machine.
-pub fn bench_allreduce(
+fn bench_allreduce(
     pg: &ProcessGroup,
     device: Device,
     events: &Emitter,
@@ -89,7 +90,29 @@ pub fn bench_allreduce(
             &t.narrow(0, 0, 16),
             pg.world_size() as f64,
         )?;
-        events.metric(i + 1, 0, "allreduce_seconds", secs);
+        events.metric(i + 1, 0, trainbook_api::metric::ALLREDUCE_SECONDS, secs);
     }
     Ok(())
+}
+
+/// Runs one of the engine's own jobs: [`JobKind::Check`] or [`JobKind::BenchAllreduce`]
+/// (sized by `TRAINBOOK_BENCH_NUMEL` and `TRAINBOOK_BENCH_ITERS`).
+pub(crate) fn run_job(kind: JobKind, pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
+    let num = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    match kind {
+        JobKind::Check => check_collectives(pg, device, events),
+        JobKind::BenchAllreduce => bench_allreduce(
+            pg,
+            device,
+            events,
+            num("TRAINBOOK_BENCH_NUMEL", 110_000_000) as i64,
+            num("TRAINBOOK_BENCH_ITERS", 10),
+        ),
+        JobKind::Recipe(_) | JobKind::Task => bail!("not one of the engine's own jobs"),
+    }
 }

@@ -11,18 +11,18 @@
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
-use crate::device::OnDeviceOf;
-use crate::dist::ProcessGroup;
+use crate::worker::device::OnDeviceOf;
+use crate::worker::dist::ProcessGroup;
 
 /// Default bucket size in bytes.
-pub const BUCKET_BYTES: usize = 25 * 1024 * 1024;
+pub(crate) const BUCKET_BYTES: usize = 25 * 1024 * 1024;
 
 /// Consecutive parameters of one dtype and device, about `bucket_bytes` in all:
 /// (index into params, offset in the flat bucket, numel) per parameter.
-pub type BucketPlan = Vec<(usize, i64, i64)>;
+pub(crate) type BucketPlan = Vec<(usize, i64, i64)>;
 
 /// Groups `params` into buckets, in order (ZeRO shards the same buckets).
-pub fn plan_buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<BucketPlan> {
+pub(crate) fn plan_buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<BucketPlan> {
     let mut buckets = Vec::new();
     let mut slots: BucketPlan = Vec::new();
     let (mut off, mut bytes) = (0i64, 0usize);
@@ -49,13 +49,13 @@ pub fn plan_buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<BucketPlan> {
 }
 
 /// The elements of a bucket plan.
-pub fn plan_len(plan: &BucketPlan) -> i64 {
+pub(crate) fn plan_len(plan: &BucketPlan) -> i64 {
     plan.last().map_or(0, |&(_, off, n)| off + n)
 }
 
 /// Like PyTorch DDP without find_unused_parameters: every rank must produce every gradient,
 /// or the ranks' models would drift apart.
-pub fn missing_gradient(i: usize, param: &Tensor) -> anyhow::Error {
+pub(crate) fn missing_gradient(i: usize, param: &Tensor) -> anyhow::Error {
     anyhow::anyhow!(
         "trainable parameter #{i} ({:?}) got no gradient this step: every trainable parameter \
          must take part in the loss for data-parallel training",
@@ -68,14 +68,14 @@ struct Bucket {
     flat: Tensor,
 }
 
-pub struct GradSync {
+pub(crate) struct GradSync {
     params: Vec<Tensor>,
     buckets: Vec<Bucket>,
 }
 
 impl GradSync {
     /// `params` are the trainable variables (shallow clones share storage and `.grad()`).
-    pub fn new(params: &[Tensor], bucket_bytes: usize) -> Self {
+    pub(crate) fn new(params: &[Tensor], bucket_bytes: usize) -> Self {
         let params: Vec<Tensor> = params.iter().map(|p| p.shallow_clone()).collect();
         let buckets = plan_buckets(&params, bucket_bytes)
             .into_iter()
@@ -90,22 +90,18 @@ impl GradSync {
     }
 
     /// Bytes of the flat communication buckets.
-    pub fn buffer_bytes(&self) -> u64 {
+    pub(crate) fn buffer_bytes(&self) -> u64 {
         self.buckets
             .iter()
             .map(|b| b.flat.numel() as u64 * b.flat.kind().elt_size_in_bytes() as u64)
             .sum()
     }
 
-    pub fn num_buckets(&self) -> usize {
-        self.buckets.len()
-    }
-
     /// All-reduces the gradients: afterwards every rank holds
     /// `sum_r weight_r * grad_r`, with `weight_r = local_batch_r / global_batch`.
-    pub fn sync(&mut self, pg: &ProcessGroup, weight: f64) -> Result<()> {
+    pub(crate) fn sync(&mut self, pg: &ProcessGroup, weight: f64) -> Result<()> {
         tch::no_grad(|| -> Result<()> {
-            let mut in_flight: Option<(usize, crate::dist::Work)> = None;
+            let mut in_flight: Option<(usize, crate::worker::dist::Work)> = None;
             for b in 0..self.buckets.len() {
                 self.pack(b, weight);
                 let work = pg.allreduce_start(&self.buckets[b].flat)?;
@@ -152,7 +148,7 @@ impl GradSync {
 }
 
 /// Makes every rank start from rank 0's parameters (and buffers), in flat buckets.
-pub fn broadcast_parameters(pg: &ProcessGroup, tensors: &[Tensor]) -> Result<()> {
+pub(crate) fn broadcast_parameters(pg: &ProcessGroup, tensors: &[Tensor]) -> Result<()> {
     if pg.world_size() == 1 {
         return Ok(());
     }
@@ -177,8 +173,8 @@ pub fn broadcast_parameters(pg: &ProcessGroup, tensors: &[Tensor]) -> Result<()>
 }
 
 /// Sums a few f64 values over all ranks (epoch metrics: loss sums, correct counts, sizes).
-pub fn allreduce_sums(pg: &ProcessGroup, values: &[f64]) -> Result<Vec<f64>> {
+pub(crate) fn allreduce_sums(pg: &ProcessGroup, values: &[f64]) -> Result<Vec<f64>> {
     let t = Tensor::from_slice(values);
-    pg.allreduce(&[&t], crate::dist::ReduceOp::Sum)?;
+    pg.allreduce(&[&t], crate::worker::dist::ReduceOp::Sum)?;
     Ok(Vec::<f64>::try_from(&t)?)
 }

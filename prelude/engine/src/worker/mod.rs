@@ -1,36 +1,44 @@
-//! The worker process: join the job's process group, train one rank, report back.
+//! The worker side: one process per device, exec'd by the driver, that joins the job's
+//! process group, trains one rank and reports back through events. Nothing here knows the
+//! driver; what the two sides share is in `crate::shared` (the environment contract, the
+//! events wire, the checkpoint format).
+//!
+//! - [`recipe`], [`task`]: what a worker trains (the engine's recipe contract, users' tasks).
+//! - [`train`]: the training loop, a [`Trainer`](train::Trainer).
+//! - [`strategy`], [`ddp`], [`zero`]: how gradients become an update (replicated or sharded).
+//! - [`optim`], [`precision`], [`sampler`], [`scores`]: optimizers and schedules, autocast,
+//!   data sharding, exact classification scores.
+//! - [`dist`], [`device`], [`check`]: c10d collectives, tensor placement, collective checks.
+
+pub(crate) mod check;
+pub(crate) mod ddp;
+pub(crate) mod device;
+pub(crate) mod dist;
+pub(crate) mod jobs;
+pub(crate) mod optim;
+pub(crate) mod precision;
+pub(crate) mod recipe;
+pub(crate) mod sampler;
+pub(crate) mod scores;
+pub(crate) mod strategy;
+pub(crate) mod task;
+pub(crate) mod train;
+pub(crate) mod zero;
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use trainbook_api::device::DeviceKind;
 
-use crate::checkpoint::RunConfig;
-use crate::device::{Device, DeviceKind, HpuBridge, HpuProbe};
-use crate::dist::{InitOptions, ProcessGroup};
-use crate::events::{Emitter, Event};
-use crate::recipe::Registry;
-use crate::train::{self, WorkerContext};
-
-// The environment through which the driver (`job::launch`) hands a worker its job, besides
-// torch's own RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
-/// Where the worker sends its events (a ZeroMQ endpoint).
-pub const EVENTS: &str = "TRAINBOOK_EVENTS";
-/// The job's secret, which every event carries.
-pub const TOKEN: &str = "TRAINBOOK_TOKEN";
-/// The run directory.
-pub const RUN_DIR: &str = "TRAINBOOK_RUN_DIR";
-/// The run's `config.json` ([`crate::checkpoint::RunConfig`]).
-pub const CONFIG: &str = "TRAINBOOK_CONFIG";
-/// cpu, cuda or hpu.
-pub const DEVICE: &str = "TRAINBOOK_DEVICE";
-/// Intra-op threads.
-pub const THREADS: &str = "TRAINBOOK_THREADS";
-/// The argument that makes `trainbook-worker` load Gaudi's bridge, print an
-/// [`HpuProbe`](crate::device::HpuProbe) as JSON and exit (see `device::probe_hpu`).
-pub const PROBE_HPU: &str = "--probe-hpu";
-/// Set when the launcher hosts the rendezvous store (see `dist::InitOptions`).
-pub const AGENT_STORE: &str = crate::dist::AGENT_STORE;
+use crate::shared::checkpoint::RunConfig;
+use crate::shared::env::{HpuProbe, CONFIG, DEVICE, EVENTS, PROBE_HPU, RUN_DIR, THREADS, TOKEN};
+use crate::shared::events::{Emitter, Event};
+use device::Device;
+use dist::{InitOptions, ProcessGroup};
+use jobs::JobKind;
+use recipe::Registry;
+use train::{Trainer, WorkerContext};
 
 fn env(name: &str) -> Result<String> {
     std::env::var(name).map_err(|_| anyhow!("{name} is not set: trainbook-worker is started by `trainbook train` or `launch()`, not by hand"))
@@ -49,6 +57,25 @@ fn watch_parent() {
                 std::process::exit(3);
             }
         });
+}
+
+/// What a worker built with Gaudi support plugs in (`trainbook-hpu`'s bridge, which embeds the
+/// Python the vendor's bridge needs). The engine itself knows no Python.
+pub trait HpuBridge: Sync {
+    /// Registers the HPU device in this process's libtorch and acquires a device; returns
+    /// facts for the worker's log (versions, paths, module id).
+    fn load(&self) -> anyhow::Result<Vec<String>>;
+    /// The collective backend for HPU tensors, created on the job's rendezvous store under
+    /// `prefix`, for [`ProcessGroup::attach_backend`].
+    fn hccl_backend(
+        &self,
+        init: &dist::InitOptions,
+        prefix: &str,
+    ) -> anyhow::Result<dist::BackendHandle>;
+    /// The most HPU memory allocated so far, when the bridge can tell.
+    fn peak_memory(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The HPU bridge a worker binary built with the `hpu` feature injects.
@@ -105,7 +132,7 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
             return 2;
         }
     };
-    match run(rank, &events, recipes, hpu) {
+    match run_rank(rank, &events, recipes, hpu) {
         Ok(()) => {
             events.flush(Duration::from_secs(5));
             0
@@ -120,7 +147,7 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
     }
 }
 
-fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()> {
+fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()> {
     let RunConfig { spec, hyper } = RunConfig::read(Path::new(&env(CONFIG)?))?;
     let device: DeviceKind = serde_json::from_value(serde_json::Value::String(env(DEVICE)?))
         .with_context(|| format!("{DEVICE} must be cpu, cuda or hpu"))?;
@@ -162,28 +189,9 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()
         let backend = bridge.hccl_backend(&init, "trainbook/default_pg/hccl")?;
         pg.attach_backend(tdev, backend)?;
     }
-    if spec.recipe == crate::recipe::CHECK {
-        crate::check::run(&pg, tdev, events)?;
-        events.send(Event::Done {
-            rank,
-            summary: Default::default(),
-        });
-        return Ok(());
-    }
-    if spec.recipe == crate::recipe::BENCH_ALLREDUCE {
-        let num = |k: &str, d: u64| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(d)
-        };
-        crate::check::bench_allreduce(
-            &pg,
-            tdev,
-            events,
-            num("TRAINBOOK_BENCH_NUMEL", 110_000_000) as i64,
-            num("TRAINBOOK_BENCH_ITERS", 10),
-        )?;
+    let kind = recipes.job_kind(&spec.recipe)?;
+    if let JobKind::Check | JobKind::BenchAllreduce = kind {
+        check::run_job(kind, &pg, tdev, events)?;
         events.send(Event::Done {
             rank,
             summary: Default::default(),
@@ -199,7 +207,7 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()
         events: events.clone(),
         run_dir: env(RUN_DIR)?.into(),
     };
-    let trained = train_recipe(&ctx, hyper, &spec.recipe, recipes, bridge);
+    let trained = train_recipe(&ctx, hyper, kind, bridge);
     if trained.is_err() {
         // The process group stays open until this process exits, after `main` has reported
         // the error: closing it now would fail the peers at once ("connection reset"), and
@@ -211,30 +219,33 @@ fn run(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()
 
 fn train_recipe(
     ctx: &WorkerContext,
-    hyper: Option<crate::spec::Hyper>,
-    name: &str,
-    recipes: &Registry,
+    hyper: Option<trainbook_api::spec::Hyper>,
+    kind: JobKind,
     bridge: Option<&dyn HpuBridge>,
 ) -> Result<()> {
     let (rank, events) = (ctx.rank, &ctx.events);
     let log = |line: String| events.log(line);
     let hyper = hyper.ok_or_else(|| {
         anyhow!(
-            "{} has no resolved hyper-parameters for recipe {name}",
+            "{} has no resolved hyper-parameters for this job",
             env(CONFIG).unwrap_or_default(),
         )
     })?;
-    let mut recipe = if name == crate::task::TASK {
-        let place = crate::task::WorkerRank {
-            rank,
-            world_size: ctx.world_size,
-        };
-        crate::task::build_in_worker(&hyper, ctx.device, &log, &place)?
-    } else {
-        recipes.build(name, &hyper, ctx.device, &log)?
+    let mut recipe = match kind {
+        JobKind::Task => {
+            let place = task::WorkerRank {
+                rank,
+                world_size: ctx.world_size,
+            };
+            task::build_in_worker(&hyper, ctx.device, &log, &place)?
+        }
+        JobKind::Recipe(entry) => (entry.build)(&hyper, ctx.device, &log)?,
+        JobKind::Check | JobKind::BenchAllreduce => {
+            unreachable!("run() answers the engine's own jobs before training")
+        }
     };
-    let mut summary = train::run(ctx, recipe.as_mut(), &hyper)?;
-    let (peak, peak_of) = crate::device::peak_memory(ctx.device, bridge);
+    let mut summary = Trainer::new(ctx, recipe.as_mut(), &hyper)?.run()?;
+    let (peak, peak_of) = device::peak_memory(ctx.device, bridge.and_then(|b| b.peak_memory()));
     (summary.memory.peak, summary.memory.peak_of) = (peak, peak_of.to_string());
     // Nobody leaves before everyone is done, so no peer sees a closed connection.
     ctx.pg.barrier()?;

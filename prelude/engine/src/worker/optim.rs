@@ -17,14 +17,15 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use tch::{Kind, Tensor};
 
-use crate::device::OnDeviceOf;
-use crate::spec::OptimizerKind;
+use crate::shared::ffi::call_status;
+use crate::worker::device::OnDeviceOf;
+use trainbook_api::spec::OptimizerKind;
 
-pub use trainbook_api::spec::Schedule;
+pub(crate) use trainbook_api::spec::Schedule;
 
 /// The learning rate of every optimizer step of a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LrSchedule {
+pub(crate) struct LrSchedule {
     pub kind: Schedule,
     /// The peak learning rate.
     pub base: f64,
@@ -40,7 +41,7 @@ pub struct LrSchedule {
 
 impl LrSchedule {
     /// Warm-up and constant phases are fractions of `total`, rounded up to whole steps.
-    pub fn new(kind: Schedule, base: f64, total: u64, warmup_ratio: f64) -> Self {
+    pub(crate) fn new(kind: Schedule, base: f64, total: u64, warmup_ratio: f64) -> Self {
         LrSchedule {
             kind,
             base,
@@ -51,7 +52,7 @@ impl LrSchedule {
         }
     }
 
-    pub fn with_poly(mut self, constant_ratio: f64, power: f64) -> Self {
+    pub(crate) fn with_poly(mut self, constant_ratio: f64, power: f64) -> Self {
         self.constant = (constant_ratio * self.total as f64).ceil() as u64;
         self.power = power;
         self
@@ -59,7 +60,7 @@ impl LrSchedule {
 
     /// The learning rate of optimizer step `step` (0-based). Linear is poly with power 1 and
     /// no constant phase; both reach 0 at step `total`.
-    pub fn at(&self, step: u64) -> f64 {
+    pub(crate) fn at(&self, step: u64) -> f64 {
         if step < self.warmup {
             return self.base * (step + 1) as f64 / self.warmup as f64;
         }
@@ -80,7 +81,7 @@ impl LrSchedule {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub struct OptimizerConfig {
+pub(crate) struct OptimizerConfig {
     pub kind: OptimizerKind,
     pub momentum: f64,
     pub weight_decay: f64,
@@ -88,7 +89,7 @@ pub struct OptimizerConfig {
     pub eps: f64,
 }
 
-pub struct Optimizer {
+pub(crate) struct Optimizer {
     cfg: OptimizerConfig,
     /// (name, parameter) in a fixed order: whole parameters, or under ZeRO the flat pieces of
     /// parameters this rank updates (see [`Piece`]).
@@ -111,7 +112,7 @@ pub struct Optimizer {
 /// squares of every piece of a parameter (over ranks too), and a checkpoint's whole-parameter
 /// state is cut into the same pieces on load.
 #[derive(Clone, Debug)]
-pub struct Piece {
+pub(crate) struct Piece {
     /// The parameter's index among the job's trainable parameters (sorted by name).
     pub param: usize,
     /// The piece's first element in the flattened parameter.
@@ -122,7 +123,7 @@ pub struct Piece {
 }
 
 /// Sums a tensor over all ranks in place (an all-reduce), for norms of sharded parameters.
-pub type SumOverRanks<'a> = &'a dyn Fn(&Tensor) -> Result<()>;
+pub(crate) type SumOverRanks<'a> = &'a dyn Fn(&Tensor) -> Result<()>;
 
 extern "C" {
     fn tb_fused_adamw(
@@ -156,7 +157,7 @@ extern "C" {
 
 impl Optimizer {
     /// `params`: the trainable variables by name.
-    pub fn new(cfg: OptimizerConfig, mut params: Vec<(String, Tensor)>) -> Self {
+    pub(crate) fn new(cfg: OptimizerConfig, mut params: Vec<(String, Tensor)>) -> Self {
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let decays = params.iter().map(|(_, p)| p.dim() >= 2).collect();
         let slots = state_suffixes(&cfg).len();
@@ -179,7 +180,7 @@ impl Optimizer {
     /// An optimizer over flat pieces of parameters (ZeRO's shard of one rank), named after
     /// their parameters; [`Optimizer::step_with`] gives it their gradients.
     /// `param_count`: the job's trainable parameters; `home`: any tensor on the device.
-    pub fn for_pieces(
+    pub(crate) fn for_pieces(
         cfg: OptimizerConfig,
         param_count: usize,
         home: Tensor,
@@ -203,17 +204,17 @@ impl Optimizer {
     }
 
     /// The names of a parameter's state tensors in a checkpoint (`<param>.<suffix>`).
-    pub fn suffixes(&self) -> &'static [&'static str] {
+    pub(crate) fn suffixes(&self) -> &'static [&'static str] {
         state_suffixes(&self.cfg)
     }
 
     /// State tensor `slot` (index into [`Optimizer::suffixes`]) of every parameter or piece.
-    pub fn state_of(&self, slot: usize) -> impl Iterator<Item = &Tensor> {
+    pub(crate) fn state_of(&self, slot: usize) -> impl Iterator<Item = &Tensor> {
         self.state.iter().map(move |s| &s[slot])
     }
 
     /// Bytes of optimizer state this process holds.
-    pub fn state_bytes(&self) -> u64 {
+    pub(crate) fn state_bytes(&self) -> u64 {
         self.state
             .iter()
             .flatten()
@@ -222,11 +223,11 @@ impl Optimizer {
     }
 
     /// Optimizer steps taken so far (restored by [`Optimizer::load`]).
-    pub fn steps(&self) -> u64 {
+    pub(crate) fn steps(&self) -> u64 {
         self.steps
     }
 
-    pub fn zero_grad(&mut self) {
+    pub(crate) fn zero_grad(&mut self) {
         for (_, p) in &self.params {
             let mut g = p.grad();
             if g.defined() {
@@ -237,7 +238,7 @@ impl Optimizer {
 
     /// Scales gradients so their global L2 norm is at most `max_norm`; returns the norm
     /// before clipping (as `torch.nn.utils.clip_grad_norm_`).
-    pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+    pub(crate) fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
         tch::no_grad(|| {
             let grads: Vec<Tensor> = self
                 .params
@@ -270,7 +271,7 @@ impl Optimizer {
     /// Runs PyTorch's fused kernels (`torch.optim.AdamW(fused=True)` / `SGD(fused=True)`): one
     /// vectorised pass per parameter, where an elementwise chain would read and write every
     /// parameter-sized buffer about ten times.
-    pub fn step(&mut self, lr: f64) -> Result<()> {
+    pub(crate) fn step(&mut self, lr: f64) -> Result<()> {
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         self.step_with(lr, &grads, None)
     }
@@ -278,7 +279,7 @@ impl Optimizer {
     /// One update with the given gradient of each parameter or piece. `sum_over_ranks` adds
     /// up per-parameter partial sums when the pieces of a parameter are spread over ranks
     /// (LAMB's and LANS's norms under ZeRO).
-    pub fn step_with(
+    pub(crate) fn step_with(
         &mut self,
         lr: f64,
         grads: &[Tensor],
@@ -307,10 +308,9 @@ impl Optimizer {
                 |f: &dyn Fn(usize) -> *mut c_void| idx.iter().map(|&i| f(i)).collect::<Vec<_>>();
             let params = ptrs(&|i| self.params[i].1.as_ptr() as *mut c_void);
             let g = ptrs(&|i| grads[i].as_ptr() as *mut c_void);
-            let mut err = [0 as c_char; 512];
             // SAFETY: every pointer is a live tch tensor (held by self or `grads`/`step` for
             // the duration of the call); the shim catches C++ exceptions.
-            let rc = unsafe {
+            call_status(&format!("{} step", c.kind), |err, errlen| unsafe {
                 match c.kind {
                     OptimizerKind::Adamw => {
                         let m = ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void);
@@ -328,8 +328,8 @@ impl Optimizer {
                             c.betas.1,
                             wd,
                             c.eps,
-                            err.as_mut_ptr(),
-                            err.len(),
+                            err,
+                            errlen,
                         )
                     }
                     OptimizerKind::Lamb | OptimizerKind::Lans => unreachable!("handled above"),
@@ -348,16 +348,12 @@ impl Optimizer {
                             c.momentum,
                             wd,
                             i32::from(self.steps == 1),
-                            err.as_mut_ptr(),
-                            err.len(),
+                            err,
+                            errlen,
                         )
                     }
                 }
-            };
-            if rc != 0 {
-                let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
-                bail!("{} step failed: {msg}", c.kind);
-            }
+            })?;
         }
         Ok(())
     }
@@ -507,7 +503,7 @@ impl Optimizer {
     /// The state as named tensors (`steps`, `<param>.momentum`, `<param>.exp_avg`, ...), for
     /// `optimizer.safetensors` in a checkpoint. Whole parameters only: ZeRO gathers its pieces
     /// into the same layout (`zero::ShardedOptimizer::gather_state`).
-    pub fn named_state(&self) -> Vec<(String, Tensor)> {
+    pub(crate) fn named_state(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![("steps".to_string(), Tensor::from(self.steps as i64))];
         for ((name, _), slots) in self.params.iter().zip(&self.state) {
             for (s, t) in self.suffixes().iter().zip(slots) {
@@ -517,14 +513,15 @@ impl Optimizer {
         out
     }
 
-    pub fn save(&self, path: &Path) -> Result<()> {
+    #[cfg(test)]
+    fn save(&self, path: &Path) -> Result<()> {
         save_state(&self.named_state(), path)
     }
 
     /// Restores state written by [`Optimizer::save`] (or gathered from ZeRO's shards) for the
     /// same parameters and optimizer; pieces take their part of each parameter's state, so a
     /// checkpoint loads with any worker count.
-    pub fn load(&mut self, path: &Path) -> Result<()> {
+    pub(crate) fn load(&mut self, path: &Path) -> Result<()> {
         let loaded: HashMap<String, Tensor> = Tensor::read_safetensors(path)
             .with_context(|| format!("reading optimizer state {}", path.display()))?
             .into_iter()
@@ -581,7 +578,7 @@ fn state_suffixes(cfg: &OptimizerConfig) -> &'static [&'static str] {
 }
 
 /// Writes named optimizer state as safetensors.
-pub fn save_state(named: &[(String, Tensor)], path: &Path) -> Result<()> {
+pub(crate) fn save_state(named: &[(String, Tensor)], path: &Path) -> Result<()> {
     let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
     Tensor::write_safetensors(&refs, path)
         .with_context(|| format!("writing optimizer state {}", path.display()))

@@ -4,11 +4,12 @@
 
 use std::os::raw::{c_char, c_int};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
-use crate::device::Device;
+use crate::shared::ffi::call_status;
+use crate::worker::device::Device;
 
-pub use trainbook_api::spec::Precision;
+pub(crate) use trainbook_api::spec::Precision;
 
 extern "C" {
     fn tb_autocast_enter(device_type: c_int, err: *mut c_char, errlen: usize) -> c_int;
@@ -17,7 +18,7 @@ extern "C" {
 
 /// Runs `f` with autocast on `device` when `precision` is bf16 (plain otherwise). The region
 /// is closed even when `f` fails.
-pub fn autocast<T>(
+pub(crate) fn autocast<T>(
     precision: Precision,
     device: Device,
     f: impl FnOnce() -> Result<T>,
@@ -26,13 +27,11 @@ pub fn autocast<T>(
         return f();
     }
     let dt = device.c10_type();
-    let mut err = [0 as c_char; 512];
-    // SAFETY: err is a valid buffer of the given length; the call only flips thread-local
-    // autocast flags.
-    if unsafe { tb_autocast_enter(dt, err.as_mut_ptr(), err.len()) } != 0 {
-        let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
-        bail!("enabling bf16 autocast failed: {msg}");
-    }
+    // SAFETY: the buffer is valid for its length; the call only flips thread-local autocast
+    // flags.
+    call_status("enabling bf16 autocast", |err, len| unsafe {
+        tb_autocast_enter(dt, err, len)
+    })?;
     struct Exit(c_int);
     impl Drop for Exit {
         fn drop(&mut self) {
@@ -47,7 +46,7 @@ pub fn autocast<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Device;
+    use crate::worker::device::Device;
     use tch::{Kind, Tensor};
 
     #[test]

@@ -8,14 +8,9 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use tch::{nn, Tensor};
 
-pub use crate::device::Device;
-pub use crate::spec::Hyper;
-use crate::spec::JobSpec;
-
-/// The job name of `trainbook check`: workers verify the collectives instead of training.
-pub const CHECK: &str = "check";
-/// The job name of the allreduce benchmark (see `benches/engine.rs`).
-pub const BENCH_ALLREDUCE: &str = "bench-allreduce";
+pub(crate) use crate::worker::device::Device;
+pub(crate) use trainbook_api::spec::Hyper;
+use trainbook_api::spec::JobSpec;
 
 /// A recipe's hyper-parameters for a job: its chosen preset's values, with the recipe's own
 /// options resolved into [`Hyper::recipe_options`]. The shared options go on top afterwards
@@ -56,23 +51,6 @@ impl Registry {
         self.entries.iter().find(|e| e.name == name)
     }
 
-    /// Ok for a recipe of this registry or one of the engine's own jobs ([`CHECK`],
-    /// [`BENCH_ALLREDUCE`], a user's [`TASK`](crate::task::TASK)).
-    pub fn check_name(&self, name: &str) -> Result<()> {
-        if name == CHECK
-            || name == BENCH_ALLREDUCE
-            || name == crate::task::TASK
-            || self.get(name).is_some()
-        {
-            return Ok(());
-        }
-        let known: Vec<&str> = self.entries.iter().map(|e| e.name).collect();
-        bail!(
-            "unknown recipe '{name}': available recipes are {}",
-            known.join(", ")
-        )
-    }
-
     /// Ok when the recipe has no presets or `preset` is one of them.
     pub fn check_preset(&self, recipe: &str, preset: &str) -> Result<()> {
         let presets = self.get(recipe).map(|e| e.presets).unwrap_or(&[]);
@@ -84,34 +62,6 @@ impl Registry {
             );
         }
         Ok(())
-    }
-
-    /// The job's hyper-parameters, fully resolved: the recipe's preset (see [`PresetFn`])
-    /// with the job's shared options on top. `None` for the engine's own jobs, which train
-    /// nothing.
-    pub fn resolve(&self, spec: &JobSpec) -> Result<Option<Hyper>> {
-        self.check_name(&spec.recipe)?;
-        if spec.recipe == crate::task::TASK {
-            return Ok(Some(crate::task::preset(spec)?.with_overrides(&spec.train)));
-        }
-        match self.get(&spec.recipe) {
-            Some(e) => Ok(Some((e.preset)(spec)?.with_overrides(&spec.train))),
-            None => Ok(None),
-        }
-    }
-
-    /// Builds the named recipe (see [`BuildFn`]).
-    pub fn build(
-        &self,
-        name: &str,
-        hyper: &Hyper,
-        device: Device,
-        log: &dyn Fn(String),
-    ) -> Result<Box<dyn Recipe>> {
-        match self.get(name) {
-            Some(e) => (e.build)(hyper, device, log),
-            None => bail!("'{name}' is not a training recipe"),
-        }
     }
 }
 
@@ -180,60 +130,7 @@ pub trait Recipe {
     }
     /// Writes a loadable checkpoint into `dir` (an empty directory).
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vars().save(dir.join(crate::checkpoint::MODEL))?;
+        self.vars().save(dir.join(crate::shared::checkpoint::MODEL))?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn none(_: &Hyper, _: Device, _: &dyn Fn(String)) -> Result<Box<dyn Recipe>> {
-        bail!("not built in this test")
-    }
-
-    fn small(spec: &JobSpec) -> Result<Hyper> {
-        let name = spec.train.preset.as_deref().unwrap_or("small");
-        Ok(Hyper::new(name, 3, 8, 0.1, crate::spec::OptimizerKind::Sgd))
-    }
-
-    static ENTRIES: &[RecipeEntry] = &[RecipeEntry {
-        name: "toy",
-        description: "a recipe of this test",
-        presets: &[("small", "a preset"), ("big", "another")],
-        preset: small,
-        build: none,
-    }];
-
-    #[test]
-    fn names_and_presets_are_checked_against_the_injected_table() {
-        let r = Registry::new(ENTRIES);
-        assert!(r.check_name("toy").is_ok());
-        assert!(r.check_name(CHECK).is_ok());
-        let e = r.check_name("tpy").unwrap_err().to_string();
-        assert!(
-            e.contains("unknown recipe 'tpy'") && e.contains("toy"),
-            "{e}"
-        );
-        assert!(r.check_preset("toy", "big").is_ok());
-        let e = r.check_preset("toy", "huge").unwrap_err().to_string();
-        assert_eq!(e, "unknown preset 'huge' for recipe toy: use small, big");
-        // The engine's own jobs have no presets.
-        assert!(r.check_preset(CHECK, "anything").is_ok());
-    }
-
-    #[test]
-    fn resolving_puts_the_jobs_options_over_the_preset() {
-        use crate::spec::ConfigureTraining;
-        let r = Registry::new(ENTRIES);
-        let h = r
-            .resolve(&JobSpec::new("toy").lr(0.5).max_steps(7))
-            .unwrap()
-            .unwrap();
-        assert_eq!((h.preset.as_str(), h.epochs, h.lr), ("small", 3, 0.5));
-        assert_eq!(h.max_steps, Some(7));
-        assert!(r.resolve(&JobSpec::new(CHECK)).unwrap().is_none());
-        assert!(r.resolve(&JobSpec::new("tpy")).is_err());
     }
 }

@@ -15,7 +15,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 #[derive(Clone, Debug)]
-pub struct DistributedSampler {
+pub(crate) struct DistributedSampler {
     len: usize,
     rank: usize,
     world_size: usize,
@@ -24,7 +24,7 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    pub fn new(len: usize, rank: usize, world_size: usize, seed: u64, shuffle: bool) -> Self {
+    pub(crate) fn new(len: usize, rank: usize, world_size: usize, seed: u64, shuffle: bool) -> Self {
         assert!(
             world_size > 0 && rank < world_size,
             "rank {rank} outside world of {world_size}"
@@ -39,12 +39,12 @@ impl DistributedSampler {
     }
 
     /// Samples per rank and epoch.
-    pub fn shard_len(&self) -> usize {
+    pub(crate) fn shard_len(&self) -> usize {
         self.len / self.world_size
     }
 
     /// Global order of an epoch (before sharding).
-    pub fn permutation(&self, epoch: usize) -> Vec<usize> {
+    pub(crate) fn permutation(&self, epoch: usize) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
             let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed.wrapping_add(epoch as u64));
@@ -54,7 +54,7 @@ impl DistributedSampler {
     }
 
     /// This rank's sample indices for `epoch`, in the order to train on them.
-    pub fn indices(&self, epoch: usize) -> Vec<usize> {
+    pub(crate) fn indices(&self, epoch: usize) -> Vec<usize> {
         let keep = self.shard_len() * self.world_size;
         self.permutation(epoch)[..keep]
             .iter()
@@ -66,12 +66,12 @@ impl DistributedSampler {
 }
 
 /// Evaluation shard: every index exactly once across ranks, no shuffling, no padding.
-pub fn eval_shard(len: usize, rank: usize, world_size: usize) -> Vec<usize> {
+pub(crate) fn eval_shard(len: usize, rank: usize, world_size: usize) -> Vec<usize> {
     (rank..len).step_by(world_size.max(1)).collect()
 }
 
 /// Batches of a shard; the last one may be short.
-pub fn batches(indices: &[usize], batch_size: usize) -> impl Iterator<Item = &[usize]> {
+pub(crate) fn batches(indices: &[usize], batch_size: usize) -> impl Iterator<Item = &[usize]> {
     indices.chunks(batch_size.max(1))
 }
 

@@ -10,11 +10,11 @@ use tch::{Kind, Tensor};
 
 /// More classes than this and only accuracy is kept (the matrix would be too large to
 /// all-reduce every epoch).
-pub const MAX_CLASSES: usize = 1024;
+pub(crate) const MAX_CLASSES: usize = 1024;
 
 /// Counts of (true class, predicted class) pairs.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Confusion {
+pub(crate) struct Confusion {
     classes: usize,
     /// Row-major `classes x classes`: row = true class, column = predicted class.
     counts: Vec<f64>,
@@ -26,7 +26,7 @@ pub struct Confusion {
 
 impl Confusion {
     /// Adds a batch: `logits` `[batch, classes]`, `labels` `[batch]` (class indices).
-    pub fn add(&mut self, logits: &Tensor, labels: &Tensor) -> Result<()> {
+    pub(crate) fn add(&mut self, logits: &Tensor, labels: &Tensor) -> Result<()> {
         let size = logits.size();
         let (Some(&classes), true) = (size.last(), size.len() == 2) else {
             bail!("predictions must be class scores of shape [batch, classes], got {size:?}");
@@ -76,20 +76,20 @@ impl Confusion {
     }
 
     /// Classes seen (0 before the first batch).
-    pub fn classes(&self) -> usize {
+    pub(crate) fn classes(&self) -> usize {
         self.classes
     }
 
     /// The counts as one vector, to be summed over ranks (see [`Confusion::from_sums`]);
     /// every rank of a job must have seen the same number of classes.
-    pub fn to_sums(&self) -> Vec<f64> {
+    pub(crate) fn to_sums(&self) -> Vec<f64> {
         let mut v = vec![self.total, self.correct];
         v.extend(&self.counts);
         v
     }
 
     /// The inverse of [`Confusion::to_sums`], for `classes` classes.
-    pub fn from_sums(classes: usize, sums: &[f64]) -> Self {
+    pub(crate) fn from_sums(classes: usize, sums: &[f64]) -> Self {
         Confusion {
             classes,
             total: sums.first().copied().unwrap_or(0.0),
@@ -99,7 +99,8 @@ impl Confusion {
     }
 
     /// The length of [`Confusion::to_sums`] for `classes` classes.
-    pub fn sums_len(classes: usize) -> usize {
+    #[cfg(test)]
+    fn sums_len(classes: usize) -> usize {
         2 + if classes <= MAX_CLASSES {
             classes * classes
         } else {
@@ -107,11 +108,7 @@ impl Confusion {
         }
     }
 
-    pub fn total(&self) -> f64 {
-        self.total
-    }
-
-    pub fn accuracy(&self) -> f64 {
+    pub(crate) fn accuracy(&self) -> f64 {
         self.correct / self.total.max(1.0)
     }
 
@@ -120,7 +117,7 @@ impl Confusion {
     }
 
     /// F1 of one class against the rest; 0 when the class is neither present nor predicted.
-    pub fn f1_of(&self, class: usize) -> Option<f64> {
+    pub(crate) fn f1_of(&self, class: usize) -> Option<f64> {
         if self.counts.is_empty() || class >= self.classes {
             return None;
         }
@@ -136,13 +133,13 @@ impl Confusion {
     }
 
     /// F1 of class 1 (scikit-learn's `f1_score` default for two classes, as GLUE's MRPC reports).
-    pub fn f1_binary(&self) -> Option<f64> {
+    pub(crate) fn f1_binary(&self) -> Option<f64> {
         (self.classes == 2).then(|| self.f1_of(1)).flatten()
     }
 
     /// The unweighted mean of every class's F1 (scikit-learn's `average="macro"`, over the
     /// classes of the model's output).
-    pub fn f1_macro(&self) -> Option<f64> {
+    pub(crate) fn f1_macro(&self) -> Option<f64> {
         if self.counts.is_empty() {
             return None;
         }
@@ -151,7 +148,7 @@ impl Confusion {
     }
 
     /// `{prefix}accuracy`, and `{prefix}f1` for two classes or `{prefix}f1_macro` for more.
-    pub fn scores(&self, prefix: &str) -> Vec<(String, f64)> {
+    pub(crate) fn scores(&self, prefix: &str) -> Vec<(String, f64)> {
         if self.total == 0.0 {
             return Vec::new();
         }

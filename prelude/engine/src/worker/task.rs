@@ -26,18 +26,16 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tch::nn;
 
-use crate::device::Device;
-use crate::recipe::{Recipe, Split, Step};
-use crate::spec::{Hyper, JobSpec, OptimizerKind};
+use crate::worker::device::Device;
+use crate::shared::env;
+use crate::worker::recipe::{Recipe, Split, Step};
 
 /// The job name of a user's task.
-pub const TASK: &str = "task";
+pub(crate) const TASK: &str = "task";
+use trainbook_api::spec::{Hyper, JobSpec, OptimizerKind};
+
 /// The key of the task in a job's recipe options.
 const OPTION: &str = "task";
-/// Set in the environment of workers that are the user's own program re-executed.
-pub const WORKER_MAIN_ENV: &str = "TRAINBOOK_WORKER_MAIN";
-/// The worker program for tasks defined in notebook cells, next to the prelude library.
-pub const CELL_WORKER: &str = "trainbook-cell-worker";
 
 /// A training task written by the user: its model, its data and its loss.
 ///
@@ -126,18 +124,18 @@ impl<T: Task> Recipe for TaskRecipe<T> {
 
 /// What a worker calls to build a task (see the module docs): the task's configuration, the
 /// job's hyper-parameters, the device and the log.
-pub type BuildTask =
+pub(crate) type BuildTask =
     fn(&serde_json::Value, &Hyper, Device, &dyn Fn(String), &WorkerRank) -> Result<Box<dyn Recipe>>;
 
 /// A worker's place in its job.
 #[derive(Clone, Copy, Debug)]
-pub struct WorkerRank {
+pub(crate) struct WorkerRank {
     pub rank: usize,
     pub world_size: usize,
 }
 
 /// Builds `T` from its configuration in a worker; the function whose address travels.
-pub fn build<T: Task>(
+pub(crate) fn build<T: Task>(
     config: &serde_json::Value,
     hyper: &Hyper,
     device: Device,
@@ -215,7 +213,7 @@ thread_local! {
 
 /// Records each panic's location (and, for a notebook cell, its line of code) for
 /// [`catch_panic`], then reports it as before.
-pub fn install_panic_hook() {
+pub(crate) fn install_panic_hook() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         if let Some(l) = info.location() {
@@ -246,7 +244,7 @@ static CELL_BUILD_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new()
 
 /// Where a function lives: a file and an offset in it, and the file's identity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EntryPoint {
+pub(crate) struct EntryPoint {
     /// The shared library or executable holding the function.
     pub file: PathBuf,
     /// The function's address minus the file's load address.
@@ -338,7 +336,7 @@ pub fn mark_hooked() {
 
 impl EntryPoint {
     /// Where [`build::<T>`](build) lives in this process.
-    pub fn of<T: Task>() -> Result<EntryPoint> {
+    pub(crate) fn of<T: Task>() -> Result<EntryPoint> {
         let f: BuildTask = build::<T>;
         let addr = f as *const c_void;
         let (file, base) = file_of(addr)?;
@@ -354,7 +352,7 @@ impl EntryPoint {
     }
 
     /// The program workers run, and what they need in their environment.
-    pub fn worker_program(&self) -> Result<(PathBuf, Vec<(String, String)>)> {
+    pub(crate) fn worker_program(&self) -> Result<(PathBuf, Vec<(String, String)>)> {
         if self.executable {
             if !HOOKED.load(Ordering::SeqCst) {
                 bail!(
@@ -365,12 +363,12 @@ impl EntryPoint {
             }
             return Ok((
                 self.file.clone(),
-                vec![(WORKER_MAIN_ENV.into(), "1".into())],
+                vec![(env::WORKER_MAIN.into(), "1".into())],
             ));
         }
         // A cell library: the worker program sits beside the library holding this engine.
         let (engine, _) = file_of(mark_hooked as *const c_void)?;
-        let program = engine.with_file_name(CELL_WORKER);
+        let program = engine.with_file_name(env::CELL_WORKER);
         if !program.is_file() {
             bail!(
                 "cannot find {} next to {}: build it with `make build` (scripts/build-prelude.sh), \
@@ -487,7 +485,7 @@ fn carried(options: &serde_json::Map<String, serde_json::Value>) -> Result<Carri
 
 /// A task job's hyper-parameters: one epoch, global batch 32, AdamW at 1e-3, dropout 0 (the
 /// task's own model decides), with the job's options on top.
-pub fn preset(spec: &JobSpec) -> Result<Hyper> {
+pub(crate) fn preset(spec: &JobSpec) -> Result<Hyper> {
     let task = carried(&spec.options)?;
     if let Some(k) = spec.options.keys().find(|k| *k != OPTION) {
         bail!("a task job has no option '{k}': put the task's settings in the task value");
@@ -500,12 +498,12 @@ pub fn preset(spec: &JobSpec) -> Result<Hyper> {
 }
 
 /// The program workers of a task job run (see [`EntryPoint::worker_program`]).
-pub fn worker_program(spec: &JobSpec) -> Result<(PathBuf, Vec<(String, String)>)> {
+pub(crate) fn worker_program(spec: &JobSpec) -> Result<(PathBuf, Vec<(String, String)>)> {
     carried(&spec.options)?.entry.worker_program()
 }
 
 /// Builds a task job's recipe in a worker.
-pub fn build_in_worker(
+pub(crate) fn build_in_worker(
     hyper: &Hyper,
     device: Device,
     log: &dyn Fn(String),

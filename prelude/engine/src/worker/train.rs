@@ -1,23 +1,29 @@
-//! The data-parallel training loop every recipe shares: sharded batches, bucketed gradient
-//! all-reduce, per-step loss, per-epoch evaluation (all-reduced), checkpoints, events.
+//! The data-parallel training loop every recipe shares, as a [`Trainer`]: sharded batches,
+//! bucketed gradient all-reduce, per-step loss, per-epoch evaluation (all-reduced),
+//! checkpoints, events. Each part of an epoch is a method of its own (`step`, `evaluate`,
+//! `end_epoch`, `checkpoint`), so a restart, a hook or a new update strategy has one obvious
+//! place.
 
-use std::path::Path;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use tch::nn;
 use tch::{Kind, Tensor};
+use trainbook_api::metric;
+use trainbook_api::spec::{Hyper, OptimizerKind, Precision, Schedule};
 
-use crate::checkpoint::{self, TrainerState};
-use crate::ddp;
-use crate::dist::ProcessGroup;
-use crate::events::{Emitter, Event, WorkerSummary};
-use crate::optim::{LrSchedule, OptimizerConfig};
-use crate::precision::autocast;
-use crate::recipe::{Hyper, Recipe, Split};
-use crate::sampler::{self, DistributedSampler};
-use crate::scores::Confusion;
-use crate::update::Update;
+use crate::shared::checkpoint::{self, TrainerState};
+use crate::worker::ddp;
+use crate::worker::dist::ProcessGroup;
+use crate::shared::events::{Emitter, Event, WorkerSummary};
+use crate::worker::optim::{LrSchedule, OptimizerConfig};
+use crate::worker::precision::autocast;
+use crate::worker::recipe::{Recipe, Split};
+use crate::worker::sampler::{self, DistributedSampler};
+use crate::worker::scores::Confusion;
+use crate::worker::strategy::UpdateStrategy;
 
 /// Per-name sums of a recipe's own metrics, weighted by batch size.
 #[derive(Default)]
@@ -71,10 +77,10 @@ struct EvalSums {
 }
 
 /// Where a worker stands in its job.
-pub struct WorkerContext {
+pub(crate) struct WorkerContext {
     pub rank: usize,
     pub world_size: usize,
-    pub device: crate::device::Device,
+    pub device: crate::worker::device::Device,
     pub device_name: String,
     pub pg: ProcessGroup,
     pub events: Emitter,
@@ -93,7 +99,7 @@ fn optimizer_config(h: &Hyper) -> OptimizerConfig {
         // LAMB's and LANS's usual epsilon (NVIDIA's and Habana's BERT pre-training); the
         // torch default for the others.
         eps: match h.optimizer {
-            crate::spec::OptimizerKind::Lamb | crate::spec::OptimizerKind::Lans => 1e-6,
+            OptimizerKind::Lamb | OptimizerKind::Lans => 1e-6,
             _ => 1e-8,
         },
     }
@@ -101,7 +107,7 @@ fn optimizer_config(h: &Hyper) -> OptimizerConfig {
 
 /// Optimizer steps per epoch: each of `world` ranks takes `train_len / world` samples in
 /// micro-batches of `global_batch / (world * accum)`, `accum` micro-batches a step.
-pub fn steps_per_epoch(train_len: usize, world: usize, global_batch: usize, accum: usize) -> u64 {
+pub(crate) fn steps_per_epoch(train_len: usize, world: usize, global_batch: usize, accum: usize) -> u64 {
     let local_batch = (global_batch / (world * accum)).max(1);
     (train_len / world).div_ceil(local_batch).div_ceil(accum) as u64
 }
@@ -110,7 +116,7 @@ pub fn steps_per_epoch(train_len: usize, world: usize, global_batch: usize, accu
 fn resume(
     dir: &Path,
     vs: &mut nn::VarStore,
-    update: &mut Update,
+    update: &mut UpdateStrategy,
     h: &Hyper,
     log: &dyn Fn(String),
 ) -> Result<TrainerState> {
@@ -182,7 +188,7 @@ fn steps_per_epoch_of(train_len: usize, world: usize, global_batch: usize, accum
 }
 
 /// Sum and L2 norm of all trainable parameters, in f64.
-pub fn param_stats(vs: &nn::VarStore) -> (f64, f64) {
+pub(crate) fn param_stats(vs: &nn::VarStore) -> (f64, f64) {
     tch::no_grad(|| {
         let (mut sum, mut sq) = (0.0, 0.0);
         for t in vs.trainable_variables() {
@@ -197,325 +203,328 @@ pub fn param_stats(vs: &nn::VarStore) -> (f64, f64) {
 /// Steps left out of `train_samples_per_second` at the start (fewer in runs under 50 steps).
 const THROUGHPUT_WARMUP_STEPS: u64 = 5;
 
-/// A checkpoint that is no longer the latest gives up its optimizer state, which is as large
-/// as the model (AdamW: twice): a resume normally starts from the latest. Step checkpoints
-/// under `keep_checkpoints` keep theirs, since that bound is the user's choice of what to
-/// resume from.
-fn retire(
-    previous: Option<std::path::PathBuf>,
-    step_checkpoints: &std::collections::VecDeque<std::path::PathBuf>,
-    h: &Hyper,
-) {
-    if let Some(prev) = previous {
-        if h.keep_checkpoints.is_none() || !step_checkpoints.contains(&prev) {
-            std::fs::remove_file(prev.join(checkpoint::OPTIMIZER)).ok();
+/// Throughput bookkeeping: all samples since the start, and the steady part after the first
+/// steps (allocator, caches and thread pools warming up), as BERT pre-training scripts report it.
+struct Clock {
+    samples: u64,
+    train_time: Duration,
+    steady_from: u64,
+    steady_samples: u64,
+    steady_time: Duration,
+    last_progress: Instant,
+    /// When the current epoch's training started.
+    epoch_start: Instant,
+}
+
+/// One epoch's training sums on this rank.
+#[derive(Default)]
+struct EpochSums {
+    loss: f64,
+    n: f64,
+    correct: f64,
+    counted: f64,
+    metrics: MetricSums,
+}
+
+/// The checkpoints this run wrote: the latest (which keeps its optimizer state) and the step
+/// checkpoints still kept.
+#[derive(Default)]
+struct Written {
+    latest: Option<PathBuf>,
+    steps: VecDeque<PathBuf>,
+}
+
+/// One rank's training of one recipe: set up by [`Trainer::new`] (the same starting point on
+/// every rank, a resume, the schedule), driven by [`Trainer::run`].
+pub(crate) struct Trainer<'a> {
+    ctx: &'a WorkerContext,
+    recipe: &'a mut dyn Recipe,
+    h: &'a Hyper,
+    /// Micro-batches per optimizer step, and samples per micro-batch on this rank.
+    accum: usize,
+    local_batch: usize,
+    trainable: Vec<Tensor>,
+    /// Batch-norm running statistics and the like: rank 0's are broadcast before evaluation.
+    buffers: Vec<Tensor>,
+    update: UpdateStrategy,
+    sampler: DistributedSampler,
+    schedule: LrSchedule,
+    eval_idx: Vec<usize>,
+    /// Optimizer steps taken, and where this run ends.
+    step: u64,
+    total_steps: u64,
+    epochs: u64,
+    first_epoch: u64,
+    /// Steps of the first epoch already taken before a resume.
+    skip: u64,
+    clock: Clock,
+    final_train_loss: f64,
+    final_metrics: BTreeMap<String, f64>,
+    written: Written,
+}
+
+impl<'a> Trainer<'a> {
+    /// Prepares a rank: checks the batch layout, builds the update strategy, resumes when asked,
+    /// gives every rank rank 0's parameters, and plans the steps.
+    pub(crate) fn new(ctx: &'a WorkerContext, recipe: &'a mut dyn Recipe, h: &'a Hyper) -> Result<Self> {
+        let (rank, world) = (ctx.rank, ctx.world_size);
+        let accum = h.grad_accum.max(1);
+        let local_batch = local_batch(ctx, h)?;
+        let named = trainable_named(recipe);
+        let mut update = UpdateStrategy::new(optimizer_config(h), named, h.zero, rank, world);
+        let resumed = match &h.resume_from {
+            Some(dir) => Some((
+                dir,
+                resume(dir, recipe.vars_mut(), &mut update, h, &|m| ctx.events.log(m))?,
+            )),
+            None => None,
+        };
+        // Same starting point everywhere (in a fixed name order).
+        ddp::broadcast_parameters(&ctx.pg, &ordered_vars(recipe))?;
+        let (trainable, buffers) = parameters(recipe);
+        let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
+        if sampler.shard_len() == 0 {
+            bail!(
+                "the training set has {} samples, fewer than the {world} workers",
+                recipe.train_len()
+            );
         }
-    }
-}
-
-/// Writes a checkpoint directory (weights, optimizer state, trainer state) atomically.
-/// `at`: epoch, step, workers, micro-batches per step.
-fn write_checkpoint(
-    dir: &Path,
-    recipe: &dyn Recipe,
-    opt_state: &[(String, Tensor)],
-    h: &Hyper,
-    at: (u64, u64, usize, usize),
-    metrics: std::collections::BTreeMap<String, f64>,
-) -> Result<()> {
-    let (epoch, step, world, accum) = at;
-    if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let state = TrainerState {
-        epoch,
-        step,
-        world_size: Some(world),
-        global_batch_size: Some(h.global_batch_size),
-        grad_accum: Some(accum),
-        hyper: serde_json::to_value(h)?,
-        metrics,
-    };
-    checkpoint::write_dir_atomic(dir, |tmp| {
-        recipe.save(tmp)?;
-        crate::optim::save_state(opt_state, &tmp.join(checkpoint::OPTIMIZER))?;
-        std::fs::write(
-            tmp.join(checkpoint::TRAINER_STATE),
-            serde_json::to_vec_pretty(&state)?,
-        )?;
-        Ok(())
-    })
-}
-
-pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<WorkerSummary> {
-    let (rank, world) = (ctx.rank, ctx.world_size);
-    let ev = &ctx.events;
-    let accum = h.grad_accum.max(1);
-    if h.global_batch_size < world * accum {
-        bail!(
-            "global batch size {} is smaller than {world} workers x {accum} micro-batches",
-            h.global_batch_size
-        );
-    }
-    // Samples per forward pass on one worker.
-    let local_batch = h.global_batch_size / (world * accum);
-    if rank == 0 && !h.global_batch_size.is_multiple_of(world * accum) {
-        ev.log(format!(
-            "note: global batch {} is not divisible by {world} workers x {accum} micro-batches; using {} per micro-batch ({} in all)",
-            h.global_batch_size,
-            local_batch,
-            local_batch * world * accum
-        ));
-    }
-
-    // Same starting point everywhere (in a fixed name order), then different dropout streams
-    // per rank.
-    let names: Vec<String> = {
-        let mut v: Vec<String> = recipe.vars().variables().into_keys().collect();
-        v.sort();
-        v
-    };
-    let trainable: Vec<(String, Tensor)> = {
-        let vars = recipe.vars().variables();
-        names
-            .iter()
-            .filter(|n| vars[*n].requires_grad())
-            .map(|n| (n.clone(), vars[n].shallow_clone()))
-            .collect()
-    };
-    let shallow = trainable
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shallow_clone()))
-        .collect();
-    let mut update = Update::new(optimizer_config(h), shallow, h.zero, rank, world);
-    let resumed = match &h.resume_from {
-        Some(dir) => Some((
-            dir,
-            resume(dir, recipe.vars_mut(), &mut update, h, &|m| ev.log(m))?,
-        )),
-        None => None,
-    };
-    let vs = recipe.vars();
-    let vars = vs.variables();
-    let ordered: Vec<Tensor> = names.iter().map(|n| vars[n].shallow_clone()).collect();
-    ddp::broadcast_parameters(&ctx.pg, &ordered)?;
-    // Buffers (batch-norm running statistics) drift apart per rank; rank 0's are broadcast
-    // before each evaluation, as DDP does before each forward.
-    let buffers: Vec<Tensor> = names
-        .iter()
-        .filter(|n| !vars[*n].requires_grad())
-        .map(|n| vars[n].shallow_clone())
-        .collect();
-
-    let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
-    let shard = sampler.shard_len();
-    if shard == 0 {
-        bail!(
-            "the training set has {} samples, fewer than the {world} workers",
-            recipe.train_len()
-        );
-    }
-    let steps_per_epoch = steps_per_epoch(recipe.train_len(), world, h.global_batch_size, accum);
-    let (mut step, first_epoch, mut skip) = match &resumed {
-        Some((dir, state)) => {
-            let at = continue_at(dir, state, world, h, recipe.train_len(), steps_per_epoch)?;
-            if rank == 0 {
-                ev.log(format!("resumed from {} at step {}", dir.display(), at.0));
+        let per_epoch = steps_per_epoch(recipe.train_len(), world, h.global_batch_size, accum);
+        let (step, first_epoch, skip) = match &resumed {
+            Some((dir, state)) => {
+                let at = continue_at(dir, state, world, h, recipe.train_len(), per_epoch)?;
+                if rank == 0 {
+                    ctx.events
+                        .log(format!("resumed from {} at step {}", dir.display(), at.0));
+                }
+                at
             }
-            at
+            None => (0, 0, 0),
+        };
+        let total_steps = match h.max_steps {
+            Some(m) => m.min(per_epoch * h.epochs),
+            None => per_epoch * h.epochs,
+        };
+        if step >= total_steps {
+            bail!("the checkpoint is already at step {step}, and this job has {total_steps} steps in all: ask for more epochs (or max_steps) to continue training");
         }
-        None => (0, 0, 0),
-    };
-    let total_steps = match h.max_steps {
-        Some(m) => m.min(steps_per_epoch * h.epochs),
-        None => steps_per_epoch * h.epochs,
-    };
-    let epochs = total_steps.div_ceil(steps_per_epoch);
-    let schedule = LrSchedule::new(h.schedule, h.lr, total_steps, h.warmup_ratio)
-        .with_poly(h.constant_ratio, h.poly_power);
-    let warmup = schedule.warmup;
-    if step >= total_steps {
-        bail!("the checkpoint is already at step {step}, and this job has {total_steps} steps in all: ask for more epochs (or max_steps) to continue training");
+        let schedule = LrSchedule::new(h.schedule, h.lr, total_steps, h.warmup_ratio)
+            .with_poly(h.constant_ratio, h.poly_power);
+        let now = Instant::now();
+        let trainer = Trainer {
+            eval_idx: sampler::eval_shard(recipe.eval_len(), rank, world),
+            ctx,
+            recipe,
+            h,
+            accum,
+            local_batch,
+            trainable,
+            buffers,
+            update,
+            sampler,
+            schedule,
+            step,
+            total_steps,
+            epochs: total_steps.div_ceil(per_epoch),
+            first_epoch,
+            skip,
+            clock: Clock {
+                samples: 0,
+                train_time: Duration::ZERO,
+                steady_from: step + (total_steps - step).div_ceil(10).min(THROUGHPUT_WARMUP_STEPS),
+                steady_samples: 0,
+                steady_time: Duration::ZERO,
+                last_progress: now - PROGRESS_EVERY,
+                epoch_start: now,
+            },
+            final_train_loss: f64::NAN,
+            final_metrics: BTreeMap::new(),
+            written: Written::default(),
+        };
+        if rank == 0 {
+            trainer.announce();
+        }
+        Ok(trainer)
     }
-    if rank == 0 {
-        ev.log(format!(
-            "training {} samples ({} per worker) for {epochs} epoch(s), {total_steps} steps, global batch {}{}, {} lr {} ({} schedule{}){}",
+
+    /// Rank 0's one line on what this run will do.
+    fn announce(&self) {
+        let (h, world, accum, local_batch) = (self.h, self.ctx.world_size, self.accum, self.local_batch);
+        let shard = self.sampler.shard_len();
+        let warmup = self.schedule.warmup;
+        self.ctx.events.log(format!(
+            "training {} samples ({} per worker) for {} epoch(s), {} steps, global batch {}{}, {} lr {} ({} schedule{}){}",
             shard * world,
             shard,
+            self.epochs,
+            self.total_steps,
             local_batch * world * accum,
             if accum > 1 { format!(" ({accum} micro-batches of {local_batch} per worker)") } else { String::new() },
             h.optimizer,
             h.lr,
             h.schedule,
-            match (warmup, h.schedule == crate::optim::Schedule::Poly) {
+            match (warmup, h.schedule == Schedule::Poly) {
                 (0, false) => String::new(),
                 (w, false) => format!(", {w} warm-up steps"),
-                (w, true) => format!(", {w} warm-up + {} constant steps, power {}", schedule.constant, h.poly_power),
+                (w, true) => format!(", {w} warm-up + {} constant steps, power {}", self.schedule.constant, h.poly_power),
             },
-            if h.precision == crate::precision::Precision::Bf16 { ", bf16 autocast" } else { "" },
+            if h.precision == Precision::Bf16 { ", bf16 autocast" } else { "" },
         ));
     }
 
-    let eval_idx = sampler::eval_shard(recipe.eval_len(), rank, world);
-    let perplexity = recipe.perplexity();
-    let mut samples: u64 = 0;
-    let mut train_time = Duration::ZERO;
-    let mut last_progress = Instant::now() - PROGRESS_EVERY;
-    let mut final_train_loss = f64::NAN;
-    let mut final_metrics = std::collections::BTreeMap::new();
-    let mut last_checkpoint: Option<std::path::PathBuf> = None;
-    let mut step_checkpoints: std::collections::VecDeque<std::path::PathBuf> = Default::default();
-    // Throughput without the first steps (allocator, caches and thread pools warming up), as
-    // BERT pre-training scripts report it.
-    let steady_from = step
-        + (total_steps - step)
-            .div_ceil(10)
-            .min(THROUGHPUT_WARMUP_STEPS);
-    let (mut steady_samples, mut steady_time) = (0u64, Duration::ZERO);
-
-    'epochs: for epoch in first_epoch..epochs {
-        let order = sampler.indices(epoch as usize);
-        let micro: Vec<&[usize]> = sampler::batches(&order, local_batch).collect();
-        let planned: Vec<&[usize]> = micro
-            .iter()
-            .skip(skip as usize * accum)
-            .take((total_steps - step) as usize * accum)
-            .copied()
-            .collect();
-        recipe.plan(Split::Train, epoch, &planned);
-        let (mut loss_sum, mut loss_n, mut correct, mut counted) = (0.0f64, 0.0f64, 0.0f64, 0.0);
-        let mut epoch_metrics = MetricSums::default();
-        let t0 = Instant::now();
-        for group in micro.chunks(accum) {
-            if step >= total_steps {
+    /// Trains every epoch left, evaluating and checkpointing at the end of each; returns this
+    /// rank's summary for the driver.
+    pub(crate) fn run(mut self) -> Result<WorkerSummary> {
+        for epoch in self.first_epoch..self.epochs {
+            let sums = self.train_epoch(epoch)?;
+            self.end_epoch(epoch, sums)?;
+            if self.step >= self.total_steps {
                 break;
             }
-            if skip > 0 {
-                skip -= 1;
+        }
+        Ok(self.summary())
+    }
+
+    /// One epoch's optimizer steps over this rank's shard (after a resume, without the steps
+    /// the checkpoint had already taken).
+    fn train_epoch(&mut self, epoch: u64) -> Result<EpochSums> {
+        let order = self.sampler.indices(epoch as usize);
+        let micro: Vec<&[usize]> = sampler::batches(&order, self.local_batch).collect();
+        let planned: Vec<&[usize]> = micro
+            .iter()
+            .skip(self.skip as usize * self.accum)
+            .take((self.total_steps - self.step) as usize * self.accum)
+            .copied()
+            .collect();
+        self.recipe.plan(Split::Train, epoch, &planned);
+        let mut sums = EpochSums::default();
+        self.clock.epoch_start = Instant::now();
+        for group in micro.chunks(self.accum) {
+            if self.step >= self.total_steps {
+                break;
+            }
+            if self.skip > 0 {
+                self.skip -= 1;
                 continue;
             }
-            let step_start = Instant::now();
-            // Seeded per step and rank, so a run resumed from any step draws the same dropout
-            // masks as the run that was not interrupted.
-            tch::manual_seed(
-                (h.seed as i64)
-                    .wrapping_mul(1_000_003)
-                    .wrapping_add((step * world as u64 + rank as u64) as i64),
-            );
-            update.zero_grad();
-            let (mut group_loss, mut group_n) = (0.0f64, 0usize);
-            let mut group_metrics = MetricSums::default();
-            for batch in group {
-                let (loss, hits, metrics) = autocast(h.precision, ctx.device, || {
-                    let out = recipe.step(Split::Train, batch, true)?;
-                    let hits = match &out.predictions {
-                        Some((logits, labels)) => {
-                            Some(logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64))
-                        }
-                        None => None,
-                    };
-                    Ok((out.loss, hits, out.metrics))
-                })?;
-                if let Some(hits) = hits {
-                    correct += hits.double_value(&[]);
-                    counted += batch.len() as f64;
-                }
-                // Gradients add up over micro-batches; average them like one big batch.
-                (&loss / group.len() as f64).backward();
-                group_loss += loss.double_value(&[]) * batch.len() as f64;
-                group_n += batch.len();
-                group_metrics.add(&metrics, batch.len());
-            }
-            // Each rank's share of the global batch (equal shards: 1/world).
-            let lr = schedule.at(step);
-            update.step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
-            let l = group_loss / group_n.max(1) as f64;
-            if !l.is_finite() {
-                bail!("loss became {l} at step {step} (epoch {epoch}): lower the learning rate or enable gradient clipping");
-            }
-            if step >= steady_from {
-                steady_samples += group_n as u64;
-                steady_time += step_start.elapsed();
-            }
-            step += 1;
-            samples += group_n as u64;
-            loss_sum += group_loss;
-            loss_n += group_n as f64;
-            ev.log(format!("train epoch:[{epoch}]\tloss:{l:.6}"));
-            ev.metric(step, epoch, "loss", l);
-            if perplexity {
-                ev.metric(step, epoch, "perplexity", l.exp());
-            }
-            for (name, value) in group_metrics.means() {
-                ev.metric(step, epoch, &name, value);
-            }
-            epoch_metrics.merge(&group_metrics);
-            if rank == 0 && (h.schedule != crate::optim::Schedule::Constant || warmup > 0) {
-                ev.metric(step, epoch, "lr", lr);
-            }
-            if h.checkpoint_every.is_some_and(|n| step % n == 0) && step < total_steps {
-                // Every rank: ZeRO gathers the state from all of them.
-                let opt_state = update.checkpoint_state(&ctx.pg)?;
-                if rank != 0 {
-                    continue;
-                }
-                let dir = ctx.run_dir.join("checkpoints").join(format!("step-{step}"));
-                let metrics = [("train_loss".to_string(), l)].into_iter().collect();
-                write_checkpoint(
-                    &dir,
-                    recipe,
-                    &opt_state,
-                    h,
-                    (epoch, step, world, accum),
-                    metrics,
-                )?;
-                retire(last_checkpoint.replace(dir.clone()), &step_checkpoints, h);
-                step_checkpoints.push_back(dir.clone());
-                while step_checkpoints.len() > h.keep_checkpoints.unwrap_or(usize::MAX) {
-                    if let Some(old) = step_checkpoints.pop_front() {
-                        std::fs::remove_dir_all(&old).ok();
-                    }
-                }
-                ev.send(Event::Checkpoint {
-                    rank,
-                    step,
-                    epoch,
-                    path: dir.display().to_string(),
-                });
-            }
-            if rank == 0 && (last_progress.elapsed() >= PROGRESS_EVERY || step == total_steps) {
-                last_progress = Instant::now();
-                let secs = (train_time + t0.elapsed()).as_secs_f64();
-                ev.send(Event::Progress {
-                    rank,
-                    step,
-                    total_steps,
-                    epoch,
-                    epochs,
-                    samples: samples * world as u64,
-                    samples_per_second: if secs > 0.0 {
-                        (samples * world as u64) as f64 / secs
-                    } else {
-                        0.0
-                    },
-                });
-            }
+            self.step(epoch, group, &mut sums)?;
         }
-        train_time += t0.elapsed();
+        self.clock.train_time += self.clock.epoch_start.elapsed();
+        Ok(sums)
+    }
 
-        // Evaluation: each rank its own disjoint shard, then one all-reduce of the sums.
-        if !buffers.is_empty() {
-            ddp::broadcast_parameters(&ctx.pg, &buffers)?;
+    /// One optimizer step: forward and backward over `group`'s micro-batches, the update
+    /// (gradients reduced across ranks), the step's metrics, a step checkpoint when due, and a
+    /// progress event (rate-limited).
+    fn step(&mut self, epoch: u64, group: &[&[usize]], sums: &mut EpochSums) -> Result<()> {
+        let (ctx, h) = (self.ctx, self.h);
+        let (rank, world) = (ctx.rank, ctx.world_size);
+        let started = Instant::now();
+        // Seeded per step and rank, so a run resumed from any step draws the same dropout
+        // masks as the run that was not interrupted.
+        tch::manual_seed(
+            (h.seed as i64)
+                .wrapping_mul(1_000_003)
+                .wrapping_add((self.step * world as u64 + rank as u64) as i64),
+        );
+        self.update.zero_grad();
+        let (mut loss_sum, mut n) = (0.0f64, 0usize);
+        let mut metrics = MetricSums::default();
+        for batch in group {
+            let (loss, hits, batch_metrics) = autocast(h.precision, ctx.device, || {
+                let out = self.recipe.step(Split::Train, batch, true)?;
+                let hits = out.predictions.as_ref().map(|(logits, labels)| {
+                    logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
+                });
+                Ok((out.loss, hits, out.metrics))
+            })?;
+            if let Some(hits) = hits {
+                sums.correct += hits.double_value(&[]);
+                sums.counted += batch.len() as f64;
+            }
+            // Gradients add up over micro-batches; average them like one big batch.
+            (&loss / group.len() as f64).backward();
+            loss_sum += loss.double_value(&[]) * batch.len() as f64;
+            n += batch.len();
+            metrics.add(&batch_metrics, batch.len());
         }
-        let eval_batches: Vec<&[usize]> =
-            sampler::batches(&eval_idx, local_batch.max(32)).collect();
-        recipe.plan(Split::Eval, epoch, &eval_batches);
-        let eval = tch::no_grad(|| -> Result<EvalSums> {
+        // Each rank's share of the global batch (equal shards: 1/world).
+        let lr = self.schedule.at(self.step);
+        self.update.step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
+        let l = loss_sum / n.max(1) as f64;
+        if !l.is_finite() {
+            bail!("loss became {l} at step {} (epoch {epoch}): lower the learning rate or enable gradient clipping", self.step);
+        }
+        if self.step >= self.clock.steady_from {
+            self.clock.steady_samples += n as u64;
+            self.clock.steady_time += started.elapsed();
+        }
+        self.step += 1;
+        self.clock.samples += n as u64;
+        sums.loss += loss_sum;
+        sums.n += n as f64;
+        self.report_step(epoch, l, lr, &metrics);
+        sums.metrics.merge(&metrics);
+        if h.checkpoint_every.is_some_and(|k| self.step % k == 0) && self.step < self.total_steps {
+            let at = [(metric::TRAIN_LOSS.to_string(), l)].into_iter().collect();
+            let dir = ctx.run_dir.join("checkpoints").join(format!("step-{}", self.step));
+            self.checkpoint(&dir, epoch, at, true)?;
+        }
+        self.progress(epoch);
+        Ok(())
+    }
+
+    /// The step's metric events and its log line.
+    fn report_step(&self, epoch: u64, loss: f64, lr: f64, metrics: &MetricSums) {
+        let (ev, step) = (&self.ctx.events, self.step);
+        ev.log(format!("train epoch:[{epoch}]\tloss:{loss:.6}"));
+        ev.metric(step, epoch, metric::LOSS, loss);
+        if self.recipe.perplexity() {
+            ev.metric(step, epoch, metric::PERPLEXITY, loss.exp());
+        }
+        for (name, value) in metrics.means() {
+            ev.metric(step, epoch, &name, value);
+        }
+        if self.ctx.rank == 0 && (self.h.schedule != Schedule::Constant || self.schedule.warmup > 0)
+        {
+            ev.metric(step, epoch, metric::LR, lr);
+        }
+    }
+
+    /// Rank 0's progress event, at most every [`PROGRESS_EVERY`] and at the last step.
+    fn progress(&mut self, epoch: u64) {
+        let at_end = self.step == self.total_steps;
+        if self.ctx.rank != 0 || (self.clock.last_progress.elapsed() < PROGRESS_EVERY && !at_end) {
+            return;
+        }
+        self.clock.last_progress = Instant::now();
+        let secs = (self.clock.train_time + self.clock.epoch_start.elapsed()).as_secs_f64();
+        let samples = self.clock.samples * self.ctx.world_size as u64;
+        self.ctx.events.send(Event::Progress {
+            rank: 0,
+            step: self.step,
+            total_steps: self.total_steps,
+            epoch,
+            epochs: self.epochs,
+            samples,
+            samples_per_second: if secs > 0.0 { samples as f64 / secs } else { 0.0 },
+        });
+    }
+
+    /// Evaluates this rank's disjoint shard of the evaluation set (with rank 0's buffers).
+    fn evaluate(&mut self, epoch: u64) -> Result<EvalSums> {
+        if !self.buffers.is_empty() {
+            ddp::broadcast_parameters(&self.ctx.pg, &self.buffers)?;
+        }
+        let batches: Vec<&[usize]> =
+            sampler::batches(&self.eval_idx, self.local_batch.max(32)).collect();
+        self.recipe.plan(Split::Eval, epoch, &batches);
+        let (precision, device) = (self.h.precision, self.ctx.device);
+        tch::no_grad(|| -> Result<EvalSums> {
             let mut e = EvalSums::default();
-            for batch in eval_batches.iter().copied() {
-                let out = autocast(h.precision, ctx.device, || {
-                    recipe.step(Split::Eval, batch, false)
+            for batch in batches.iter().copied() {
+                let out = autocast(precision, device, || {
+                    self.recipe.step(Split::Eval, batch, false)
                 })?;
                 e.loss += out.loss.double_value(&[]) * batch.len() as f64;
                 e.n += batch.len() as f64;
@@ -525,149 +534,275 @@ pub fn run(ctx: &WorkerContext, recipe: &mut dyn Recipe, h: &Hyper) -> Result<Wo
                 e.metrics.add(&out.metrics, batch.len());
             }
             Ok(e)
-        })?;
-        // Each rank's counts in one vector, summed over ranks. Its layout depends on the metric
-        // names and the number of classes, so ranks first check they agree on it.
+        })
+    }
+
+    /// The end of an epoch: evaluation, the epoch's metrics summed over ranks, rank 0's
+    /// epoch lines (as the reference notebooks print them) and the epoch checkpoint.
+    fn end_epoch(&mut self, epoch: u64, train: EpochSums) -> Result<()> {
+        let eval = self.evaluate(epoch)?;
+        let metrics = self.epoch_metrics(&train, &eval)?;
+        self.final_train_loss = metrics[metric::EPOCH_TRAIN_LOSS];
+        self.final_metrics = metrics;
+        if self.ctx.rank == 0 {
+            for (k, v) in &self.final_metrics {
+                self.ctx.events.metric(self.step, epoch, k, *v);
+            }
+            self.log_epoch(epoch);
+        }
+        let dir = self.ctx.run_dir.join("checkpoints").join(format!("epoch-{epoch}"));
+        self.checkpoint(&dir, epoch, self.final_metrics.clone(), false)
+    }
+
+    /// The epoch's metrics, summed over ranks in one all-reduce: losses, accuracy, the
+    /// recipe's own metrics and exact classification scores, then throughput.
+    fn epoch_metrics(&self, train: &EpochSums, eval: &EvalSums) -> Result<BTreeMap<String, f64>> {
+        let (pg, world) = (&self.ctx.pg, self.ctx.world_size);
+        // The vector's layout depends on the metric names and the number of classes, so ranks
+        // first check they agree on it.
         let layout = [
-            epoch_metrics.len() as f64,
+            train.metrics.len() as f64,
             eval.metrics.len() as f64,
             eval.confusion.classes() as f64,
         ];
-        let agreed = ddp::allreduce_sums(&ctx.pg, &layout)?
+        let agreed = ddp::allreduce_sums(pg, &layout)?
             .iter()
             .zip(layout)
             .all(|(sum, mine)| *sum == mine * world as f64);
-        if !agreed && rank == 0 {
-            ev.log("warning: the ranks reported different metric names or numbers of classes this epoch; only the loss is aggregated".to_string());
+        if !agreed && self.ctx.rank == 0 {
+            self.ctx.events.log("warning: the ranks reported different metric names or numbers of classes this epoch; only the loss is aggregated".to_string());
         }
-        let mut local = vec![loss_sum, loss_n, eval.loss, eval.n, correct, counted];
+        let mut local = vec![train.loss, train.n, eval.loss, eval.n, train.correct, train.counted];
         if agreed {
-            local.extend(epoch_metrics.to_sums());
+            local.extend(train.metrics.to_sums());
             local.extend(eval.metrics.to_sums());
             local.extend(eval.confusion.to_sums());
         }
-        let sums = ddp::allreduce_sums(&ctx.pg, &local)?;
-        let train_loss = sums[0] / sums[1].max(1.0);
-        final_train_loss = train_loss;
-        final_metrics.insert("epoch_train_loss".to_string(), train_loss);
+        let sums = ddp::allreduce_sums(pg, &local)?;
+        let mut m = BTreeMap::new();
+        m.insert(metric::EPOCH_TRAIN_LOSS.to_string(), sums[0] / sums[1].max(1.0));
         if sums[5] > 0.0 {
-            final_metrics.insert("epoch_train_accuracy".to_string(), sums[4] / sums[5]);
+            m.insert(metric::EPOCH_TRAIN_ACCURACY.to_string(), sums[4] / sums[5]);
         }
         if sums[3] > 0.0 {
-            final_metrics.insert("eval_loss".to_string(), sums[2] / sums[3]);
+            m.insert(metric::EVAL_LOSS.to_string(), sums[2] / sums[3]);
         }
         if agreed {
-            let mut rest = &sums[6..];
-            let (train_user, tail) = rest.split_at(epoch_metrics.sums_len());
-            rest = tail;
-            for (name, v) in epoch_metrics.means_of(train_user) {
-                final_metrics.insert(format!("epoch_train_{name}"), v);
+            let (train_user, rest) = sums[6..].split_at(train.metrics.sums_len());
+            for (name, v) in train.metrics.means_of(train_user) {
+                m.insert(metric::epoch_train(&name), v);
             }
-            let (eval_user, tail) = rest.split_at(eval.metrics.sums_len());
-            rest = tail;
+            let (eval_user, rest) = rest.split_at(eval.metrics.sums_len());
             for (name, v) in eval.metrics.means_of(eval_user) {
-                final_metrics.insert(format!("eval_{name}"), v);
+                m.insert(metric::eval(&name), v);
             }
             let confusion = Confusion::from_sums(eval.confusion.classes(), rest);
-            final_metrics.extend(confusion.scores("eval_"));
+            m.extend(confusion.scores(metric::EVAL_PREFIX));
         }
-        if perplexity {
+        if self.recipe.perplexity() {
             // exp of the mean loss, not the mean of per-batch perplexities.
-            for split in ["epoch_train", "eval"] {
-                if let Some(l) = final_metrics.get(&format!("{split}_loss")).copied() {
-                    final_metrics.insert(format!("{split}_perplexity"), l.exp());
+            for (loss, ppl) in [
+                (metric::EPOCH_TRAIN_LOSS, metric::EPOCH_TRAIN_PERPLEXITY),
+                (metric::EVAL_LOSS, metric::EVAL_PERPLEXITY),
+            ] {
+                if let Some(l) = m.get(loss).copied() {
+                    m.insert(ppl.to_string(), l.exp());
                 }
             }
         }
-        let sps = samples as f64 * world as f64 / train_time.as_secs_f64().max(1e-9);
-        final_metrics.insert("samples_per_second".to_string(), sps);
-        if steady_time > Duration::ZERO {
-            final_metrics.insert(
-                "train_samples_per_second".to_string(),
-                steady_samples as f64 * world as f64 / steady_time.as_secs_f64(),
+        let c = &self.clock;
+        let sps = c.samples as f64 * world as f64 / c.train_time.as_secs_f64().max(1e-9);
+        m.insert(metric::SAMPLES_PER_SECOND.to_string(), sps);
+        if c.steady_time > Duration::ZERO {
+            m.insert(
+                metric::TRAIN_SAMPLES_PER_SECOND.to_string(),
+                c.steady_samples as f64 * world as f64 / c.steady_time.as_secs_f64(),
             );
         }
-        // Every rank: ZeRO gathers the state from all of them.
-        let opt_state = update.checkpoint_state(&ctx.pg)?;
-        if rank == 0 {
-            for (k, v) in &final_metrics {
-                ev.metric(step, epoch, k, *v);
-            }
-            // The reference notebooks' per-epoch lines.
-            let acc = |k: &str| {
-                final_metrics
-                    .get(k)
-                    .map(|a| format!(" Acc: {a:.4}"))
-                    .unwrap_or_default()
-            };
-            ev.log(format!(
-                "Epoch {epoch}-train Loss: {train_loss:.4}{} ({sps:.1} samples/s)",
-                acc("epoch_train_accuracy")
+        Ok(m)
+    }
+
+    /// The reference notebooks' per-epoch lines.
+    fn log_epoch(&self, epoch: u64) {
+        let m = &self.final_metrics;
+        let acc = |k: &str| m.get(k).map(|a| format!(" Acc: {a:.4}")).unwrap_or_default();
+        self.ctx.events.log(format!(
+            "Epoch {epoch}-train Loss: {:.4}{} ({:.1} samples/s)",
+            m[metric::EPOCH_TRAIN_LOSS],
+            acc(metric::EPOCH_TRAIN_ACCURACY),
+            m[metric::SAMPLES_PER_SECOND],
+        ));
+        if let Some(l) = m.get(metric::EVAL_LOSS) {
+            let f1 = m
+                .get(metric::EVAL_F1)
+                .or(m.get(metric::EVAL_F1_MACRO))
+                .map(|f| format!(" F1: {f:.4}"))
+                .unwrap_or_default();
+            self.ctx.events.log(format!(
+                "Epoch {epoch}-val Loss: {l:.4}{}{f1}",
+                acc(metric::EVAL_ACCURACY)
             ));
-            if let Some(l) = final_metrics.get("eval_loss") {
-                let f1 = final_metrics
-                    .get("eval_f1")
-                    .or(final_metrics.get("eval_f1_macro"))
-                    .map(|f| format!(" F1: {f:.4}"))
-                    .unwrap_or_default();
-                ev.log(format!(
-                    "Epoch {epoch}-val Loss: {l:.4}{}{f1}",
-                    acc("eval_accuracy")
-                ));
-            }
-            let dir = ctx
-                .run_dir
-                .join("checkpoints")
-                .join(format!("epoch-{epoch}"));
-            write_checkpoint(
-                &dir,
-                recipe,
-                &opt_state,
-                h,
-                (epoch, step, world, accum),
-                final_metrics.clone(),
-            )?;
-            retire(last_checkpoint.replace(dir.clone()), &step_checkpoints, h);
-            ev.send(Event::Checkpoint {
-                rank,
-                step,
-                epoch,
-                path: dir.display().to_string(),
-            });
-        }
-        if step >= total_steps {
-            break 'epochs;
         }
     }
 
-    let (param_sum, param_l2) = param_stats(vs);
-    let (optimizer_state, buffers) = update.memory();
-    let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
-    let memory = trainbook_api::job::MemoryUse {
-        rank,
-        parameters: vs.variables().values().map(bytes).sum(),
-        gradients: trainable
-            .iter()
-            .map(|(_, p)| p.grad())
-            .filter(|g| g.defined())
-            .map(|g| bytes(&g))
-            .sum(),
-        optimizer_state,
-        buffers,
-        // The worker adds the device's peak (it knows the device's plugins).
-        peak: 0,
-        peak_of: String::new(),
-    };
-    Ok(WorkerSummary {
-        steps: step,
-        epochs,
-        samples,
-        train_seconds: train_time.as_secs_f64(),
-        final_train_loss,
-        param_sum,
-        param_l2,
-        device: ctx.device_name.clone(),
-        metrics: final_metrics,
-        memory,
-    })
+    /// Writes a checkpoint directory (weights, optimizer state, trainer state) atomically on
+    /// rank 0 and announces it; every rank takes part, since ZeRO gathers the optimizer state
+    /// from all of them. Step checkpoints beyond `keep_checkpoints` are removed.
+    fn checkpoint(
+        &mut self,
+        dir: &Path,
+        epoch: u64,
+        metrics: BTreeMap<String, f64>,
+        step_checkpoint: bool,
+    ) -> Result<()> {
+        let opt_state = self.update.checkpoint_state(&self.ctx.pg)?;
+        if self.ctx.rank != 0 {
+            return Ok(());
+        }
+        self.write_checkpoint(dir, &opt_state, epoch, metrics)?;
+        self.retire_latest(dir.to_path_buf());
+        if step_checkpoint {
+            self.written.steps.push_back(dir.to_path_buf());
+            while self.written.steps.len() > self.h.keep_checkpoints.unwrap_or(usize::MAX) {
+                if let Some(old) = self.written.steps.pop_front() {
+                    std::fs::remove_dir_all(&old).ok();
+                }
+            }
+        }
+        self.ctx.events.send(Event::Checkpoint {
+            rank: 0,
+            step: self.step,
+            epoch,
+            path: dir.display().to_string(),
+        });
+        Ok(())
+    }
+
+    fn write_checkpoint(
+        &self,
+        dir: &Path,
+        opt_state: &[(String, Tensor)],
+        epoch: u64,
+        metrics: BTreeMap<String, f64>,
+    ) -> Result<()> {
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        let h = self.h;
+        let state = TrainerState {
+            epoch,
+            step: self.step,
+            world_size: Some(self.ctx.world_size),
+            global_batch_size: Some(h.global_batch_size),
+            grad_accum: Some(self.accum),
+            hyper: serde_json::to_value(h)?,
+            metrics,
+        };
+        checkpoint::write_dir_atomic(dir, |tmp| {
+            self.recipe.save(tmp)?;
+            crate::worker::optim::save_state(opt_state, &tmp.join(checkpoint::OPTIMIZER))?;
+            std::fs::write(
+                tmp.join(checkpoint::TRAINER_STATE),
+                serde_json::to_vec_pretty(&state)?,
+            )?;
+            Ok(())
+        })
+    }
+
+    /// A checkpoint that is no longer the latest gives up its optimizer state, which is as
+    /// large as the model (AdamW: twice): a resume normally starts from the latest. Step
+    /// checkpoints under `keep_checkpoints` keep theirs, since that bound is the user's choice
+    /// of what to resume from.
+    fn retire_latest(&mut self, latest: PathBuf) {
+        if let Some(prev) = self.written.latest.replace(latest) {
+            if self.h.keep_checkpoints.is_none() || !self.written.steps.contains(&prev) {
+                std::fs::remove_file(prev.join(checkpoint::OPTIMIZER)).ok();
+            }
+        }
+    }
+
+    /// This rank's summary: steps, throughput, final metrics, a parameter fingerprint, memory.
+    fn summary(self) -> WorkerSummary {
+        let vs = self.recipe.vars();
+        let (param_sum, param_l2) = param_stats(vs);
+        let (optimizer_state, buffers) = self.update.memory();
+        let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        let memory = trainbook_api::job::MemoryUse {
+            rank: self.ctx.rank,
+            parameters: vs.variables().values().map(bytes).sum(),
+            gradients: self
+                .trainable
+                .iter()
+                .map(|p| p.grad())
+                .filter(|g| g.defined())
+                .map(|g| bytes(&g))
+                .sum(),
+            optimizer_state,
+            buffers,
+            // The worker adds the device's peak (it knows the device's plugins).
+            peak: 0,
+            peak_of: String::new(),
+        };
+        WorkerSummary {
+            steps: self.step,
+            epochs: self.epochs,
+            samples: self.clock.samples,
+            train_seconds: self.clock.train_time.as_secs_f64(),
+            final_train_loss: self.final_train_loss,
+            param_sum,
+            param_l2,
+            device: self.ctx.device_name.clone(),
+            metrics: self.final_metrics,
+            memory,
+        }
+    }
+}
+
+/// Samples per forward pass on one worker, with a note when the global batch does not divide.
+fn local_batch(ctx: &WorkerContext, h: &Hyper) -> Result<usize> {
+    let (world, accum) = (ctx.world_size, h.grad_accum.max(1));
+    if h.global_batch_size < world * accum {
+        bail!(
+            "global batch size {} is smaller than {world} workers x {accum} micro-batches",
+            h.global_batch_size
+        );
+    }
+    let local_batch = h.global_batch_size / (world * accum);
+    if ctx.rank == 0 && !h.global_batch_size.is_multiple_of(world * accum) {
+        ctx.events.log(format!(
+            "note: global batch {} is not divisible by {world} workers x {accum} micro-batches; using {} per micro-batch ({} in all)",
+            h.global_batch_size,
+            local_batch,
+            local_batch * world * accum
+        ));
+    }
+    Ok(local_batch)
+}
+
+/// The recipe's variables in a fixed name order, so every rank lists them alike.
+fn ordered_vars(recipe: &dyn Recipe) -> Vec<Tensor> {
+    let vars = recipe.vars().variables();
+    let mut names: Vec<&String> = vars.keys().collect();
+    names.sort();
+    names.iter().map(|n| vars[*n].shallow_clone()).collect()
+}
+
+/// The trainable parameters, by name in name order, for the update strategy.
+fn trainable_named(recipe: &dyn Recipe) -> Vec<(String, Tensor)> {
+    let vars = recipe.vars().variables();
+    let mut named: Vec<(String, Tensor)> = vars
+        .iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// (trainable parameters, buffers), each in name order.
+fn parameters(recipe: &dyn Recipe) -> (Vec<Tensor>, Vec<Tensor>) {
+    let (trainable, buffers): (Vec<Tensor>, Vec<Tensor>) =
+        ordered_vars(recipe).into_iter().partition(|t| t.requires_grad());
+    (trainable, buffers)
 }

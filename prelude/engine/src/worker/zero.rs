@@ -2,14 +2,14 @@
 //!
 //! Plain data parallelism gives every rank the whole optimizer state (AdamW: two tensors the
 //! size of the model), which caps the model a device can train. Here the gradient buckets of
-//! [`crate::ddp`] are cut into W equal shards: a reduce-scatter leaves rank r the summed
+//! [`crate::worker::ddp`] are cut into W equal shards: a reduce-scatter leaves rank r the summed
 //! gradient of shard r only, rank r updates that shard of the parameters (and holds its
 //! optimizer state), and an all-gather gives every rank the new parameters. The traffic is the
 //! all-reduce's (an all-reduce is a reduce-scatter followed by an all-gather), and the
 //! optimizer's work per rank drops to 1/W.
 //!
 //! Shards are flat element ranges, so one parameter can be split between ranks: each rank
-//! steps the *pieces* it owns ([`crate::optim::Piece`]). Element-wise optimizers (SGD, AdamW)
+//! steps the *pieces* it owns ([`crate::worker::optim::Piece`]). Element-wise optimizers (SGD, AdamW)
 //! need nothing more; LAMB's and LANS's per-tensor norms add up the pieces' partial sums in one
 //! small all-reduce. Checkpoints hold the whole state, gathered from the shards in the
 //! replicated layout, so they resume with any worker count and with or without ZeRO.
@@ -19,10 +19,10 @@ use std::collections::VecDeque;
 use anyhow::Result;
 use tch::{Kind, Tensor};
 
-use crate::ddp::{self, BucketPlan};
-use crate::device::OnDeviceOf;
-use crate::dist::{ProcessGroup, ReduceOp, Work};
-use crate::optim::{Optimizer, OptimizerConfig, Piece};
+use crate::worker::ddp::{self, BucketPlan};
+use crate::worker::device::OnDeviceOf;
+use crate::worker::dist::{ProcessGroup, ReduceOp, Work};
+use crate::worker::optim::{Optimizer, OptimizerConfig, Piece};
 
 /// Collectives in flight at once: the next bucket is packed while the previous one travels,
 /// as [`ddp::GradSync`] does, without queueing every bucket's buffers at once.
@@ -44,7 +44,7 @@ struct Shard {
     grads: Vec<Tensor>,
 }
 
-pub struct ShardedOptimizer {
+pub(crate) struct ShardedOptimizer {
     names: Vec<String>,
     params: Vec<Tensor>,
     shards: Vec<Shard>,
@@ -52,7 +52,7 @@ pub struct ShardedOptimizer {
 
 impl ShardedOptimizer {
     /// `params`: the trainable parameters by name, in the same order on every rank.
-    pub fn new(
+    pub(crate) fn new(
         cfg: OptimizerConfig,
         params: Vec<(String, Tensor)>,
         rank: usize,
@@ -105,16 +105,16 @@ impl ShardedOptimizer {
     }
 
     /// Bytes of optimizer state this rank holds.
-    pub fn state_bytes(&self) -> u64 {
+    pub(crate) fn state_bytes(&self) -> u64 {
         self.shards.iter().map(|s| s.opt.state_bytes()).sum()
     }
 
     /// Restores this rank's part of a checkpoint's whole optimizer state.
-    pub fn load(&mut self, path: &std::path::Path) -> Result<()> {
+    pub(crate) fn load(&mut self, path: &std::path::Path) -> Result<()> {
         self.shards.iter_mut().try_for_each(|s| s.opt.load(path))
     }
 
-    pub fn zero_grad(&mut self) {
+    pub(crate) fn zero_grad(&mut self) {
         for p in &self.params {
             let mut g = p.grad();
             if g.defined() {
@@ -124,7 +124,7 @@ impl ShardedOptimizer {
     }
 
     /// Bytes of the flat buckets and this rank's gradient and parameter shards.
-    pub fn buffer_bytes(&self) -> u64 {
+    pub(crate) fn buffer_bytes(&self) -> u64 {
         self.shards
             .iter()
             .map(|s| {
@@ -138,7 +138,7 @@ impl ShardedOptimizer {
     /// scaled by `weight`, its share of the global batch), clip the global norm to `clip`,
     /// update this rank's shard, all-gather the parameters. Returns the gradient norm
     /// before clipping when clipping.
-    pub fn step(
+    pub(crate) fn step(
         &mut self,
         pg: &ProcessGroup,
         weight: f64,
@@ -246,7 +246,7 @@ impl ShardedOptimizer {
     /// from every rank's shard: a collective, so every rank calls it. Only the rank that writes
     /// the checkpoint (`keep`) copies the state out of the buckets; the others return nothing,
     /// so a checkpoint costs them no more than a step's buffers.
-    pub fn gather_state(&mut self, pg: &ProcessGroup, keep: bool) -> Result<Vec<(String, Tensor)>> {
+    pub(crate) fn gather_state(&mut self, pg: &ProcessGroup, keep: bool) -> Result<Vec<(String, Tensor)>> {
         tch::no_grad(|| {
             let steps = self.shards.first().map_or(0, |s| s.opt.steps());
             let mut out = vec![("steps".to_string(), Tensor::from(steps as i64))];

@@ -69,13 +69,13 @@ fn write(path: &Path, enc: &[Encoded]) -> Result<()> {
         Tensor::from_slice(&offsets),
     );
     std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-    let tmp = trainbook_engine::checkpoint::temp_path(path);
-    Tensor::write_safetensors(
-        &[("ids", &ids), ("type_ids", &types), ("offsets", &offsets)],
-        &tmp,
-    )?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    trainbook_engine::checkpoint::write_file_atomic(path, |tmp| {
+        Tensor::write_safetensors(
+            &[("ids", &ids), ("type_ids", &types), ("offsets", &offsets)],
+            tmp,
+        )?;
+        Ok(())
+    })
 }
 
 /// Where entries live: `$TRAINBOOK_CACHE`, else `<data dir>/cache/tokenized`.

@@ -4,21 +4,21 @@
 use std::os::raw::{c_char, c_int, c_void};
 
 #[repr(C)]
-pub struct TbStore {
+pub(super) struct TbStore {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct TbPg {
+pub(super) struct TbPg {
     _private: [u8; 0],
 }
 #[repr(C)]
-pub struct TbWork {
+pub(super) struct TbWork {
     _private: [u8; 0],
 }
 
 extern "C" {
-    pub fn tb_have_nccl() -> c_int;
-    pub fn tb_store_server(
+    pub(super) fn tb_have_nccl() -> c_int;
+    pub(super) fn tb_store_server(
         host: *const c_char,
         port: u16,
         timeout_ms: i64,
@@ -26,15 +26,15 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbStore;
-    pub fn tb_store_free(s: *mut TbStore);
-    pub fn tb_store_client(
+    pub(super) fn tb_store_free(s: *mut TbStore);
+    pub(super) fn tb_store_client(
         host: *const c_char,
         port: u16,
         timeout_ms: i64,
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbStore;
-    pub fn tb_store_set(
+    pub(super) fn tb_store_set(
         s: *mut TbStore,
         key: *const c_char,
         data: *const u8,
@@ -42,7 +42,7 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
-    pub fn tb_store_get(
+    pub(super) fn tb_store_get(
         s: *mut TbStore,
         key: *const c_char,
         out: *mut *mut u8,
@@ -50,9 +50,9 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
-    pub fn tb_bytes_free(p: *mut u8);
+    pub(super) fn tb_bytes_free(p: *mut u8);
     #[allow(clippy::too_many_arguments)]
-    pub fn tb_pg_new(
+    pub(super) fn tb_pg_new(
         backend: *const c_char,
         master_addr: *const c_char,
         port: u16,
@@ -65,40 +65,40 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbPg;
-    pub fn tb_pg_free(p: *mut TbPg);
-    pub fn tb_pg_set_backend(
+    pub(super) fn tb_pg_free(p: *mut TbPg);
+    pub(super) fn tb_pg_set_backend(
         p: *mut TbPg,
         device_type: c_int,
         backend: *mut c_void,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
-    pub fn tb_pg_rank(p: *const TbPg) -> c_int;
-    pub fn tb_pg_size(p: *const TbPg) -> c_int;
-    pub fn tb_pg_allreduce_start(
+    pub(super) fn tb_pg_rank(p: *const TbPg) -> c_int;
+    pub(super) fn tb_pg_size(p: *const TbPg) -> c_int;
+    pub(super) fn tb_pg_allreduce_start(
         p: *mut TbPg,
         tensor: *mut c_void,
         op: c_int,
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbWork;
-    pub fn tb_pg_reduce_scatter_start(
+    pub(super) fn tb_pg_reduce_scatter_start(
         p: *mut TbPg,
         output: *mut c_void,
         input: *mut c_void,
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbWork;
-    pub fn tb_pg_allgather_start(
+    pub(super) fn tb_pg_allgather_start(
         p: *mut TbPg,
         output: *mut c_void,
         input: *mut c_void,
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbWork;
-    pub fn tb_work_wait(w: *mut TbWork, err: *mut c_char, errlen: usize) -> c_int;
-    pub fn tb_work_free(w: *mut TbWork);
-    pub fn tb_pg_allreduce(
+    pub(super) fn tb_work_wait(w: *mut TbWork, err: *mut c_char, errlen: usize) -> c_int;
+    pub(super) fn tb_work_free(w: *mut TbWork);
+    pub(super) fn tb_pg_allreduce(
         p: *mut TbPg,
         tensors: *const *mut c_void,
         n: usize,
@@ -106,7 +106,7 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
-    pub fn tb_pg_broadcast(
+    pub(super) fn tb_pg_broadcast(
         p: *mut TbPg,
         tensors: *const *mut c_void,
         n: usize,
@@ -114,5 +114,5 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
-    pub fn tb_pg_barrier(p: *mut TbPg, err: *mut c_char, errlen: usize) -> c_int;
+    pub(super) fn tb_pg_barrier(p: *mut TbPg, err: *mut c_char, errlen: usize) -> c_int;
 }

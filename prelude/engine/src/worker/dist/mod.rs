@@ -9,46 +9,29 @@
 
 mod ffi;
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::raw::{c_char, c_void};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use tch::Tensor;
 
-const ERR_LEN: usize = 4096;
+use crate::shared::env::{AGENT_STORE, NODE_ADDR};
+use crate::shared::ffi::call;
 
-fn call<T>(
-    what: &str,
-    f: impl FnOnce(*mut c_char, usize) -> T,
-    failed: impl Fn(&T) -> bool,
-) -> Result<T> {
-    let mut buf = vec![0 as c_char; ERR_LEN];
-    let out = f(buf.as_mut_ptr(), ERR_LEN);
-    if failed(&out) {
-        // SAFETY: the shim always NUL-terminates within ERR_LEN.
-        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
-        bail!("{what} failed: {}", msg.trim());
-    }
-    Ok(out)
-}
-
-pub use trainbook_api::device::Backend;
+pub(crate) use trainbook_api::device::Backend;
 
 /// Whether this build can create NCCL process groups (the `cuda` feature).
-pub fn have_nccl() -> bool {
+pub(crate) fn have_nccl() -> bool {
     unsafe { ffi::tb_have_nccl() != 0 }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduceOp {
+pub(crate) enum ReduceOp {
     Sum,
     /// Sum, then divide by the world size (gloo has no native average).
     Mean,
     Max,
-    Min,
 }
 
 impl ReduceOp {
@@ -56,7 +39,6 @@ impl ReduceOp {
         match self {
             ReduceOp::Sum | ReduceOp::Mean => 0,
             ReduceOp::Max => 1,
-            ReduceOp::Min => 2,
         }
     }
 }
@@ -78,7 +60,7 @@ fn explain_timeout(e: anyhow::Error, timeout: Duration) -> anyhow::Error {
 /// the drivers of other nodes connect to it, and drivers exchange what a job's nodes must
 /// agree on through it (see `job`). Hosting on port 0 lets the OS pick a free port atomically,
 /// so two jobs started at once can never race for the same port.
-pub struct Store {
+pub(crate) struct Store {
     ptr: *mut ffi::TbStore,
     port: u16,
 }
@@ -90,7 +72,7 @@ unsafe impl Sync for Store {}
 
 impl Store {
     /// Hosts the store on `host:port` (port 0: any free port).
-    pub fn bind(host: &str, port: u16, timeout: Duration) -> Result<Self> {
+    pub(crate) fn bind(host: &str, port: u16, timeout: Duration) -> Result<Self> {
         let chost = CString::new(host).context("master address contains a NUL byte")?;
         let mut out_port = 0u16;
         let ptr = call(
@@ -125,7 +107,7 @@ impl Store {
     }
 
     /// Connects to the store hosted at `host:port`, waiting up to `timeout` for it to appear.
-    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self> {
+    pub(crate) fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self> {
         let chost = CString::new(host).context("master address contains a NUL byte")?;
         let ptr = call(
             &format!("connecting to the rendezvous store at {host}:{port}"),
@@ -137,11 +119,11 @@ impl Store {
         Ok(Self { ptr, port })
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
-    pub fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+    pub(crate) fn set(&self, key: &str, value: &[u8]) -> Result<()> {
         let ckey = CString::new(key).context("store key contains a NUL byte")?;
         call(
             &format!("writing '{key}' to the rendezvous store"),
@@ -154,7 +136,7 @@ impl Store {
     }
 
     /// The value of `key`, waiting for it up to the store's timeout.
-    pub fn get(&self, key: &str) -> Result<Vec<u8>> {
+    pub(crate) fn get(&self, key: &str) -> Result<Vec<u8>> {
         let ckey = CString::new(key).context("store key contains a NUL byte")?;
         let mut out: *mut u8 = std::ptr::null_mut();
         let mut len = 0usize;
@@ -176,12 +158,8 @@ impl Drop for Store {
     }
 }
 
-/// Set by trainbook's driver for its workers: the address their gloo connections bind to.
-pub const NODE_ADDR: &str = "TRAINBOOK_NODE_ADDR";
 
 /// How a worker joins its job's process group.
-/// Set to 1 by a launcher that hosts the rendezvous store itself (see [`InitOptions`]).
-pub const AGENT_STORE: &str = "TRAINBOOK_AGENT_STORE";
 
 #[derive(Clone, Debug)]
 pub struct InitOptions {
@@ -243,12 +221,11 @@ impl InitOptions {
 /// Collectives write into the tensors they are given although they take `&Tensor`: a tch
 /// tensor is a shared handle on storage (like `at::Tensor`), so this is the same interior
 /// mutability every in-place tch operation has.
-pub struct ProcessGroup {
+pub(crate) struct ProcessGroup {
     ptr: *mut ffi::TbPg,
     timeout: Duration,
     rank: usize,
     world_size: usize,
-    backend: Backend,
 }
 
 // SAFETY: c10d process groups are thread-safe for enqueueing work; trainbook uses each one from
@@ -256,7 +233,7 @@ pub struct ProcessGroup {
 unsafe impl Send for ProcessGroup {}
 
 impl ProcessGroup {
-    pub fn new(opts: &InitOptions) -> Result<Self> {
+    pub(crate) fn new(opts: &InitOptions) -> Result<Self> {
         let backend = CString::new(opts.backend.name()).unwrap();
         let addr =
             CString::new(opts.master_addr.as_str()).context("MASTER_ADDR contains a NUL byte")?;
@@ -297,24 +274,19 @@ impl ProcessGroup {
             timeout: opts.timeout,
             rank,
             world_size,
-            backend: opts.backend,
         })
     }
 
-    pub fn rank(&self) -> usize {
+    pub(crate) fn rank(&self) -> usize {
         self.rank
     }
 
-    pub fn world_size(&self) -> usize {
+    pub(crate) fn world_size(&self) -> usize {
         self.world_size
     }
 
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
     /// All-reduces `tensors` in place. Tensors must be contiguous and live on the group's device.
-    pub fn allreduce(&self, tensors: &[&Tensor], op: ReduceOp) -> Result<()> {
+    pub(crate) fn allreduce(&self, tensors: &[&Tensor], op: ReduceOp) -> Result<()> {
         if tensors.is_empty() {
             return Ok(());
         }
@@ -336,7 +308,7 @@ impl ProcessGroup {
     }
 
     /// Starts an in-place sum-allreduce of one tensor; [`Work::wait`] completes it.
-    pub fn allreduce_start(&self, tensor: &Tensor) -> Result<Work> {
+    pub(crate) fn allreduce_start(&self, tensor: &Tensor) -> Result<Work> {
         self.start("allreduce", |e, n| unsafe {
             ffi::tb_pg_allreduce_start(self.ptr, tensor.as_ptr() as *mut c_void, 0, e, n)
         })
@@ -344,7 +316,7 @@ impl ProcessGroup {
 
     /// Starts a sum-reduce-scatter: `input` holds `world_size` equal chunks; `output` (one
     /// chunk's size) receives the sum over ranks of chunk `rank`.
-    pub fn reduce_scatter_start(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+    pub(crate) fn reduce_scatter_start(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
         self.check_chunks("reduce_scatter", output, input)?;
         let (out, inp) = (
             output.as_ptr() as *mut c_void,
@@ -357,7 +329,7 @@ impl ProcessGroup {
 
     /// Starts an all-gather: `output` (`world_size` chunks) receives every rank's `input` in
     /// rank order.
-    pub fn allgather_start(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
+    pub(crate) fn allgather_start(&self, output: &Tensor, input: &Tensor) -> Result<Work> {
         self.check_chunks("allgather", input, output)?;
         let (out, inp) = (
             output.as_ptr() as *mut c_void,
@@ -396,7 +368,7 @@ impl ProcessGroup {
     }
 
     /// Broadcasts `tensors` in place from `root` to every rank.
-    pub fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<()> {
+    pub(crate) fn broadcast(&self, tensors: &[&Tensor], root: usize) -> Result<()> {
         if root >= self.world_size {
             bail!(
                 "broadcast root {root} is not a rank of this group (world size {})",
@@ -415,7 +387,7 @@ impl ProcessGroup {
         Ok(())
     }
 
-    pub fn barrier(&self) -> Result<()> {
+    pub(crate) fn barrier(&self) -> Result<()> {
         call(
             "barrier",
             |e, n| unsafe { ffi::tb_pg_barrier(self.ptr, e, n) },
@@ -429,9 +401,9 @@ impl ProcessGroup {
 impl ProcessGroup {
     /// Serves tensors of `device` with `backend` (a device plugin's c10d backend, e.g. Gaudi's
     /// hccl for HPU tensors).
-    pub fn attach_backend(
+    pub(crate) fn attach_backend(
         &self,
-        device: crate::device::Device,
+        device: crate::worker::device::Device,
         backend: BackendHandle,
     ) -> Result<()> {
         call(
@@ -473,14 +445,14 @@ impl Drop for ProcessGroup {
 }
 
 /// An in-flight collective.
-pub struct Work {
+pub(crate) struct Work {
     ptr: *mut ffi::TbWork,
     timeout: Duration,
     what: &'static str,
 }
 
 impl Work {
-    pub fn wait(self) -> Result<()> {
+    pub(crate) fn wait(self) -> Result<()> {
         let rc = call(
             self.what,
             |e, n| unsafe { ffi::tb_work_wait(self.ptr, e, n) },

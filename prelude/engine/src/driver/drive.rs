@@ -1,0 +1,732 @@
+//! The driver's event loop: everything the workers say (events, raw output, exits) is folded
+//! into the job's state in one thread, in arrival order, and published to subscribers. It also
+//! watches the worker processes: the first failure stops the rest and becomes the job's error,
+//! naming the rank, its last lines and its log.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use trainbook_api::job::{JobStatus, LogRecord, MetricRow, Progress, TrainError, Update};
+use trainbook_api::logs::Stream;
+
+use super::dedup::Deduplicator;
+use super::dllog::DlLog;
+use super::handle::JobState;
+use super::processes::{Exit, RawOutput, Workers, STOP_GRACE};
+use super::metrics;
+use crate::shared::checkpoint;
+use crate::shared::events::{Collector, Emitter, Event};
+use crate::worker::dist::Store;
+
+/// Lines of each rank kept for error reports.
+const TAIL_LINES: usize = 20;
+/// How long node 0 waits for another node's report of the worker whose death failed its own.
+const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(1500);
+/// How long node 0 waits, once its own workers are done, for other nodes' `done` events.
+const REMOTE_DONE_WAIT: Duration = Duration::from_secs(10);
+/// Log lines kept in memory per job (the run directory has them all).
+const MEMORY_LOG_LINES: usize = 10_000;
+
+/// What reaches the event loop: a worker's event, or a line of a local worker's raw output.
+pub(super) enum Incoming {
+    Event(Event),
+    Raw(RawOutput),
+}
+
+/// The event loop's state: the job it folds into, and what it writes on the way.
+pub(super) struct Driver<'a> {
+    job: &'a JobState,
+    dedup: Deduplicator,
+    log_files: Vec<Option<File>>,
+    dllog: Option<DlLog>,
+    /// On nodes other than 0: node 0's event stream, which gets this node's worker output and
+    /// failures (their events go there directly).
+    forward: Option<Emitter>,
+    /// Failed workers of other nodes, as their drivers reported them (node 0).
+    remote_exits: Vec<Exit>,
+    /// This node joined node 0's job (its workers' events go to node 0).
+    joined: bool,
+}
+
+impl Driver<'_> {
+    fn elapsed(&self) -> f64 {
+        self.job.started.elapsed().as_secs_f64()
+    }
+
+    fn line(&mut self, rank: usize, stream: Stream, text: String) {
+        if let Some(fwd) = &self.forward {
+            fwd.send(Event::Log {
+                rank,
+                stream: stream.into(),
+                text: text.clone(),
+            });
+        }
+        if let Some(Some(f)) = self.log_files.get_mut(rank) {
+            let tag = if stream == Stream::Stderr {
+                "[stderr] "
+            } else {
+                ""
+            };
+            let _ = writeln!(f, "{tag}{text}");
+        }
+        let now = Instant::now();
+        let shown = self.dedup.push(rank, stream, &text, now);
+        {
+            let mut st = self.job.lock();
+            if let Some(t) = st.tails.get_mut(rank) {
+                if t.len() == TAIL_LINES {
+                    t.pop_front();
+                }
+                t.push_back(text.clone());
+            }
+            if st.logs.len() == MEMORY_LOG_LINES {
+                st.logs.pop_front();
+            }
+            let stream = if stream == Stream::Stderr {
+                "stderr"
+            } else {
+                "stdout"
+            };
+            let time = self.elapsed();
+            st.logs.push_back(LogRecord {
+                rank,
+                stream,
+                text,
+                time,
+            });
+        }
+        for s in shown {
+            self.job.publish(Update::Log(s));
+        }
+    }
+
+    fn event(&mut self, ev: Event) {
+        let elapsed = self.elapsed();
+        match ev {
+            Event::Log { rank, stream, text } => self.line(rank, stream.into(), text),
+            Event::Metric {
+                rank,
+                step,
+                epoch,
+                name,
+                value,
+                ..
+            } => {
+                if let (0, Some(log)) = (rank, &mut self.dllog) {
+                    log.metric(epoch, step, &name, value, elapsed);
+                }
+                let row = MetricRow {
+                    rank: rank as u32,
+                    step,
+                    epoch,
+                    name,
+                    value,
+                    time: elapsed,
+                };
+                self.job.lock().metrics.push(row.clone());
+                self.job.publish(Update::Metric(row));
+            }
+            Event::Progress {
+                step,
+                total_steps,
+                epoch,
+                epochs,
+                samples,
+                samples_per_second,
+                ..
+            } => {
+                let p = Progress {
+                    step,
+                    total_steps,
+                    epoch,
+                    epochs,
+                    samples,
+                    samples_per_second,
+                    elapsed,
+                };
+                self.job.lock().progress = Some(p.clone());
+                self.job.publish(Update::Progress(p));
+            }
+            Event::Checkpoint { epoch, path, .. } => {
+                let path = PathBuf::from(path);
+                self.job.lock().checkpoints.push((epoch, path.clone()));
+                self.job.publish(Update::Checkpoint { epoch, path });
+            }
+            Event::Error { rank, message } => {
+                if let Some(slot) = self.job.lock().errors.get_mut(rank) {
+                    *slot = Some(message.clone());
+                }
+                self.line(rank, Stream::Stderr, format!("error: {message}"));
+            }
+            Event::Done { rank, summary } => {
+                if let (0, Some(log)) = (rank, &mut self.dllog) {
+                    log.finish(&summary, elapsed);
+                }
+                if let Some(slot) = self.job.lock().summaries.get_mut(rank) {
+                    *slot = Some(summary);
+                }
+            }
+            Event::Started {
+                rank,
+                pid,
+                device,
+                threads,
+            } => {
+                let _ = (rank, pid, device, threads);
+            }
+            Event::Exited {
+                rank,
+                node,
+                code,
+                signal,
+            } => {
+                let exit = Exit { rank, code, signal };
+                self.line(
+                    rank,
+                    Stream::Stderr,
+                    format!("worker on node {node}: {}", exit.describe()),
+                );
+                self.remote_exits.push(exit);
+            }
+        }
+    }
+
+    fn incoming(&mut self, m: Incoming) {
+        match m {
+            Incoming::Event(e) => self.event(e),
+            Incoming::Raw(RawOutput::Line { rank, stderr, text }) => self.line(
+                rank,
+                if stderr {
+                    Stream::Stderr
+                } else {
+                    Stream::Stdout
+                },
+                text,
+            ),
+        }
+    }
+
+    fn flush_dedup(&mut self, finish: bool) {
+        let shown = if finish {
+            self.dedup.finish()
+        } else {
+            self.dedup.flush_due(Instant::now())
+        };
+        for s in shown {
+            self.job.publish(Update::Log(s));
+        }
+    }
+
+    fn failure(&self, exit: &Exit) -> TrainError {
+        let st = self.job.lock();
+        let tail: Vec<String> = st
+            .tails
+            .get(exit.rank)
+            .map(|t| t.iter().map(|l| format!("  {l}")).collect())
+            .unwrap_or_default();
+        let message = st
+            .errors
+            .get(exit.rank)
+            .cloned()
+            .flatten()
+            .map(|m| format!("\nerror: {m}"))
+            .unwrap_or_default();
+        let mut how = if exit.success() {
+            "exited before reporting completion".to_string()
+        } else {
+            exit.describe()
+        };
+        let spec = &self.job.spec;
+        if spec.nodes > 1 {
+            how = format!("{how}, on node {}", exit.rank / spec.workers.max(1));
+        }
+        TrainError::WorkerFailed {
+            rank: exit.rank,
+            how,
+            message,
+            tail: if tail.is_empty() && self.forward.is_some() {
+                "  (no output here: this node's workers report to node 0, whose run directory has their logs)".into()
+            } else if tail.is_empty() {
+                "  (no output)".into()
+            } else {
+                tail.join("\n")
+            },
+            log: self
+                .job
+                .run_dir
+                .join("logs")
+                .join(format!("rank{}.log", exit.rank))
+                .display()
+                .to_string(),
+        }
+    }
+}
+
+/// The failed worker to blame when several exit at once: one that died by a signal (its peers
+/// then fail with "connection closed" errors moments later), else the lowest rank.
+fn root_cause(failed: &[Exit]) -> Option<&Exit> {
+    failed.iter().min_by_key(|e| (e.signal.is_none(), e.rank))
+}
+
+/// How a job ended once all its workers are gone: a recorded failure wins over a stop, and
+/// success needs every rank's `done` event.
+fn final_status(failed: bool, stopped_by_user: bool, every_rank_done: bool) -> JobStatus {
+    if failed {
+        JobStatus::Failed
+    } else if stopped_by_user {
+        JobStatus::Stopped
+    } else if every_rank_done {
+        JobStatus::Succeeded
+    } else {
+        JobStatus::Failed
+    }
+}
+
+
+/// Runs a job's event loop on the driver thread until every worker is gone, then records how
+/// the job ended and publishes it.
+pub(super) fn drive(
+    job: &JobState,
+    mut workers: Workers,
+    rx: mpsc::Receiver<Incoming>,
+    collector: Option<Collector>,
+    forward: Option<Emitter>,
+    store: Store,
+) {
+    let mut d = Driver::new(job, forward);
+    let stopped_by_user = d.watch(&mut workers, &rx);
+    d.settle(&mut workers, &rx);
+    let dropped = collector.as_ref().map_or(0, |c| c.dropped());
+    drop(collector);
+    drop(store);
+    d.finish(dropped, stopped_by_user);
+}
+
+impl<'a> Driver<'a> {
+    fn new(job: &'a JobState, forward: Option<Emitter>) -> Self {
+        let world = job.spec.world_size();
+        let logs_dir = job.run_dir.join("logs");
+        // Node 0 logs every rank (other nodes forward their output to it); other nodes their own.
+        let local = job.spec.local_ranks();
+        let log_files = (0..world)
+            .map(|r| {
+                (forward.is_none() || local.contains(&r))
+                    .then(|| File::create(logs_dir.join(format!("rank{r}.log"))).ok())
+                    .flatten()
+            })
+            .collect();
+        let joined = forward.is_some();
+        Driver {
+            job,
+            dedup: Deduplicator::new(job.spec.dedup),
+            log_files,
+            dllog: (!joined).then(|| DlLog::create(&job.run_dir, dllog_parameters(job))),
+            forward,
+            remote_exits: Vec::new(),
+            joined,
+        }
+    }
+
+    /// Takes in what arrives within `wait`, then whatever else is already queued.
+    fn receive(&mut self, rx: &mpsc::Receiver<Incoming>, wait: Duration) {
+        if let Ok(m) = rx.recv_timeout(wait) {
+            self.incoming(m);
+            while let Ok(m) = rx.try_recv() {
+                self.incoming(m);
+            }
+        }
+    }
+
+    /// Folds events and watches the workers until all have exited. Returns whether the user
+    /// stopped the job.
+    fn watch(&mut self, workers: &mut Workers, rx: &mpsc::Receiver<Incoming>) -> bool {
+        let mut stopped_by_user = false;
+        while !workers.all_exited() {
+            self.receive(rx, Duration::from_millis(20));
+            self.flush_dedup(false);
+            if self.job.stop_requested.load(Ordering::Relaxed) && !stopped_by_user {
+                stopped_by_user = true;
+                workers.stop(STOP_GRACE);
+                continue;
+            }
+            let exits = workers.poll();
+            let remote = std::mem::take(&mut self.remote_exits);
+            if stopped_by_user || (exits.is_empty() && remote.is_empty()) {
+                continue;
+            }
+            let bad = self.failed(exits, remote, rx);
+            // The lock is taken and released here: `fail` folds events, which locks again.
+            let first_failure = self.job.lock().failure.is_none();
+            if let (Some(first), true) = (root_cause(&bad).cloned(), first_failure) {
+                self.fail(first, bad, workers, rx);
+            }
+        }
+        stopped_by_user
+    }
+
+    /// The exits that count as failures: a crash, or a clean exit without its `done` event
+    /// (given the socket a moment). On other nodes the `done` events go to node 0, so a clean
+    /// exit is enough there.
+    fn failed(
+        &mut self,
+        exits: Vec<Exit>,
+        mut bad: Vec<Exit>,
+        rx: &mpsc::Receiver<Incoming>,
+    ) -> Vec<Exit> {
+        let done = |job: &JobState, r: usize| {
+            job.lock()
+                .summaries
+                .get(r)
+                .map(|s| s.is_some())
+                .unwrap_or(false)
+        };
+        for e in exits {
+            if e.success() && !self.joined {
+                let deadline = Instant::now() + Duration::from_millis(500);
+                while !done(self.job, e.rank) && Instant::now() < deadline {
+                    if let Ok(m) = rx.recv_timeout(Duration::from_millis(10)) {
+                        self.incoming(m);
+                    }
+                }
+                if !done(self.job, e.rank) {
+                    bad.push(e);
+                }
+            } else if !e.success() {
+                bad.push(e);
+            }
+        }
+        bad
+    }
+
+    /// The job's first failure: stop the other workers, collect the failing rank's last words
+    /// and record the report (node 0 of a job of several nodes waits a moment for the other
+    /// nodes' reports, which may name the real cause).
+    fn fail(
+        &mut self,
+        mut first: Exit,
+        mut bad: Vec<Exit>,
+        workers: &mut Workers,
+        rx: &mpsc::Receiver<Incoming>,
+    ) {
+        workers.stop(STOP_GRACE);
+        workers.join_readers(Duration::from_millis(300));
+        while let Ok(m) = rx.try_recv() {
+            self.incoming(m);
+        }
+        // A worker killed on another node fails this node's workers at once ("connection
+        // closed"); its driver's report follows within moments, and names the cause.
+        if self.job.spec.nodes > 1 && !self.joined && first.signal.is_none() {
+            let deadline = Instant::now() + REMOTE_REPORT_WAIT;
+            while self.remote_exits.is_empty() && Instant::now() < deadline {
+                if let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
+                    self.incoming(m);
+                }
+            }
+            bad.append(&mut self.remote_exits);
+            first = root_cause(&bad).cloned().unwrap_or(first);
+        }
+        if let Some(fwd) = &self.forward {
+            fwd.send(Event::Exited {
+                rank: first.rank,
+                node: self.job.spec.node_rank,
+                code: first.code,
+                signal: first.signal,
+            });
+            fwd.flush(Duration::from_secs(2));
+        }
+        let failure = self.failure(&first);
+        self.job.lock().failure = Some(failure);
+    }
+
+    /// Every worker is gone: takes in what is still in flight (other nodes' `done` events
+    /// travel further than this node's).
+    fn settle(&mut self, workers: &mut Workers, rx: &mpsc::Receiver<Incoming>) {
+        workers.join_readers(Duration::from_secs(1));
+        let settle = if self.job.spec.nodes > 1 && !self.joined {
+            REMOTE_DONE_WAIT
+        } else {
+            Duration::from_millis(300)
+        };
+        let deadline = Instant::now() + settle;
+        while Instant::now() < deadline && !self.joined {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(m) => self.incoming(m),
+                Err(_) => {
+                    let st = self.job.lock();
+                    if st.summaries.iter().all(|s| s.is_some()) || st.failure.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        if let (Some(first), true) = (
+            self.remote_exits.first().cloned(),
+            self.job.lock().failure.is_none(),
+        ) {
+            let failure = self.failure(&first);
+            self.job.lock().failure = Some(failure);
+        }
+        self.flush_dedup(true);
+        if let Some(fwd) = &self.forward {
+            fwd.flush(Duration::from_secs(2));
+        }
+    }
+
+    /// Records how the job ended, writes `metrics.parquet` and tells subscribers.
+    fn finish(self, dropped_events: u64, stopped_by_user: bool) {
+        let job = self.job;
+        let rows = {
+            let mut st = job.lock();
+            st.dropped_events = dropped_events;
+            st.elapsed = job.started.elapsed().as_secs_f64();
+            // Other nodes see their own workers' clean exits; node 0 every rank's `done`.
+            let every_rank_done = self.joined || st.summaries.iter().all(|s| s.is_some());
+            st.status = final_status(st.failure.is_some(), stopped_by_user, every_rank_done);
+            if st.status == JobStatus::Failed && st.failure.is_none() {
+                st.failure = Some(TrainError::WorkerFailed {
+                    rank: 0,
+                    how: "workers exited without reporting completion".into(),
+                    message: String::new(),
+                    tail: String::new(),
+                    log: job.run_dir.join("logs").display().to_string(),
+                });
+            }
+            st.metrics.clone()
+        };
+        if let Err(e) = metrics::write_parquet(&rows, &job.run_dir.join("metrics.parquet")) {
+            eprintln!("trainbook: could not write metrics.parquet: {e:#}");
+        }
+        let status = job.lock().status;
+        job.publish(Update::Finished(status));
+        job.finished.notify_all();
+    }
+}
+
+/// The resolved hyper-parameters, as config.json records them, head the dllogger file.
+fn dllog_parameters(job: &JobState) -> serde_json::Value {
+    let mut parameters = std::fs::read(job.run_dir.join(checkpoint::RUN_CONFIG))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|c| c["hyper"].clone())
+        .filter(|h| h.is_object())
+        .unwrap_or_else(|| serde_json::json!({}));
+    parameters["recipe"] = job.spec.recipe.clone().into();
+    parameters["workers"] = job.spec.world_size().into();
+    parameters["device"] = job.device.name().into();
+    parameters
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver's folding of events into a job, fed synthetic event sequences: no worker
+    //! processes, sockets or UI.
+    use super::*;
+    use std::path::PathBuf;
+    use trainbook_api::device::DeviceKind;
+    use trainbook_api::spec::JobSpec;
+    use crate::shared::events::LogStream;
+    use trainbook_api::spec::Configure;
+
+    fn driver(job: &JobState) -> Driver<'_> {
+        Driver {
+            job,
+            dedup: Deduplicator::new(job.spec.dedup),
+            log_files: Vec::new(),
+            dllog: None,
+            forward: None,
+            remote_exits: Vec::new(),
+            joined: false,
+        }
+    }
+
+    fn job(workers: usize) -> JobState {
+        let spec = JobSpec::new("synthetic").workers(workers);
+        JobState::new(
+            spec,
+            DeviceKind::Cpu,
+            PathBuf::from("/runs/r1"),
+            "tcp://x".into(),
+        )
+    }
+
+    fn subscribe(shared: &JobState) -> mpsc::Receiver<Update> {
+        let (tx, rx) = mpsc::channel();
+        shared.subscribers.lock().unwrap().push(tx);
+        rx
+    }
+
+    fn metric(rank: usize, step: u64, name: &str, value: f64) -> Event {
+        Event::Metric {
+            rank,
+            step,
+            epoch: 0,
+            name: name.into(),
+            value,
+            time: 0.0,
+        }
+    }
+
+    fn log(rank: usize, text: &str) -> Event {
+        Event::Log {
+            rank,
+            stream: LogStream::Stdout,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn events_fold_into_the_jobs_state_and_reach_subscribers_in_order() {
+        let shared = job(2);
+        let updates = subscribe(&shared);
+        let mut d = driver(&shared);
+        d.event(metric(0, 1, "loss", 0.9));
+        d.event(Event::Progress {
+            rank: 0,
+            step: 1,
+            total_steps: 10,
+            epoch: 0,
+            epochs: 1,
+            samples: 8,
+            samples_per_second: 4.0,
+        });
+        d.event(metric(1, 1, "loss", 0.8));
+        d.event(Event::Checkpoint {
+            rank: 0,
+            step: 10,
+            epoch: 0,
+            path: "/runs/r1/checkpoints/epoch-0".into(),
+        });
+        let st = shared.lock();
+        assert_eq!(st.metrics.len(), 2);
+        assert_eq!((st.metrics[1].rank, st.metrics[1].value), (1, 0.8));
+        assert_eq!(st.progress.as_ref().map(|p| p.step), Some(1));
+        assert_eq!(st.checkpoints[0].0, 0);
+        drop(st);
+        let got: Vec<&str> = updates
+            .try_iter()
+            .map(|u| match u {
+                Update::Metric(_) => "metric",
+                Update::Progress(_) => "progress",
+                Update::Checkpoint { .. } => "checkpoint",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(got, ["metric", "progress", "metric", "checkpoint"]);
+    }
+
+    #[test]
+    fn a_failure_names_the_rank_its_error_its_last_lines_and_its_log() {
+        let shared = job(2);
+        let mut d = driver(&shared);
+        for i in 0..30 {
+            d.event(log(1, &format!("step {i}")));
+        }
+        d.event(log(0, "rank 0 is fine"));
+        d.event(Event::Error {
+            rank: 1,
+            message: "loss became NaN at step 3".into(),
+        });
+        let failure = d.failure(&Exit {
+            rank: 1,
+            code: Some(1),
+            signal: None,
+        });
+        let TrainError::WorkerFailed {
+            rank,
+            how,
+            message,
+            tail,
+            log,
+        } = failure
+        else {
+            panic!("not a worker failure: {failure:?}")
+        };
+        assert_eq!((rank, how.as_str()), (1, "exit code 1"));
+        assert_eq!(message, "\nerror: loss became NaN at step 3");
+        // The last TAIL_LINES lines of that rank only, its error included.
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(lines.len(), TAIL_LINES);
+        assert_eq!(lines.last(), Some(&"  error: loss became NaN at step 3"));
+        assert!(!tail.contains("rank 0 is fine") && !tail.contains("step 10\n"));
+        assert_eq!(log, "/runs/r1/logs/rank1.log");
+    }
+
+    #[test]
+    fn a_clean_exit_without_its_done_event_is_a_failure_too() {
+        let shared = job(1);
+        let d = driver(&shared);
+        let TrainError::WorkerFailed { how, tail, .. } = d.failure(&Exit {
+            rank: 0,
+            code: Some(0),
+            signal: None,
+        }) else {
+            panic!()
+        };
+        assert_eq!(how, "exited before reporting completion");
+        assert_eq!(tail, "  (no output)");
+    }
+
+    #[test]
+    fn the_root_cause_is_the_worker_killed_by_a_signal_else_the_lowest_rank() {
+        let exit = |rank, code, signal| Exit { rank, code, signal };
+        let peers_then_killed = [
+            exit(0, Some(1), None),
+            exit(3, None, Some(9)),
+            exit(1, Some(1), None),
+        ];
+        assert_eq!(root_cause(&peers_then_killed).map(|e| e.rank), Some(3));
+        let plain = [exit(2, Some(1), None), exit(1, Some(1), None)];
+        assert_eq!(root_cause(&plain).map(|e| e.rank), Some(1));
+        assert_eq!(root_cause(&[]), None);
+    }
+
+    #[test]
+    fn the_final_status_follows_failure_then_stop_then_completion() {
+        use JobStatus::*;
+        // (failed, stopped by the user, every rank reported done) → status
+        let table = [
+            ((true, false, false), Failed),
+            ((true, true, true), Failed),
+            ((false, true, false), Stopped),
+            ((false, true, true), Stopped),
+            ((false, false, true), Succeeded),
+            ((false, false, false), Failed),
+        ];
+        for ((f, s, d), want) in table {
+            assert_eq!(
+                final_status(f, s, d),
+                want,
+                "failed={f} stopped={s} done={d}"
+            );
+        }
+    }
+
+    #[test]
+    fn repeated_lines_of_several_ranks_reach_subscribers_once_plus_a_summary() {
+        let shared = job(3);
+        let updates = subscribe(&shared);
+        let mut d = driver(&shared);
+        for rank in 0..3 {
+            d.event(log(rank, "loading the tokenizer"));
+        }
+        d.flush_dedup(true);
+        let shown: Vec<crate::driver::dedup::Shown> = updates
+            .try_iter()
+            .filter_map(|u| match u {
+                Update::Log(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(shown.len(), 2, "{shown:?}");
+        assert_eq!((shown[0].rank, shown[0].repeats.is_none()), (0, true));
+        let repeats = shown[1].repeats.as_ref().expect("a summary of the repeats");
+        assert_eq!(repeats.ranks.iter().copied().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(repeats.count, 3);
+        // Every line is still kept for job.logs(), one record per rank.
+        assert_eq!(shared.lock().logs.len(), 3);
+    }
+}

@@ -1,0 +1,190 @@
+//! How a node joins its job. Node 0 (and a job of one node) resolves the job, hosts c10d's
+//! rendezvous store and the event stream; nodes 1..N fetch node 0's resolved job from that
+//! store, so every node runs exactly the same hyper-parameters and reports to one place.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use trainbook_api::device::DeviceKind;
+use trainbook_api::spec::JobSpec;
+use trainbook_api::topology::DEFAULT_MASTER_PORT;
+
+use super::drive::Incoming;
+use super::placement;
+use crate::shared::checkpoint::{self, RunConfig};
+use crate::shared::events::{self, Collector, Emitter};
+use crate::worker::dist::Store;
+use crate::worker::recipe::Registry;
+
+/// What every node's driver needs to start its workers. Node 0 makes it and publishes it in
+/// the rendezvous store; the other nodes read it from there, so they run exactly node 0's
+/// resolved job and send their events to node 0's collector.
+#[derive(Serialize, serde::Deserialize)]
+struct JobInfo {
+    pub(super) config: RunConfig,
+    pub(super) device: DeviceKind,
+    pub(super) events: String,
+    pub(super) token: String,
+    run_name: String,
+}
+
+/// The store key of [`JobInfo`].
+const JOB_KEY: &str = "trainbook/job";
+
+/// How this node takes part in its job.
+pub(super) struct Node {
+    pub(super) config: RunConfig,
+    pub(super) device: DeviceKind,
+    pub(super) run_dir: PathBuf,
+    pub(super) store: Store,
+    pub(super) events: String,
+    pub(super) token: String,
+    /// Node 0 collects every rank's events.
+    pub(super) collector: Option<Collector>,
+    /// Other nodes forward their workers' output and failures to node 0.
+    pub(super) forward: Option<Emitter>,
+}
+
+/// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
+pub(super) fn host(
+    spec: JobSpec,
+    recipes: &Registry,
+    tx: &mpsc::Sender<Incoming>,
+) -> Result<Node> {
+    // The preset and every option resolved here, before any process starts: a bad option
+    // fails at once, and config.json records what the run uses.
+    let hyper = recipes.resolve(&spec)?;
+    let device = placement::resolve(spec.device, spec.workers)?;
+    let run_dir = create_run_dir(&spec, None)?;
+    let config = RunConfig { spec, hyper };
+    checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
+    let spec = &config.spec;
+    let timeout = Duration::from_secs(spec.collective_timeout_secs);
+    let several = spec.nodes > 1;
+    // Nodes agree on the port beforehand; one node may take any free port.
+    let port = match (spec.master_port, several) {
+        (Some(p), _) => p,
+        (None, true) => DEFAULT_MASTER_PORT,
+        (None, false) => 0,
+    };
+    let store = Store::bind(&spec.master_addr, port, timeout)?;
+    let token = events::new_token();
+    let ev_tx = tx.clone();
+    // The event stream listens on a routable address only when other nodes must reach it.
+    let listen = if several {
+        spec.master_addr.as_str()
+    } else {
+        "127.0.0.1"
+    };
+    let collector = Collector::start(listen, token.clone(), move |e| {
+        ev_tx.send(Incoming::Event(e)).is_ok()
+    })?;
+    let events = collector.endpoint().to_string();
+    if several {
+        let info = JobInfo {
+            config: config.clone(),
+            device,
+            events: events.clone(),
+            token: token.clone(),
+            run_name: run_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        store.set(JOB_KEY, &serde_json::to_vec(&info)?)?;
+    }
+    Ok(Node {
+        config,
+        device,
+        run_dir,
+        store,
+        events,
+        token,
+        collector: Some(collector),
+        forward: None,
+    })
+}
+
+/// Nodes 1..N: fetch node 0's job from its rendezvous store and run this node's share of it.
+pub(super) fn join(spec: JobSpec) -> Result<Node> {
+    let timeout = Duration::from_secs(spec.collective_timeout_secs);
+    let port = spec.master_port.unwrap_or(DEFAULT_MASTER_PORT);
+    let node = spec.node_rank;
+    let reach = |e: anyhow::Error| {
+        e.context(format!(
+            "node {node} could not reach node 0's rendezvous at {}:{port} within {} s: start node 0 \
+             with the same --nnodes, --master-addr and --master-port, and check that this machine \
+             can reach that address and port",
+            spec.master_addr,
+            timeout.as_secs()
+        ))
+    };
+    let store = Store::connect(&spec.master_addr, port, timeout).map_err(reach)?;
+    let info: JobInfo = serde_json::from_slice(&store.get(JOB_KEY).map_err(reach)?)
+        .context("node 0 published a job this trainbook cannot read: run the same trainbook version on every node")?;
+    let theirs = &info.config.spec;
+    if theirs.recipe != spec.recipe || theirs.nodes != spec.nodes || theirs.workers != spec.workers
+    {
+        bail!(
+            "node {node} was started for {} on {} node(s) x {} worker(s), but node 0 runs {} on {} node(s) x {} worker(s): start every node with the same recipe, --nnodes and --workers",
+            spec.recipe,
+            spec.nodes,
+            spec.workers,
+            theirs.recipe,
+            theirs.nodes,
+            theirs.workers
+        );
+    }
+    // Node 0's resolved job, with this node's own place, paths and threads.
+    let mut config = info.config;
+    config.spec.node_rank = node;
+    config.spec.node_addr = spec.node_addr.clone();
+    config.spec.runs_root = spec.runs_root.clone();
+    config.spec.threads_per_worker = spec.threads_per_worker.or(config.spec.threads_per_worker);
+    config.spec.env.extend(spec.env.iter().cloned());
+    config.spec.dedup = spec.dedup;
+    config.spec.view = spec.view;
+    let run_dir = create_run_dir(&config.spec, Some(format!("{}-node{node}", info.run_name)))?;
+    checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
+    let forward = Emitter::connect(&info.events, &info.token, config.spec.local_ranks().start)
+        .context("connecting to node 0's event stream")?;
+    Ok(Node {
+        config,
+        device: info.device,
+        run_dir,
+        store,
+        events: info.events,
+        token: info.token,
+        collector: None,
+        forward: Some(forward),
+    })
+}
+
+/// 127.0.0.0/8, ::1 or localhost.
+pub(super) fn is_loopback(addr: &str) -> bool {
+    addr == "localhost"
+        || addr
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+/// `name`: the run's directory name (another node's run keeps node 0's name); default
+/// `<recipe>-<time>-<random>`.
+fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<PathBuf> {
+    let root = spec
+        .runs_root
+        .clone()
+        .or_else(|| std::env::var_os("TRAINBOOK_RUNS").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("trainbook_runs"));
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+    let suffix: u16 = rand::random();
+    let dir = root.join(name.unwrap_or_else(|| format!("{}-{stamp}-{suffix:04x}", spec.recipe)));
+    std::fs::create_dir_all(dir.join("logs"))
+        .with_context(|| format!("cannot create the run directory {}: check that its parent is writable, or set TRAINBOOK_RUNS", dir.display()))?;
+    Ok(std::fs::canonicalize(&dir).unwrap_or(dir))
+}
+
