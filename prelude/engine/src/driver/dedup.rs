@@ -441,6 +441,7 @@ impl Deduplicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trainbook_api::logs::fmt_num;
 
     const S: Stream = Stream::Stdout;
     const WEIGHTS: &str = "Some weights of BertForSequenceClassification were not initialized from the model checkpoint at bert-base-cased and are newly initialized: ['classifier.bias', 'classifier.weight']";
@@ -643,7 +644,8 @@ mod tests {
         );
         assert_eq!(out[1].to_string(), format!("(rank 1) {}", bert(1, 0.8)));
         assert!(out[1].repeats.is_none());
-        // New window: rank 1 alone is shown, rank 0 joining is held.
+        // New window (rank 1's line above began it): rank 1 alone is shown, rank 0 joining is
+        // held, and the summary counts all three lines.
         assert_eq!(d.push(1, S, &bert(2, 0.7), ms(t0, 6000)).len(), 1);
         assert!(d.push(0, S, &bert(2, 0.75), ms(t0, 6000)).is_empty());
         assert_eq!(d.next_due(), Some(ms(t0, 10_500)));
@@ -652,7 +654,7 @@ mod tests {
         assert_eq!(
             texts(&out),
             vec![format!(
-                "(rank 0) {} [repeated 2x across 2 workers: ranks 0-1; loss 0.7–0.75]",
+                "(rank 0) {} [repeated 3x across 2 workers: ranks 0-1; loss 0.7–0.8]",
                 bert(2, 0.75)
             )]
         );
@@ -834,7 +836,7 @@ mod tests {
         assert_eq!(
             texts(&out),
             vec![
-                "(rank 5) alpha step 2 [repeated 3x across 3 workers: ranks 0,2,5; step 1–2]".to_string(),
+                "(rank 5) alpha step 2 [repeated 3x across 3 workers: ranks 0,2,5]".to_string(),
                 "(rank 2) beta step 1 [repeated 2x across 2 workers: ranks 0,2]".to_string(),
                 "(rank 2) gamma step 1 [repeated 2x across 2 workers: ranks 0,2]".to_string(),
             ]

@@ -47,6 +47,7 @@ pub(crate) fn autocast<T>(
 mod tests {
     use super::*;
     use crate::worker::device::Device;
+    use anyhow::bail;
     use tch::{Kind, Tensor};
 
     #[test]
