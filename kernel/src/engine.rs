@@ -6,8 +6,8 @@
 //! interrupts and shutdown never wait for it (see `kernel.rs`).
 
 use crate::analysis::{self, Analyzer};
+use crate::cell_libs::{CellLibs, init_code};
 use crate::iopub::Publisher;
-use crate::prelude::{Prelude, init_code};
 use crate::scan;
 use crate::toolchain::Toolchain;
 use crate::verdict;
@@ -97,7 +97,7 @@ pub struct Engine {
 
 /// Environment for the cell process.
 pub struct ChildSetup {
-    pub prelude: Option<Prelude>,
+    pub prelude: Option<CellLibs>,
     pub toolchain: Option<Toolchain>,
     pub channel_socket: PathBuf,
     /// Where the trainbook-aware analyzer keeps its crate (`analysis.rs`); None: no analyzer.

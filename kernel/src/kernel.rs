@@ -5,10 +5,10 @@
 //! message's HMAC signature is checked by `jupyter-zmq-client`; one that fails is dropped and
 //! logged, never handled.
 
+use crate::cell_libs::CellLibs;
 use crate::channel::ChannelServer;
 use crate::engine::{ChildSetup, Engine, Outcome};
 use crate::iopub::Publisher;
-use crate::prelude::Prelude;
 use crate::toolchain::Toolchain;
 use crate::{complete, procs};
 use anyhow::{Context, Result};
@@ -33,7 +33,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub struct KernelConfig {
     pub connection: ConnectionInfo,
     pub run_dir: PathBuf,
-    pub prelude: Option<Prelude>,
+    pub prelude: Option<CellLibs>,
     pub toolchain: Option<Toolchain>,
 }
 

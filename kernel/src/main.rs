@@ -2,6 +2,7 @@
 //! trainbook prelude preloaded). `trainbook kernel ...` runs this program.
 
 mod analysis;
+mod cell_libs;
 mod channel;
 mod complete;
 mod engine;
@@ -9,7 +10,6 @@ mod infer;
 mod install;
 mod iopub;
 mod kernel;
-mod prelude;
 mod procs;
 mod scan;
 mod toolchain;
@@ -103,7 +103,7 @@ fn real_main(cli: Cli) -> Result<()> {
 fn run(connection_file: &Path) -> Result<()> {
     let connection = kernel::read_connection_file(connection_file)?;
     let run_dir = create_run_dir()?;
-    let prelude = match prelude::Prelude::locate() {
+    let prelude = match cell_libs::CellLibs::locate() {
         Ok(p) => Some(p),
         Err(e) => {
             eprintln!("trainbook-kernel: {e:#}; starting without the prelude");
@@ -165,7 +165,7 @@ fn create_run_dir() -> Result<PathBuf> {
 
 /// Finds the toolchain and sets this process's environment for evcxr (see `toolchain.rs`).
 /// Runs before any thread starts.
-fn prepare_env(prelude: Option<&prelude::Prelude>) -> Option<toolchain::Toolchain> {
+fn prepare_env(prelude: Option<&cell_libs::CellLibs>) -> Option<toolchain::Toolchain> {
     let flags = prelude.map(|p| p.encoded_rustflags());
     let found = toolchain::Toolchain::find().and_then(|t| {
         // SAFETY: called from `run` and `check` before they start the async runtime or the
@@ -205,7 +205,7 @@ const CHECK_CELL: &str = "1 + trainbook::running_jobs().len()";
 /// Starts the engine as a kernel would, runs `code` (which must evaluate to 1), and returns the
 /// seconds it took.
 fn check(code: &str) -> Result<f64> {
-    let prelude = prelude::Prelude::locate()?;
+    let prelude = cell_libs::CellLibs::locate()?;
     let run_dir = create_run_dir()?;
     let toolchain = prepare_env(Some(&prelude));
     let started = Instant::now();

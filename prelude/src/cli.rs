@@ -9,10 +9,10 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::dashboard::JobDashboard;
+use crate::{MlmOptions, TextOptions, VisionOptions};
 use trainbook_api::device::DeviceRequest;
 use trainbook_api::job::{JobStatus, Update};
 use trainbook_api::spec::{Configure, JobSpec, TrainConfig};
-use crate::{MlmOptions, TextOptions, VisionOptions};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -2,13 +2,13 @@
 //! engine's metric names and the widgets. The notebook's live view and the terminal both feed
 //! through it, so they show the same numbers.
 
-use trainbook_api::logs::Shown;
-use trainbook_api::metric;
-use trainbook_engine::looks_like_error;
-use trainbook_api::job::{Job, JobStatus, Progress, Update};
 use anyhow::Result;
 use std::path::PathBuf;
 use trainbook_api::job::MetricRow;
+use trainbook_api::job::{Job, JobStatus, Progress, Update};
+use trainbook_api::logs::Shown;
+use trainbook_api::metric;
+use trainbook_engine::looks_like_error;
 use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};
 
 /// A [`Dashboard`] kept up to date from one job.

@@ -5,8 +5,8 @@
 
 use std::any::Any;
 
-use trainbook_api::table::{Table, Value};
 use trainbook_api::metric;
+use trainbook_api::table::{Table, Value};
 use trainbook_api::{Job, TrainResult};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_bytes, format_duration, format_metric, Bundle};
@@ -96,7 +96,10 @@ impl NotebookDisplay for TrainResult {
         ];
         // The last value of each global metric, the run statistics above left out.
         for (name, value) in &self.metrics {
-            if !matches!(name.as_str(), metric::SAMPLES_PER_SECOND | metric::TRAIN_LOSS) {
+            if !matches!(
+                name.as_str(),
+                metric::SAMPLES_PER_SECOND | metric::TRAIN_LOSS
+            ) {
                 pairs.push((name.as_str(), format_metric(*value)));
             }
         }

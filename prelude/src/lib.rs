@@ -42,4 +42,3 @@ pub use trainbook_api::{
     ResnetTrainer, Schedule, ShowValue, Table, TextClassifier, TextOptions, Train, TrainConfig,
     TrainError, TrainResult, Update, View, ViewOptions, VisionOptions,
 };
-

@@ -6,10 +6,10 @@
 //! of the notebook survives. Outside the kernel none of this does anything.
 
 use crate::dashboard::JobDashboard;
-use trainbook_api::job::{Job, JobView, Update};
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use trainbook_api::job::{Job, JobView, Update};
 use trainbook_channel::Link;
 
 /// Connects to the kernel named in `TRAINBOOK_KERNEL_CHANNEL`, if any. Returns whether this

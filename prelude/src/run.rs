@@ -14,8 +14,8 @@ use anyhow::{anyhow, Result};
 use trainbook_api::classify::{ImageModel, TextModel};
 use trainbook_api::run::view_options;
 use trainbook_api::runtime::{Bundle, Runtime};
-use trainbook_api::{Plan, Table, ViewOptions};
 use trainbook_api::{Hyper, Job, JobSpec};
+use trainbook_api::{Plan, Table, ViewOptions};
 use trainbook_recipes::REGISTRY;
 
 use crate::{display, notebook};

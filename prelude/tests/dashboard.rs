@@ -4,10 +4,10 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use trainbook::dashboard::JobDashboard;
-use trainbook::api::logs::{Shown, Stream};
-use trainbook::api::job::{JobStatus, Progress, Update};
 use trainbook::api::job::MetricRow;
+use trainbook::api::job::{JobStatus, Progress, Update};
+use trainbook::api::logs::{Shown, Stream};
+use trainbook::dashboard::JobDashboard;
 use trainbook::notebook::follow;
 use trainbook_widgets::DashboardOptions;
 

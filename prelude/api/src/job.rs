@@ -12,8 +12,8 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceKind;
-use crate::metric;
 use crate::logs::Shown;
+use crate::metric;
 use crate::spec::JobSpec;
 use crate::table::{Column, Table};
 

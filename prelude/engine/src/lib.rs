@@ -36,11 +36,11 @@ pub use worker::{main as worker_main, Hpu, HpuBridge};
 
 /// The run directory's files and crash-safe writing (see the module's layout).
 pub mod checkpoint {
+    pub use crate::driver::metrics::read_parquet as read_metrics;
     pub use crate::shared::checkpoint::{
         write_atomic, write_file_atomic, write_json_atomic, RunConfig, TrainerState, MODEL,
         OPTIMIZER, RUN_CONFIG, TRAINER_STATE,
     };
-    pub use crate::driver::metrics::read_parquet as read_metrics;
 }
 
 /// C++ helpers' errors as `anyhow` errors: for crates that add helpers of their own (the HPU

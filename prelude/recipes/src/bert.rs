@@ -24,8 +24,8 @@ use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 use trainbook_api::spec::Hyper;
-use trainbook_engine::{Recipe, Split, Step};
 use trainbook_api::spec::{JobSpec, OptimizerKind};
+use trainbook_engine::{Recipe, Split, Step};
 
 pub use trainbook_api::text::{ConfigureText, TextOptions, TextSettings};
 

@@ -28,10 +28,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
-use trainbook_engine::Device;
 use trainbook_api::spec::Hyper;
-use trainbook_engine::{Recipe, Split, Step};
 use trainbook_api::spec::{JobSpec, OptimizerKind, Schedule};
+use trainbook_engine::Device;
+use trainbook_engine::{Recipe, Split, Step};
 
 use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, IGNORE_INDEX};
 use crate::text::cache;

@@ -25,8 +25,8 @@ use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, Normalize};
 use trainbook_api::spec::Hyper;
-use trainbook_engine::{Recipe, Split, Step};
 use trainbook_api::spec::{JobSpec, OptimizerKind};
+use trainbook_engine::{Recipe, Split, Step};
 
 const IMAGENET: Normalize = Normalize::IMAGENET;
 

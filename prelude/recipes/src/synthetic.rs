@@ -13,8 +13,8 @@ use trainbook_engine::{Device, OnDeviceOf};
 
 use crate::models::bert::{BertClassifier, BertConfig};
 use trainbook_api::spec::Hyper;
-use trainbook_engine::{Recipe, Split, Step};
 use trainbook_api::spec::{JobSpec, OptimizerKind};
+use trainbook_engine::{Recipe, Split, Step};
 
 const VOCAB: i64 = 128;
 const SEQ: i64 = 16;

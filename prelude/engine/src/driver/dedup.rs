@@ -356,7 +356,13 @@ impl Deduplicator {
 
     /// Feed one line; returns what must be shown now (0 or more entries):
     /// first any summaries that fell due by `now`, then possibly the line.
-    pub(crate) fn push(&mut self, rank: usize, stream: Stream, text: &str, now: Instant) -> Vec<Shown> {
+    pub(crate) fn push(
+        &mut self,
+        rank: usize,
+        stream: Stream,
+        text: &str,
+        now: Instant,
+    ) -> Vec<Shown> {
         let now = self.tick(now);
         let mut out = Vec::new();
         self.expire_until(now, &mut out);
@@ -753,7 +759,10 @@ mod tests {
         let out = d.finish();
         assert_eq!(out.len(), 1);
         let r = out[0].repeats.as_ref().unwrap();
-        assert_eq!((r.count, r.ranks.clone(), r.ranges.len()), (2, vec![0, 1], 0));
+        assert_eq!(
+            (r.count, r.ranks.clone(), r.ranges.len()),
+            (2, vec![0, 1], 0)
+        );
         assert_eq!(
             out[0].to_string(),
             format!("(rank 1) {WEIGHTS} [repeated 2x across 2 workers: ranks 0-1]")

@@ -16,8 +16,8 @@ use trainbook_api::logs::Stream;
 use super::dedup::Deduplicator;
 use super::dllog::DlLog;
 use super::handle::JobState;
-use super::processes::{Exit, RawOutput, Workers, STOP_GRACE};
 use super::metrics;
+use super::processes::{Exit, RawOutput, Workers, STOP_GRACE};
 use crate::shared::checkpoint;
 use crate::shared::events::{Collector, Emitter, Event};
 use crate::worker::dist::Store;
@@ -286,7 +286,6 @@ fn final_status(failed: bool, stopped_by_user: bool, every_rank_done: bool) -> J
     }
 }
 
-
 /// Runs a job's event loop on the driver thread until every worker is gone, then records how
 /// the job ended and publishes it.
 pub(super) fn drive(
@@ -525,11 +524,11 @@ mod tests {
     //! The driver's folding of events into a job, fed synthetic event sequences: no worker
     //! processes, sockets or UI.
     use super::*;
+    use crate::shared::events::LogStream;
     use std::path::PathBuf;
     use trainbook_api::device::DeviceKind;
-    use trainbook_api::spec::JobSpec;
-    use crate::shared::events::LogStream;
     use trainbook_api::spec::Configure;
+    use trainbook_api::spec::JobSpec;
 
     fn driver(job: &JobState) -> Driver<'_> {
         Driver {

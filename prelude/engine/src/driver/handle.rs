@@ -55,7 +55,12 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl JobState {
     /// A job that has not started its workers yet.
-    pub(super) fn new(spec: JobSpec, device: DeviceKind, run_dir: PathBuf, events_endpoint: String) -> Self {
+    pub(super) fn new(
+        spec: JobSpec,
+        device: DeviceKind,
+        run_dir: PathBuf,
+        events_endpoint: String,
+    ) -> Self {
         let world = spec.world_size();
         JobState {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -270,8 +275,7 @@ impl JobControl for JobHandle {
     /// or says the job was stopped. [`Job::result`] has the details either way.
     fn wait(&self) -> Result<TrainResult> {
         self.wait_finished(Duration::MAX);
-        let views =
-            std::mem::take(&mut *self.job.views.lock().unwrap_or_else(|e| e.into_inner()));
+        let views = std::mem::take(&mut *self.job.views.lock().unwrap_or_else(|e| e.into_inner()));
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         for v in views {
             v.settle(deadline.saturating_duration_since(Instant::now()));
@@ -359,4 +363,3 @@ impl JobControl for JobHandle {
         })
     }
 }
-

@@ -14,9 +14,9 @@ pub(crate) mod dedup;
 mod dllog;
 mod drive;
 mod handle;
-pub(crate) mod processes;
 pub(crate) mod metrics;
 pub(crate) mod placement;
+pub(crate) mod processes;
 mod rendezvous;
 
 use std::path::PathBuf;

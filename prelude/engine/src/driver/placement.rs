@@ -69,13 +69,7 @@ fn run_probe() -> Result<HpuProbe> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} {}",
-                program.display(),
-                PROBE_HPU
-            )
-        })?;
+        .with_context(|| format!("starting {} {}", program.display(), PROBE_HPU))?;
     let started = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait()? {

@@ -49,11 +49,7 @@ pub(super) struct Node {
 }
 
 /// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
-pub(super) fn host(
-    spec: JobSpec,
-    recipes: &Registry,
-    tx: &mpsc::Sender<Incoming>,
-) -> Result<Node> {
+pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming>) -> Result<Node> {
     // The preset and every option resolved here, before any process starts: a bad option
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
@@ -187,4 +183,3 @@ fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<PathBuf> {
         .with_context(|| format!("cannot create the run directory {}: check that its parent is writable, or set TRAINBOOK_RUNS", dir.display()))?;
     Ok(std::fs::canonicalize(&dir).unwrap_or(dir))
 }
-

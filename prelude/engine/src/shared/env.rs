@@ -40,4 +40,3 @@ pub(crate) struct HpuProbe {
     #[serde(default)]
     pub device_count: Option<usize>,
 }
-

@@ -65,7 +65,10 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert_eq!(e, "allreduce failed: Connection closed by peer [127.0.0.1]:1234");
+        assert_eq!(
+            e,
+            "allreduce failed: Connection closed by peer [127.0.0.1]:1234"
+        );
         let e = call_ptr::<u8>("moving a tensor to hpu:0", |buf, len| {
             write(buf, len, "device not found");
             std::ptr::null_mut()

@@ -7,8 +7,8 @@ use tch::{Kind, Tensor};
 
 use crate::worker::device::Device;
 
-use crate::worker::dist::{ProcessGroup, ReduceOp};
 use crate::shared::events::Emitter;
+use crate::worker::dist::{ProcessGroup, ReduceOp};
 use crate::worker::jobs::JobKind;
 
 /// A tensor of `value`s on `device`, checked to be there: a device plugin that silently left
@@ -97,7 +97,12 @@ fn bench_allreduce(
 
 /// Runs one of the engine's own jobs: [`JobKind::Check`] or [`JobKind::BenchAllreduce`]
 /// (sized by `TRAINBOOK_BENCH_NUMEL` and `TRAINBOOK_BENCH_ITERS`).
-pub(crate) fn run_job(kind: JobKind, pg: &ProcessGroup, device: Device, events: &Emitter) -> Result<()> {
+pub(crate) fn run_job(
+    kind: JobKind,
+    pg: &ProcessGroup,
+    device: Device,
+    events: &Emitter,
+) -> Result<()> {
     let num = |k: &str, d: u64| {
         std::env::var(k)
             .ok()

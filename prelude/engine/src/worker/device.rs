@@ -38,7 +38,10 @@ const C10_CUDA: c_int = 1;
 const C10_HPU: c_int = 15;
 
 /// A tensor a C++ helper returned through [`call_ptr`].
-fn wrap(what: &str, f: impl FnOnce(*mut c_char, usize) -> *mut torch_sys::C_tensor) -> Result<Tensor> {
+fn wrap(
+    what: &str,
+    f: impl FnOnce(*mut c_char, usize) -> *mut torch_sys::C_tensor,
+) -> Result<Tensor> {
     let ptr = call_ptr(what, f)?;
     // SAFETY: a non-null result is a fresh `at::Tensor*` whose ownership passes to us.
     Ok(unsafe { Tensor::from_ptr(ptr) })

@@ -71,7 +71,13 @@ mod tests {
 
     fn small(spec: &JobSpec) -> Result<Hyper> {
         let name = spec.train.preset.as_deref().unwrap_or("small");
-        Ok(Hyper::new(name, 3, 8, 0.1, trainbook_api::spec::OptimizerKind::Sgd))
+        Ok(Hyper::new(
+            name,
+            3,
+            8,
+            0.1,
+            trainbook_api::spec::OptimizerKind::Sgd,
+        ))
     }
 
     static ENTRIES: &[RecipeEntry] = &[RecipeEntry {

@@ -130,7 +130,8 @@ pub trait Recipe {
     }
     /// Writes a loadable checkpoint into `dir` (an empty directory).
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vars().save(dir.join(crate::shared::checkpoint::MODEL))?;
+        self.vars()
+            .save(dir.join(crate::shared::checkpoint::MODEL))?;
         Ok(())
     }
 }

@@ -24,7 +24,13 @@ pub(crate) struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    pub(crate) fn new(len: usize, rank: usize, world_size: usize, seed: u64, shuffle: bool) -> Self {
+    pub(crate) fn new(
+        len: usize,
+        rank: usize,
+        world_size: usize,
+        seed: u64,
+        shuffle: bool,
+    ) -> Self {
         assert!(
             world_size > 0 && rank < world_size,
             "rank {rank} outside world of {world_size}"

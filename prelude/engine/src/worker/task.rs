@@ -26,8 +26,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tch::nn;
 
-use crate::worker::device::Device;
 use crate::shared::env;
+use crate::worker::device::Device;
 use crate::worker::recipe::{Recipe, Split, Step};
 
 /// The job name of a user's task.

@@ -15,9 +15,9 @@ use trainbook_api::metric;
 use trainbook_api::spec::{Hyper, OptimizerKind, Precision, Schedule};
 
 use crate::shared::checkpoint::{self, TrainerState};
+use crate::shared::events::{Emitter, Event, WorkerSummary};
 use crate::worker::ddp;
 use crate::worker::dist::ProcessGroup;
-use crate::shared::events::{Emitter, Event, WorkerSummary};
 use crate::worker::optim::{LrSchedule, OptimizerConfig};
 use crate::worker::precision::autocast;
 use crate::worker::recipe::{Recipe, Split};
@@ -107,7 +107,12 @@ fn optimizer_config(h: &Hyper) -> OptimizerConfig {
 
 /// Optimizer steps per epoch: each of `world` ranks takes `train_len / world` samples in
 /// micro-batches of `global_batch / (world * accum)`, `accum` micro-batches a step.
-pub(crate) fn steps_per_epoch(train_len: usize, world: usize, global_batch: usize, accum: usize) -> u64 {
+pub(crate) fn steps_per_epoch(
+    train_len: usize,
+    world: usize,
+    global_batch: usize,
+    accum: usize,
+) -> u64 {
     let local_batch = (global_batch / (world * accum)).max(1);
     (train_len / world).div_ceil(local_batch).div_ceil(accum) as u64
 }
@@ -266,7 +271,11 @@ pub(crate) struct Trainer<'a> {
 impl<'a> Trainer<'a> {
     /// Prepares a rank: checks the batch layout, builds the update strategy, resumes when asked,
     /// gives every rank rank 0's parameters, and plans the steps.
-    pub(crate) fn new(ctx: &'a WorkerContext, recipe: &'a mut dyn Recipe, h: &'a Hyper) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &'a WorkerContext,
+        recipe: &'a mut dyn Recipe,
+        h: &'a Hyper,
+    ) -> Result<Self> {
         let (rank, world) = (ctx.rank, ctx.world_size);
         let accum = h.grad_accum.max(1);
         let local_batch = local_batch(ctx, h)?;
@@ -275,7 +284,9 @@ impl<'a> Trainer<'a> {
         let resumed = match &h.resume_from {
             Some(dir) => Some((
                 dir,
-                resume(dir, recipe.vars_mut(), &mut update, h, &|m| ctx.events.log(m))?,
+                resume(dir, recipe.vars_mut(), &mut update, h, &|m| {
+                    ctx.events.log(m)
+                })?,
             )),
             None => None,
         };
@@ -331,7 +342,10 @@ impl<'a> Trainer<'a> {
             clock: Clock {
                 samples: 0,
                 train_time: Duration::ZERO,
-                steady_from: step + (total_steps - step).div_ceil(10).min(THROUGHPUT_WARMUP_STEPS),
+                steady_from: step
+                    + (total_steps - step)
+                        .div_ceil(10)
+                        .min(THROUGHPUT_WARMUP_STEPS),
                 steady_samples: 0,
                 steady_time: Duration::ZERO,
                 last_progress: now - PROGRESS_EVERY,
@@ -349,7 +363,8 @@ impl<'a> Trainer<'a> {
 
     /// Rank 0's one line on what this run will do.
     fn announce(&self) {
-        let (h, world, accum, local_batch) = (self.h, self.ctx.world_size, self.accum, self.local_batch);
+        let (h, world, accum, local_batch) =
+            (self.h, self.ctx.world_size, self.accum, self.local_batch);
         let shard = self.sampler.shard_len();
         let warmup = self.schedule.warmup;
         self.ctx.events.log(format!(
@@ -450,7 +465,8 @@ impl<'a> Trainer<'a> {
         }
         // Each rank's share of the global batch (equal shards: 1/world).
         let lr = self.schedule.at(self.step);
-        self.update.step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
+        self.update
+            .step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
         let l = loss_sum / n.max(1) as f64;
         if !l.is_finite() {
             bail!("loss became {l} at step {} (epoch {epoch}): lower the learning rate or enable gradient clipping", self.step);
@@ -467,7 +483,10 @@ impl<'a> Trainer<'a> {
         sums.metrics.merge(&metrics);
         if h.checkpoint_every.is_some_and(|k| self.step % k == 0) && self.step < self.total_steps {
             let at = [(metric::TRAIN_LOSS.to_string(), l)].into_iter().collect();
-            let dir = ctx.run_dir.join("checkpoints").join(format!("step-{}", self.step));
+            let dir = ctx
+                .run_dir
+                .join("checkpoints")
+                .join(format!("step-{}", self.step));
             self.checkpoint(&dir, epoch, at, true)?;
         }
         self.progress(epoch);
@@ -507,7 +526,11 @@ impl<'a> Trainer<'a> {
             epoch,
             epochs: self.epochs,
             samples,
-            samples_per_second: if secs > 0.0 { samples as f64 / secs } else { 0.0 },
+            samples_per_second: if secs > 0.0 {
+                samples as f64 / secs
+            } else {
+                0.0
+            },
         });
     }
 
@@ -550,7 +573,11 @@ impl<'a> Trainer<'a> {
             }
             self.log_epoch(epoch);
         }
-        let dir = self.ctx.run_dir.join("checkpoints").join(format!("epoch-{epoch}"));
+        let dir = self
+            .ctx
+            .run_dir
+            .join("checkpoints")
+            .join(format!("epoch-{epoch}"));
         self.checkpoint(&dir, epoch, self.final_metrics.clone(), false)
     }
 
@@ -572,7 +599,14 @@ impl<'a> Trainer<'a> {
         if !agreed && self.ctx.rank == 0 {
             self.ctx.events.log("warning: the ranks reported different metric names or numbers of classes this epoch; only the loss is aggregated".to_string());
         }
-        let mut local = vec![train.loss, train.n, eval.loss, eval.n, train.correct, train.counted];
+        let mut local = vec![
+            train.loss,
+            train.n,
+            eval.loss,
+            eval.n,
+            train.correct,
+            train.counted,
+        ];
         if agreed {
             local.extend(train.metrics.to_sums());
             local.extend(eval.metrics.to_sums());
@@ -580,7 +614,10 @@ impl<'a> Trainer<'a> {
         }
         let sums = ddp::allreduce_sums(pg, &local)?;
         let mut m = BTreeMap::new();
-        m.insert(metric::EPOCH_TRAIN_LOSS.to_string(), sums[0] / sums[1].max(1.0));
+        m.insert(
+            metric::EPOCH_TRAIN_LOSS.to_string(),
+            sums[0] / sums[1].max(1.0),
+        );
         if sums[5] > 0.0 {
             m.insert(metric::EPOCH_TRAIN_ACCURACY.to_string(), sums[4] / sums[5]);
         }
@@ -625,7 +662,11 @@ impl<'a> Trainer<'a> {
     /// The reference notebooks' per-epoch lines.
     fn log_epoch(&self, epoch: u64) {
         let m = &self.final_metrics;
-        let acc = |k: &str| m.get(k).map(|a| format!(" Acc: {a:.4}")).unwrap_or_default();
+        let acc = |k: &str| {
+            m.get(k)
+                .map(|a| format!(" Acc: {a:.4}"))
+                .unwrap_or_default()
+        };
         self.ctx.events.log(format!(
             "Epoch {epoch}-train Loss: {:.4}{} ({:.1} samples/s)",
             m[metric::EPOCH_TRAIN_LOSS],
@@ -802,7 +843,8 @@ fn trainable_named(recipe: &dyn Recipe) -> Vec<(String, Tensor)> {
 
 /// (trainable parameters, buffers), each in name order.
 fn parameters(recipe: &dyn Recipe) -> (Vec<Tensor>, Vec<Tensor>) {
-    let (trainable, buffers): (Vec<Tensor>, Vec<Tensor>) =
-        ordered_vars(recipe).into_iter().partition(|t| t.requires_grad());
+    let (trainable, buffers): (Vec<Tensor>, Vec<Tensor>) = ordered_vars(recipe)
+        .into_iter()
+        .partition(|t| t.requires_grad());
     (trainable, buffers)
 }

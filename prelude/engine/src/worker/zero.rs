@@ -246,7 +246,11 @@ impl ShardedOptimizer {
     /// from every rank's shard: a collective, so every rank calls it. Only the rank that writes
     /// the checkpoint (`keep`) copies the state out of the buckets; the others return nothing,
     /// so a checkpoint costs them no more than a step's buffers.
-    pub(crate) fn gather_state(&mut self, pg: &ProcessGroup, keep: bool) -> Result<Vec<(String, Tensor)>> {
+    pub(crate) fn gather_state(
+        &mut self,
+        pg: &ProcessGroup,
+        keep: bool,
+    ) -> Result<Vec<(String, Tensor)>> {
         tch::no_grad(|| {
             let steps = self.shards.first().map_or(0, |s| s.opt.steps());
             let mut out = vec![("steps".to_string(), Tensor::from(steps as i64))];

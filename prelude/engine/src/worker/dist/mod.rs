@@ -158,7 +158,6 @@ impl Drop for Store {
     }
 }
 
-
 /// How a worker joins its job's process group.
 
 #[derive(Clone, Debug)]

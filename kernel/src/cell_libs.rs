@@ -1,4 +1,5 @@
-//! Where the trainbook prelude lives and how notebook cells link to it.
+//! The files a notebook cell links against ([`CellLibs`]: the prelude library, the api rlib,
+//! their dependencies) and the code every kernel runs first ([`init_code`]).
 //!
 //! Cells are compiled by evcxr into small shared libraries. They compile against trainbook's
 //! prebuilt notebook-facing crate, `trainbook-api` (`--extern trainbook=<its rlib>` plus
@@ -30,7 +31,7 @@ pub fn init_code() -> String {
 
 /// The files a notebook cell links against.
 #[derive(Clone, Debug)]
-pub struct Prelude {
+pub struct CellLibs {
     /// `libtrainbook_prelude.so` (a Rust dylib built with `-C prefer-dynamic`): the engine.
     pub dylib: PathBuf,
     /// `cells/libtrainbook_api.rlib`, the crate cells compile against (as `trainbook`): the
@@ -46,10 +47,10 @@ pub struct Prelude {
     pub native: Vec<PathBuf>,
 }
 
-impl Prelude {
-    /// Finds the prelude next to this executable (`target/release/`), or where
+impl CellLibs {
+    /// Finds the prelude library next to this executable (`target/release/`), or where
     /// `TRAINBOOK_PRELUDE_DYLIB` points.
-    pub fn locate() -> Result<Prelude> {
+    pub fn locate() -> Result<CellLibs> {
         let dylib = match std::env::var_os("TRAINBOOK_PRELUDE_DYLIB") {
             Some(p) => PathBuf::from(p),
             None => exe_dir()?.join("libtrainbook_prelude.so"),
@@ -85,7 +86,7 @@ impl Prelude {
             .filter(|l| !l.trim().is_empty())
             .map(PathBuf::from)
             .collect();
-        Ok(Prelude {
+        Ok(CellLibs {
             dylib,
             api,
             deps,
