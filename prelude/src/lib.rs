@@ -25,9 +25,9 @@ pub mod table;
 
 /// The notebook-facing layer: everything re-exported at the top level and in [`prelude`].
 pub use trainbook_api as api;
-/// The engine beneath: job spec and options, the `Recipe` trait and registry type, the driver,
-/// workers, collectives, the training loop, the checkpoint format. For code that extends
-/// trainbook; notebooks need only the prelude.
+/// The engine beneath: `launch` and the driver's other entry points, the `Recipe` contract and
+/// registry type, users' tasks, the worker's entry point, the checkpoint files. For code that
+/// extends trainbook; notebooks need only the prelude.
 pub use trainbook_engine as engine;
 /// The recipes beneath: BERT, ResNet and synthetic, their models and data, the classifier
 /// models and `REGISTRY`. For code that extends trainbook; notebooks need only the prelude.
