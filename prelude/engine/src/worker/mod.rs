@@ -10,20 +10,20 @@
 //!   data sharding, exact classification scores.
 //! - [`dist`], [`device`], [`check`]: c10d collectives, tensor placement, collective checks.
 
-pub(crate) mod check;
-pub(crate) mod ddp;
+mod check;
+mod ddp;
 pub(crate) mod device;
 pub(crate) mod dist;
 pub(crate) mod jobs;
-pub(crate) mod optim;
-pub(crate) mod precision;
+mod optim;
+mod precision;
 pub(crate) mod recipe;
-pub(crate) mod sampler;
-pub(crate) mod scores;
-pub(crate) mod strategy;
+mod sampler;
+mod scores;
+mod strategy;
 pub(crate) mod task;
-pub(crate) mod train;
-pub(crate) mod zero;
+mod train;
+mod zero;
 
 use std::path::Path;
 use std::time::Duration;

@@ -179,7 +179,7 @@ fn continue_at(
         h.global_batch_size,
         h.grad_accum.max(1),
     );
-    if step % then_per_epoch != 0 {
+    if !step.is_multiple_of(then_per_epoch) {
         bail!(
             "cannot resume from {} with {world} workers: it was written in the middle of an epoch by {then_world} workers, whose data order only {then_world} workers can continue. Resume with {then_world} workers, or from a checkpoint written at the end of an epoch to change the worker count",
             dir.display()
@@ -481,7 +481,10 @@ impl<'a> Trainer<'a> {
         sums.n += n as f64;
         self.report_step(epoch, l, lr, &metrics);
         sums.metrics.merge(&metrics);
-        if h.checkpoint_every.is_some_and(|k| self.step % k == 0) && self.step < self.total_steps {
+        if h.checkpoint_every
+            .is_some_and(|k| self.step.is_multiple_of(k))
+            && self.step < self.total_steps
+        {
             let at = [(metric::TRAIN_LOSS.to_string(), l)].into_iter().collect();
             let dir = ctx
                 .run_dir
