@@ -12,7 +12,7 @@ use crate::dashboard::JobDashboard;
 use crate::{MlmOptions, TextOptions, VisionOptions};
 use trainbook_api::device::DeviceRequest;
 use trainbook_api::job::{JobStatus, Update};
-use trainbook_api::spec::{Configure, JobSpec, TrainConfig};
+use trainbook_api::spec::{Configure, JobSpec, Resume, TrainConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -168,6 +168,29 @@ pub struct TrainArgs {
     /// Parent directory of the run directory [env: TRAINBOOK_RUNS, default: ./trainbook_runs].
     #[arg(long)]
     pub runs_root: Option<PathBuf>,
+    /// Name of the run directory (<runs root>/<NAME>), so that the same command with
+    /// --resume auto continues it after a requeue or a killed driver.
+    #[arg(long, value_name = "NAME", help_heading = "When things fail")]
+    pub name: Option<String>,
+    /// auto: continue the named run from its newest checkpoint (or start it when it has none);
+    /// a finished run is not trained again.
+    #[arg(long, value_name = "auto|never", default_value = "never", value_parser = parse_resume, help_heading = "When things fail")]
+    pub resume: Resume,
+    /// Restarts after a failure (a worker's death, a collective error, a hang), each from the
+    /// run's newest checkpoint; -1: no limit. The same error at the same step twice is not
+    /// retried.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        help_heading = "When things fail"
+    )]
+    pub max_failures: i32,
+    /// Seconds a worker may make no progress (outside evaluation and checkpoint writes) before
+    /// it counts as hung: its native stack is saved and the job fails or restarts. 0: off.
+    #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::spec::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
+    pub hang_timeout: u64,
     /// Show every worker line instead of merging repeats across workers.
     #[arg(long)]
     pub no_dedup: bool,
@@ -201,6 +224,10 @@ fn parse_device(s: &str) -> Result<DeviceRequest, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
+fn parse_resume(s: &str) -> Result<Resume, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
 impl TrainArgs {
     pub fn to_spec(&self) -> Result<JobSpec> {
         let mut spec = JobSpec::new(&self.recipe)
@@ -230,6 +257,10 @@ impl TrainArgs {
         spec.node_addr = self.node_addr.clone();
         spec.collective_timeout_secs = self.collective_timeout;
         spec.runs_root = self.runs_root.clone();
+        spec.run_name = self.name.clone();
+        spec.resume = self.resume;
+        spec.max_failures = self.max_failures;
+        spec.hang_timeout_secs = self.hang_timeout;
         spec.dedup.enabled = !self.no_dedup;
         if !(self.dedup_window.is_finite() && self.dedup_window >= 0.0) {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");

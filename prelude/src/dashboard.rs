@@ -73,6 +73,10 @@ impl JobDashboard {
     /// metric is harmless, a line may show twice.
     pub fn with_history(job: &Job) -> Result<JobDashboard> {
         let mut d = JobDashboard::new(job)?;
+        // Markers first: the rows of replayed steps are already the replayed ones.
+        for r in job.result().map(|r| r.restarts).unwrap_or_default() {
+            d.dash.curves.restart(r.resumed_step);
+        }
         for row in job.metric_rows() {
             d.metric(&row);
         }
@@ -106,6 +110,16 @@ impl JobDashboard {
             Update::Metric(m) => self.metric(m),
             Update::Progress(p) => self.progress(p),
             Update::Checkpoint { path, .. } => self.checkpoint = Some(path.clone()),
+            Update::Restart(r) => {
+                self.dash.curves.restart(r.resumed_step);
+                let line = LogLine {
+                    rank: None,
+                    is_error: true,
+                    text: r.to_string(),
+                    repeats: None,
+                };
+                return self.dash.logs.push(line.clone()).then_some(line);
+            }
             Update::Finished(s) => {
                 self.dash.progress.status = status(*s);
                 self.dash.curves.flush();

@@ -39,6 +39,6 @@ pub use trainbook_api::{
     BertMlmTrainer, BertTrainer, Column, Configure, ConfigureMlm, ConfigureText, ConfigureTraining,
     ConfigureVision, DeviceKind, DeviceRequest, Hyper, ImageClassifier, ImageFolder, Job, JobSpec,
     JobStatus, LogLevel, MlmOptions, OptimizerKind, Padding, Plan, Precision, Prediction,
-    ResnetTrainer, Schedule, ShowValue, Table, TextClassifier, TextOptions, Train, TrainConfig,
-    TrainError, TrainResult, Update, View, ViewOptions, VisionOptions,
+    ResnetTrainer, Restart, Resume, Schedule, ShowValue, Table, TextClassifier, TextOptions, Train,
+    TrainConfig, TrainError, TrainResult, Update, View, ViewOptions, VisionOptions,
 };

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use common::wait_until;
+
 use trainbook::engine::testing::process_alive;
 use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
 
@@ -22,17 +24,6 @@ fn tiny(workers: usize) -> JobSpec {
         .preset("tiny")
         .device(trainbook::DeviceRequest::Cpu)
         .runs_root(runs_root())
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
 }
 
 /// (a) 2 workers with batch b/2 each end where 1 worker with batch b ends.

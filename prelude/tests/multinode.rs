@@ -226,6 +226,51 @@ fn a_worker_killed_on_node_1_fails_node_0_naming_its_rank() {
     );
 }
 
+/// Node 1's driver killed (its workers die with it): node 0 fails within seconds and names
+/// node 1 as lost, not its own rank 0 whose connection closed.
+#[test]
+fn node_1_s_driver_killed_is_named_lost_by_node_0() {
+    let port = free_port();
+    let name = format!("lost-node-{}", std::process::id());
+    let named = |node| {
+        let mut a = with_flags(job_args("1", "100000"), node, port);
+        a.extend(["--name".to_string(), name.clone()]);
+        a
+    };
+    let mut n1 = start(&named(1), &[]);
+    let n0 = start(&named(0), &[]);
+    let log = runs_root().join(&name).join("logs/rank1.log");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("loss")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "node 1 never trained"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed = Instant::now();
+    n1.kill().unwrap();
+    n1.wait().unwrap();
+    let out0 = finish(n0, Duration::from_secs(60));
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "node 0 took {took:?} to fail"
+    );
+    assert!(!out0.status.success());
+    let error = summary(&out0)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        error.starts_with("node 1 was lost: its driver stopped reporting"),
+        "node 0 names the lost node: {error}"
+    );
+    assert!(error.contains("rank 0 exit code 1"), "{error}");
+    std::fs::remove_dir_all(runs_root().join(&name)).ok();
+    std::fs::remove_dir_all(runs_root().join(format!("{name}-node1"))).ok();
+}
+
 /// Node ranks and node 0's address from the variables of `srun --ntasks-per-node=1` and of
 /// Open MPI's `mpirun --map-by ppr:1:node`, with no topology flags.
 #[test]

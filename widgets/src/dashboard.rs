@@ -1,7 +1,7 @@
 //! The dashboard: progress, loss plot, metrics table and log panel in one view, which becomes
 //! the result view (final metrics, checkpoint, run directory, final plot) when the run ends.
 
-use crate::html::{escape, GREY, RED};
+use crate::html::{escape, GREY, ORANGE, RED};
 use crate::logs::{LogLevel, LogPanel};
 use crate::plot::{loss_svg, svg_to_png, PlotOptions};
 use crate::progress::{ProgressView, Status};
@@ -117,6 +117,7 @@ impl Dashboard {
         if self.options.plot {
             out.push(format!("loss: {}", plot::summary(&self.curves)));
         }
+        out.extend(self.restarts_line());
         if !self.table.is_empty() {
             out.push(self.table.text());
         }
@@ -131,6 +132,21 @@ impl Dashboard {
         }
         out.push(format!("run directory: {}", self.run_dir));
         out.join("\n")
+    }
+
+    /// `restarts: 2 (last resumed at step 40)` when the job restarted and no plot (whose
+    /// markers and summary show restarts) is shown: a replayed stretch of steps should not go
+    /// unexplained.
+    fn restarts_line(&self) -> Option<String> {
+        let last = self
+            .curves
+            .restarts()
+            .last()
+            .filter(|_| !self.options.plot)?;
+        Some(format!(
+            "restarts: {} (last resumed at step {last})",
+            self.curves.restart_count()
+        ))
     }
 
     /// The whole view as HTML with the plot inline.
@@ -182,6 +198,12 @@ impl Dashboard {
             h.push_str("<div class=\"trainbook-plot\">");
             h.push_str(svg_body(svg));
             h.push_str("</div>");
+        }
+        if let Some(r) = self.restarts_line() {
+            h.push_str(&format!(
+                "<div style=\"color:{ORANGE}\">{}</div>",
+                escape(&r)
+            ));
         }
         if !self.table.is_empty() {
             h.push_str(&self.table.html());
@@ -243,4 +265,31 @@ fn metrics_line(o: &Outcome) -> String {
 /// The `<svg ...>...</svg>` element of a document (drops an XML declaration, if any).
 fn svg_body(svg: &str) -> &str {
     svg.find("<svg").map_or(svg, |i| &svg[i..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_are_told_by_the_plot_or_on_a_line_of_their_own() {
+        let mut d = Dashboard::new("mlp", 2, "runs/1", DashboardOptions::default());
+        for s in 1..=25 {
+            d.curves.train_loss(0, s, 1.0);
+            d.curves.train_loss(1, s, 1.0);
+        }
+        assert!(!d.text().contains("restart"), "{}", d.text());
+        d.curves.restart(20);
+        let t = d.text();
+        assert!(t.contains("· 1 restart (resumed at step 20)"), "{t}");
+        assert!(!t.contains("restarts:"), "said once: {t}");
+
+        d.options.plot = false;
+        let t = d.summary_text();
+        assert!(
+            t.contains("\nrestarts: 1 (last resumed at step 20)\n"),
+            "{t}"
+        );
+        assert!(d.html().contains("restarts: 1 (last resumed at step 20)"));
+    }
 }

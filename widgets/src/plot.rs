@@ -6,6 +6,7 @@ use crate::format::format_metric;
 use crate::series::Curves;
 use crate::Bundle;
 use base64::Engine as _;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use serde_json::Value;
 use std::error::Error;
@@ -37,6 +38,8 @@ impl Default for PlotOptions {
 const TRAIN: RGBColor = RGBColor(0x15, 0x65, 0xc0);
 const VAL: RGBColor = RGBColor(0xc6, 0x28, 0x28);
 const ACC: RGBColor = RGBColor(0x2e, 0x7d, 0x32);
+/// Restart markers: the orange of a stopped run, drawn faint so they do not hide the curves.
+const RESTART: RGBColor = RGBColor(0xef, 0x6c, 0x00);
 
 /// The plot as an SVG document. Never fails: a drawing error becomes an SVG saying so.
 pub fn loss_svg(curves: &Curves, o: &PlotOptions) -> String {
@@ -97,7 +100,18 @@ pub fn summary(c: &Curves) -> String {
     if bad > 0 {
         parts.push(non_finite_note(bad, first));
     }
+    parts.extend(restarts_note(c));
     parts.join(" · ")
+}
+
+/// `1 restart (resumed at step 20)`, `3 restarts (last resumed at step 40)`; `None` without
+/// restarts.
+fn restarts_note(c: &Curves) -> Option<String> {
+    let last = c.restarts().last()?;
+    Some(match c.restart_count() {
+        1 => format!("1 restart (resumed at step {last})"),
+        n => format!("{n} restarts (last resumed at step {last})"),
+    })
 }
 
 fn non_finite_note(n: usize, first: Option<(f64, f64)>) -> String {
@@ -165,9 +179,14 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
     };
     let val: Vec<(f64, f64)> = c.val_loss.for_plot().iter().map(ty).collect();
     let acc: Vec<(f64, f64)> = c.val_accuracy.for_plot();
+    let restarts: Vec<f64> = c.restarts().iter().map(|&s| s as f64).collect();
 
     let all = || train.iter().chain(&lo).chain(&hi).chain(&val);
-    let (x0, x1) = match span(all().chain(&acc).map(|p| p.0)) {
+    let xs = all()
+        .chain(&acc)
+        .map(|p| p.0)
+        .chain(restarts.iter().copied());
+    let (x0, x1) = match span(xs) {
         Some((a, b)) => (a.max(0.0), b),
         None => (0.0, 1.0),
     };
@@ -242,6 +261,29 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
             .label("val accuracy (right axis)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ACC.stroke_width(2)));
         chart.draw_secondary_series(acc.iter().map(|p| Circle::new(*p, 3, ACC.filled())))?;
+    }
+    // Under the legend, over the curves: a marker says where the replayed steps begin.
+    let mut labelled_at = None;
+    for &x in &restarts {
+        chart.draw_series(std::iter::once(DashedPathElement::new(
+            [(x, y0), (x, y1)],
+            5,
+            4,
+            RESTART.mix(0.7).stroke_width(1),
+        )))?;
+        // One label per 50 pixels: markers closer than that share the one on their left.
+        let px = chart.backend_coord(&(x, y1)).0;
+        if labelled_at.is_none_or(|at| px - at >= 50) {
+            labelled_at = Some(px);
+            chart.draw_series(std::iter::once(
+                EmptyElement::at((x, y1))
+                    + Text::new(
+                        "restart",
+                        (3, 2),
+                        ("sans-serif", 10).into_font().color(&RESTART),
+                    ),
+            ))?;
+        }
     }
     if !(train.is_empty() && val.is_empty() && acc.is_empty()) {
         chart

@@ -212,3 +212,68 @@ fn image_size(png: &[u8]) -> (u32, u32) {
     let h = u32::from_be_bytes(png[20..24].try_into().unwrap());
     (w, h)
 }
+
+/// x pixel of every point of every polyline stroked in `colour`.
+fn polyline_xs(svg: &str, colour: &str) -> Vec<Vec<i64>> {
+    let doc = roxmltree::Document::parse(svg).unwrap();
+    doc.descendants()
+        .filter(|n| n.tag_name().name() == "polyline" && n.attribute("stroke") == Some(colour))
+        .map(|n| {
+            n.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .map(|p| p.split(',').next().unwrap().parse().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_restart_is_a_dashed_line_where_the_replay_began() {
+    let plain = run(40);
+    let svg = loss_svg(&plain, &PlotOptions::default());
+    assert!(polyline_xs(&svg, "#EF6C00").is_empty());
+    assert!(!texts(&svg).contains("restart"));
+    assert!(!trainbook_widgets::plot::summary(&plain).contains("restart"));
+
+    let mut c = Curves::new(2);
+    for s in 1..=25 {
+        c.train_loss(0, s, 1.0);
+        c.train_loss(1, s, 1.0);
+    }
+    c.restart(20);
+    for s in 21..=40 {
+        c.train_loss(0, s, 0.5);
+        c.train_loss(1, s, 0.5);
+    }
+    c.flush();
+    let svg = loss_svg(&c, &PlotOptions::default());
+    let dashes = polyline_xs(&svg, "#EF6C00");
+    assert!(dashes.len() > 3, "a dashed line: {dashes:?}");
+    let train = &polyline_xs(&svg, "#1565C0")[0];
+    assert_eq!(train.len(), 40, "each step drawn once");
+    let at_step_20 = train[19];
+    assert!(
+        dashes.iter().flatten().all(|&x| x == at_step_20),
+        "vertical at step 20 (x = {at_step_20}): {dashes:?}"
+    );
+    assert!(texts(&svg).contains("restart"), "{}", texts(&svg));
+    let summary = trainbook_widgets::plot::summary(&c);
+    assert!(
+        summary.ends_with(" · 1 restart (resumed at step 20)"),
+        "{summary}"
+    );
+    c.restart(30);
+    assert!(
+        trainbook_widgets::plot::summary(&c).ends_with(" · 2 restarts (last resumed at step 30)")
+    );
+    assert_eq!(
+        polyline_xs(&loss_svg(&c, &PlotOptions::default()), "#EF6C00")
+            .iter()
+            .flatten()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        2,
+        "two markers"
+    );
+}

@@ -62,6 +62,13 @@ pub enum TrainError {
         tail: String,
         log: String,
     },
+    #[error("node {node} was lost: {how}; all workers were stopped. Its workers' connections closed, which failed this node's ({local}). Start that node again, then resume the run (--name and --resume auto)")]
+    NodeLost {
+        node: usize,
+        how: String,
+        /// How this node's workers ended meanwhile.
+        local: String,
+    },
     #[error("the job was stopped before it finished (run directory: {run_dir})")]
     Interrupted { run_dir: String },
 }
@@ -100,8 +107,59 @@ pub enum Update {
     Log(Shown),
     Metric(MetricRow),
     Progress(Progress),
-    Checkpoint { epoch: u64, path: PathBuf },
+    Checkpoint {
+        epoch: u64,
+        path: PathBuf,
+    },
+    /// The job restarted its workers after a failure; steps after `resumed_step` are replayed
+    /// (their metric rows were dropped and come again).
+    Restart(Restart),
     Finished(JobStatus),
+}
+
+/// One restart of a job: why, and where it resumed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Restart {
+    /// 1 for the first restart.
+    pub attempt: u32,
+    /// The restarts allowed (`max_failures`); `None`: no limit.
+    pub allowed: Option<u32>,
+    /// Seconds since the job started.
+    pub time: f64,
+    /// What failed, e.g. "rank 1 killed by SIGKILL".
+    pub reason: String,
+    /// The rank blamed, when one is.
+    pub rank: Option<usize>,
+    /// The step the blamed rank was at when it failed (steps done).
+    pub failed_at_step: Option<u64>,
+    /// The checkpoint the workers resumed from; `None`: from the start.
+    pub checkpoint: Option<PathBuf>,
+    /// The step they resumed at.
+    pub resumed_step: u64,
+    /// Steps of training redone (failed_at_step - resumed_step).
+    pub steps_lost: u64,
+}
+
+impl std::fmt::Display for Restart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let of = self
+            .allowed
+            .map(|a| format!("/{a}"))
+            .unwrap_or_else(|| " (no limit)".into());
+        write!(f, "restart {}{of}: {}", self.attempt, self.reason)?;
+        if let Some(s) = self.failed_at_step {
+            write!(f, " at step {s}")?;
+        }
+        match &self.checkpoint {
+            Some(c) => write!(
+                f,
+                " — resumed from step {} (checkpoint {})",
+                self.resumed_step,
+                c.display()
+            ),
+            None => write!(f, " — started again from step 0 (no checkpoint yet)"),
+        }
+    }
 }
 
 /// One worker's memory at the end of its run, in bytes: what its parameters, gradients,
@@ -148,6 +206,8 @@ pub struct TrainResult {
     pub elapsed: f64,
     /// Each rank's memory, by rank ([`TrainResult::memory_table`] as a table).
     pub memory: Vec<MemoryUse>,
+    /// The job's restarts after failures, in order (see `max_failures`).
+    pub restarts: Vec<Restart>,
 }
 
 impl TrainResult {
@@ -203,6 +263,7 @@ impl TrainResult {
             "best_checkpoint": self.best_checkpoint.as_ref().map(|p| p.display().to_string()),
             "error": self.error,
             "memory": self.memory,
+            "restarts": self.restarts,
         })
     }
 }

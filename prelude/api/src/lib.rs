@@ -68,13 +68,14 @@ pub mod vision;
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
-pub use job::{running_jobs, stop_all, Job, JobStatus, TrainError, TrainResult, Update};
+pub use job::{running_jobs, stop_all, Job, JobStatus, Restart, TrainError, TrainResult, Update};
 pub use logs::LogLevel;
 pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
 pub use params::{Param, ParamError};
 pub use run::{fit, launch, Plan, Train, View, ViewOptions};
 pub use spec::{
-    Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule, TrainConfig,
+    Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,
+    TrainConfig,
 };
 pub use table::{Column, Table, Value};
 pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TextOptions};
@@ -96,13 +97,13 @@ pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::display::ShowValue;
-    pub use crate::job::{stop_all, Job, JobStatus, TrainResult, Update};
+    pub use crate::job::{stop_all, Job, JobStatus, Restart, TrainResult, Update};
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;
     pub use crate::run::{fit, launch, Plan, Train, View};
     pub use crate::spec::{
-        Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Schedule,
+        Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,
     };
     pub use crate::table::{Column, Table};
     pub use crate::text::{train_bert, BertTrainer, ConfigureText, Padding};

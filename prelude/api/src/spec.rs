@@ -180,6 +180,10 @@ crate::options! {
         /// one at each epoch's end.
         #[arg(value_name = "N")]
         checkpoint_every: u64 => Option<u64>,
+        /// Also write a step checkpoint when this many minutes have passed since the last one
+        /// (a restart or a resume loses at most this much training; e.g. 30).
+        #[arg(value_name = "MINUTES")]
+        checkpoint_every_minutes: f64 => Option<f64>,
         /// Keep only the last K step checkpoints (epoch checkpoints are all kept).
         #[arg(value_name = "K")]
         keep_checkpoints: usize => Option<usize>,
@@ -243,6 +247,7 @@ impl Hyper {
             constant_ratio: 0.0,
             poly_power: 1.0,
             checkpoint_every: None,
+            checkpoint_every_minutes: None,
             keep_checkpoints: None,
             zero: 0,
             precision: Precision::Fp32,
@@ -258,6 +263,38 @@ impl Hyper {
 
 fn one() -> usize {
     1
+}
+
+/// Seconds without progress before a worker counts as hung, by default: well under the
+/// collective timeout (300 s), well over any step of the recipes' presets.
+pub const DEFAULT_HANG_TIMEOUT_SECS: u64 = 60;
+
+fn default_hang_timeout() -> u64 {
+    DEFAULT_HANG_TIMEOUT_SECS
+}
+
+/// What a job does with a run directory of the same name ([`Configure::name`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Resume {
+    /// Start a new run; a named run that already has checkpoints is an error.
+    #[default]
+    Never,
+    /// Continue the named run from its newest complete checkpoint, or start it when it has
+    /// none: the same command serves the first start and every re-run (a Slurm requeue, a
+    /// killed driver, a closed notebook). A finished run is not trained again.
+    Auto,
+}
+
+impl std::str::FromStr for Resume {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "never" | "no" => Ok(Self::Never),
+            o => bail!("unknown resume mode '{o}': use auto (continue the named run's newest checkpoint) or never"),
+        }
+    }
 }
 
 pub use crate::topology::Topology;
@@ -295,6 +332,21 @@ pub struct JobSpec {
     pub collective_timeout_secs: u64,
     /// Extra environment for workers.
     pub env: Vec<(String, String)>,
+    /// Restarts after a failure (a worker's death, a collective error, a hang): 0 (default)
+    /// fails at once, -1 restarts without limit. Each restart resumes from the run's newest
+    /// checkpoint.
+    #[serde(default)]
+    pub max_failures: i32,
+    /// Seconds without progress after which a worker counts as hung (0: never); the job
+    /// waits at least 5 times its slowest step so far.
+    #[serde(default = "default_hang_timeout")]
+    pub hang_timeout_secs: u64,
+    /// The run directory's name under the runs root (default `<recipe>-<time>-<random>`).
+    #[serde(default)]
+    pub run_name: Option<String>,
+    /// Whether a job continues its named run's newest checkpoint.
+    #[serde(default)]
+    pub resume: Resume,
     #[serde(skip)]
     pub dedup: DedupConfig,
     /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
@@ -368,6 +420,30 @@ pub trait Configure: Sized {
         self.job_spec().collective_timeout_secs = t.as_secs().max(1);
         self
     }
+    /// Restarts after a failure, each from the run's newest checkpoint (default 0: fail at
+    /// once; -1: without limit). The same error at the same step twice in a row is not
+    /// retried.
+    fn max_failures(mut self, n: i32) -> Self {
+        self.job_spec().max_failures = n;
+        self
+    }
+    /// How long a worker may make no progress before it counts as hung (default 60 s;
+    /// `Duration::ZERO` turns hang detection off).
+    fn hang_timeout(mut self, t: Duration) -> Self {
+        self.job_spec().hang_timeout_secs = t.as_secs();
+        self
+    }
+    /// A stable name for the run directory (`<runs root>/<name>`), so that a re-run with
+    /// [`Resume::Auto`] finds it.
+    fn name(mut self, name: impl Into<String>) -> Self {
+        self.job_spec().run_name = Some(name.into());
+        self
+    }
+    /// [`Resume::Auto`]: continue the named run's newest checkpoint (needs [`Configure::name`]).
+    fn resume(mut self, r: Resume) -> Self {
+        self.job_spec().resume = r;
+        self
+    }
     /// Merge identical log lines across workers (default on).
     fn dedup(mut self, enabled: bool) -> Self {
         self.job_spec().dedup.enabled = enabled;
@@ -419,6 +495,10 @@ impl JobSpec {
             runs_root: None,
             collective_timeout_secs: 300,
             env: Vec::new(),
+            max_failures: 0,
+            hang_timeout_secs: DEFAULT_HANG_TIMEOUT_SECS,
+            run_name: None,
+            resume: Resume::Never,
             dedup: DedupConfig::default(),
             view: Default::default(),
         }
@@ -587,6 +667,29 @@ impl JobSpec {
         }
         if self.collective_timeout_secs == 0 {
             bail!("collective timeout must be at least 1 s");
+        }
+        if let Some(m) = t.checkpoint_every_minutes {
+            if !(m.is_finite() && m > 0.0) {
+                bail!("checkpoint_every_minutes is {m}: give the minutes between checkpoints (e.g. 30), more than 0");
+            }
+        }
+        if self.max_failures < -1 {
+            bail!(
+                "max_failures is {}: use 0 (no restart), a number of restarts, or -1 (no limit)",
+                self.max_failures
+            );
+        }
+        if let Some(name) = &self.run_name {
+            let bad = name.is_empty()
+                || name.starts_with('.')
+                || name.contains(['/', '\\'])
+                || name.chars().any(char::is_control);
+            if bad {
+                bail!("run name {name:?} cannot be a directory name: use letters, digits, '-', '_' or '.', not starting with '.' and without '/'");
+            }
+        }
+        if self.resume == Resume::Auto && self.run_name.is_none() {
+            bail!("resume auto needs a run name to find the run: add --name NAME (or .name(\"...\")), the same on every re-run");
         }
         Ok(())
     }

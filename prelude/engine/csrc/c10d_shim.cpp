@@ -150,7 +150,7 @@ void tb_bytes_free(uint8_t* p) { std::free(p); }
 // launcher hosts it so the port can be chosen race-free).
 tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, int rank, int world,
                  int is_server, int64_t timeout_ms, const char* gloo_ifname,
-                 const char* gloo_host, char* err, size_t errlen) {
+                 const char* gloo_host, const char* store_prefix, char* err, size_t errlen) {
   tb_pg* out = nullptr;
   guarded(err, errlen, [&] {
     std::string be(backend);
@@ -161,7 +161,7 @@ tb_pg* tb_pg_new(const char* backend, const char* master_addr, uint16_t port, in
     opts.waitWorkers = false;
     opts.timeout = ms(timeout_ms);
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(master_addr), opts);
-    auto store = c10::make_intrusive<c10d::PrefixStore>("trainbook/default_pg", tcp);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(std::string(store_prefix), tcp);
     auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
 
     if (be == "gloo" || be == "nccl" || be == "hccl") {

@@ -38,8 +38,8 @@ pub use worker::{main as worker_main, Hpu, HpuBridge};
 pub mod checkpoint {
     pub use crate::driver::metrics::read_parquet as read_metrics;
     pub use crate::shared::checkpoint::{
-        write_atomic, write_file_atomic, write_json_atomic, RunConfig, TrainerState, MODEL,
-        OPTIMIZER, RUN_CONFIG, TRAINER_STATE,
+        latest, write_atomic, write_file_atomic, write_json_atomic, RunConfig, RunStatus,
+        TrainerState, CHECKPOINTS, MODEL, OPTIMIZER, RUN_CONFIG, RUN_STATUS, TRAINER_STATE,
     };
 }
 

@@ -1,6 +1,20 @@
 //! Helpers shared by the integration tests (each test file includes this module).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
+#[allow(dead_code)] // not every test file waits
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
 
 /// The named tensors of a safetensors file, sorted by name.
 pub fn load(path: &Path) -> Vec<(String, tch::Tensor)> {

@@ -1,7 +1,9 @@
 //! The driver's event loop: everything the workers say (events, raw output, exits) is folded
 //! into the job's state in one thread, in arrival order, and published to subscribers. It also
-//! watches the worker processes: the first failure stops the rest and becomes the job's error,
-//! naming the rank, its last lines and its log.
+//! watches the worker processes: the first failure (a death, an error, a hang) stops the rest
+//! and becomes the job's error, naming the rank, its last lines and its log — unless the job
+//! may restart, in which case the same thread starts the workers again from the run's newest
+//! checkpoint ([`supervise`](super::supervise) decides) and goes on watching.
 
 use std::fs::File;
 use std::io::Write;
@@ -10,22 +12,27 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use trainbook_api::job::{JobStatus, LogRecord, MetricRow, Progress, TrainError, Update};
+use trainbook_api::job::{JobStatus, LogRecord, MetricRow, Progress, Restart, TrainError, Update};
 use trainbook_api::logs::Stream;
 
 use super::dedup::Deduplicator;
 use super::dllog::DlLog;
 use super::handle::JobState;
 use super::metrics;
-use super::processes::{Exit, RawOutput, Workers, STOP_GRACE};
-use crate::shared::checkpoint;
+use super::processes::{Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
+use super::supervise::{self, Decision, Hangs, Hung, Policy, Signature};
+use crate::shared::checkpoint::{self, RunStatus, TrainerState};
+use crate::shared::env;
 use crate::shared::events::{Collector, Emitter, Event};
 use crate::worker::dist::Store;
 
 /// Lines of each rank kept for error reports.
 const TAIL_LINES: usize = 20;
 /// How long node 0 waits for another node's report of the worker whose death failed its own.
-const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(1500);
+const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(2500);
+/// How often another node's driver says it is alive, and the silence that means it is lost.
+const NODE_ALIVE_EVERY: Duration = Duration::from_secs(1);
+const NODE_LOST_AFTER: Duration = Duration::from_millis(2000);
 /// How long node 0 waits, once its own workers are done, for other nodes' `done` events.
 const REMOTE_DONE_WAIT: Duration = Duration::from_secs(10);
 /// Log lines kept in memory per job (the run directory has them all).
@@ -35,6 +42,31 @@ const MEMORY_LOG_LINES: usize = 10_000;
 pub(super) enum Incoming {
     Event(Event),
     Raw(RawOutput),
+}
+
+/// How to start this node's workers again: their commands, and where their output goes.
+pub(super) struct Start {
+    pub(super) cmds: Vec<WorkerCommand>,
+    pub(super) tx: mpsc::Sender<Incoming>,
+}
+
+impl Start {
+    /// Starts the workers, the `attempt`-th time (0: the first), resuming from `resume`.
+    pub(super) fn spawn(
+        &self,
+        attempt: u32,
+        resume: Option<&std::path::Path>,
+    ) -> anyhow::Result<Workers> {
+        let mut cmds = self.cmds.clone();
+        for c in &mut cmds {
+            c.env.push((env::ATTEMPT.into(), attempt.to_string()));
+            if let Some(r) = resume {
+                c.env.push((env::RESUME.into(), r.display().to_string()));
+            }
+        }
+        let tx = self.tx.clone();
+        Workers::spawn(cmds, move |r| tx.send(Incoming::Raw(r)).is_ok())
+    }
 }
 
 /// The event loop's state: the job it folds into, and what it writes on the way.
@@ -50,6 +82,19 @@ pub(super) struct Driver<'a> {
     remote_exits: Vec<Exit>,
     /// This node joined node 0's job (its workers' events go to node 0).
     joined: bool,
+    /// Every rank's pulse, for hang detection.
+    hangs: Hangs,
+    /// The steps each rank had taken when it reported an error.
+    error_steps: Vec<Option<u64>>,
+    /// The restart budget.
+    policy: Policy,
+    /// Which start of the workers is running (0: the first).
+    attempt: u32,
+    /// What failed this start, for the restart decision and its record.
+    cause: Option<(Signature, String)>,
+    /// When each other node's driver was last heard (node 0), or last said it was alive
+    /// (other nodes: their own entry).
+    nodes_heard: Vec<Option<Instant>>,
 }
 
 impl Driver<'_> {
@@ -156,9 +201,16 @@ impl Driver<'_> {
                 self.job.lock().checkpoints.push((epoch, path.clone()));
                 self.job.publish(Update::Checkpoint { epoch, path });
             }
-            Event::Error { rank, message } => {
+            Event::Error {
+                rank,
+                message,
+                step,
+            } => {
                 if let Some(slot) = self.job.lock().errors.get_mut(rank) {
                     *slot = Some(message.clone());
+                }
+                if let Some(slot) = self.error_steps.get_mut(rank) {
+                    *slot = step;
                 }
                 self.line(rank, Stream::Stderr, format!("error: {message}"));
             }
@@ -169,6 +221,14 @@ impl Driver<'_> {
                 if let Some(slot) = self.job.lock().summaries.get_mut(rank) {
                     *slot = Some(summary);
                 }
+            }
+            Event::NodeAlive { node } => {
+                if let Some(h) = self.nodes_heard.get_mut(node) {
+                    *h = Some(Instant::now());
+                }
+            }
+            Event::Heartbeat { rank, step, busy } => {
+                self.hangs.beat(rank, step, busy, Instant::now())
             }
             Event::Started {
                 rank,
@@ -222,30 +282,35 @@ impl Driver<'_> {
     }
 
     fn failure(&self, exit: &Exit) -> TrainError {
-        let st = self.job.lock();
-        let tail: Vec<String> = st
-            .tails
-            .get(exit.rank)
-            .map(|t| t.iter().map(|l| format!("  {l}")).collect())
-            .unwrap_or_default();
-        let message = st
-            .errors
-            .get(exit.rank)
-            .cloned()
-            .flatten()
-            .map(|m| format!("\nerror: {m}"))
-            .unwrap_or_default();
-        let mut how = if exit.success() {
+        let how = if exit.success() {
             "exited before reporting completion".to_string()
         } else {
             exit.describe()
         };
+        self.failure_of(exit.rank, how)
+    }
+
+    /// The job's error for a failure of `rank`, `how` it failed: its message, last lines and log.
+    fn failure_of(&self, rank: usize, mut how: String) -> TrainError {
+        let st = self.job.lock();
+        let tail: Vec<String> = st
+            .tails
+            .get(rank)
+            .map(|t| t.iter().map(|l| format!("  {l}")).collect())
+            .unwrap_or_default();
+        let message = st
+            .errors
+            .get(rank)
+            .cloned()
+            .flatten()
+            .map(|m| format!("\nerror: {m}"))
+            .unwrap_or_default();
         let spec = &self.job.spec;
         if spec.nodes > 1 {
-            how = format!("{how}, on node {}", exit.rank / spec.workers.max(1));
+            how = format!("{how}, on node {}", rank / spec.workers.max(1));
         }
         TrainError::WorkerFailed {
-            rank: exit.rank,
+            rank,
             how,
             message,
             tail: if tail.is_empty() && self.forward.is_some() {
@@ -259,7 +324,7 @@ impl Driver<'_> {
                 .job
                 .run_dir
                 .join("logs")
-                .join(format!("rank{}.log", exit.rank))
+                .join(format!("rank{}.log", rank))
                 .display()
                 .to_string(),
         }
@@ -286,8 +351,8 @@ fn final_status(failed: bool, stopped_by_user: bool, every_rank_done: bool) -> J
     }
 }
 
-/// Runs a job's event loop on the driver thread until every worker is gone, then records how
-/// the job ended and publishes it.
+/// Runs a job's event loop on the driver thread until every worker is gone (restarting them
+/// after a failure while the job may), then records how the job ended and publishes it.
 pub(super) fn drive(
     job: &JobState,
     mut workers: Workers,
@@ -295,9 +360,15 @@ pub(super) fn drive(
     collector: Option<Collector>,
     forward: Option<Emitter>,
     store: Store,
+    start: Start,
 ) {
     let mut d = Driver::new(job, forward);
-    let stopped_by_user = d.watch(&mut workers, &rx);
+    let stopped_by_user = loop {
+        let stopped = d.watch(&mut workers, &rx);
+        if stopped || !d.restart(&mut workers, &rx, &start) {
+            break stopped;
+        }
+    };
     d.settle(&mut workers, &rx);
     let dropped = collector.as_ref().map_or(0, |c| c.dropped());
     drop(collector);
@@ -327,7 +398,36 @@ impl<'a> Driver<'a> {
             forward,
             remote_exits: Vec::new(),
             joined,
+            hangs: Hangs::new(world, job.spec.hang_timeout_secs),
+            error_steps: vec![None; world],
+            policy: Policy::new(job.spec.max_failures),
+            attempt: 0,
+            cause: None,
+            nodes_heard: vec![None; job.spec.nodes],
         }
+    }
+
+    /// Another node's driver says it is alive, about once a second.
+    fn say_alive(&mut self) {
+        let node = self.job.spec.node_rank;
+        let (Some(fwd), Some(last)) = (&self.forward, self.nodes_heard.get_mut(node)) else {
+            return;
+        };
+        if last.is_none_or(|t| t.elapsed() >= NODE_ALIVE_EVERY) {
+            fwd.send(Event::NodeAlive { node });
+            *last = Some(Instant::now());
+        }
+    }
+
+    /// A node (other than 0) whose driver has been heard before but not for
+    /// [`NODE_LOST_AFTER`], with how long.
+    fn lost_node(&self) -> Option<(usize, Duration)> {
+        self.nodes_heard
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter_map(|(n, h)| Some((n, h.as_ref()?.elapsed())))
+            .find(|(_, silent)| *silent > NODE_LOST_AFTER)
     }
 
     /// Takes in what arrives within `wait`, then whatever else is already queued.
@@ -347,10 +447,17 @@ impl<'a> Driver<'a> {
         while !workers.all_exited() {
             self.receive(rx, Duration::from_millis(20));
             self.flush_dedup(false);
+            self.say_alive();
             if self.job.stop_requested.load(Ordering::Relaxed) && !stopped_by_user {
                 stopped_by_user = true;
                 workers.stop(STOP_GRACE);
                 continue;
+            }
+            if !stopped_by_user && !self.joined && self.job.lock().failure.is_none() {
+                if let Some(hung) = self.hangs.hung(Instant::now()) {
+                    self.hang(hung, workers, rx);
+                    continue;
+                }
             }
             let exits = workers.poll();
             let remote = std::mem::take(&mut self.remote_exits);
@@ -418,12 +525,38 @@ impl<'a> Driver<'a> {
         }
         // A worker killed on another node fails this node's workers at once ("connection
         // closed"); its driver's report follows within moments, and names the cause.
+        // A node whose driver died reports nothing: its silence names it.
         if self.job.spec.nodes > 1 && !self.joined && first.signal.is_none() {
             let deadline = Instant::now() + REMOTE_REPORT_WAIT;
+            let mut lost = None;
             while self.remote_exits.is_empty() && Instant::now() < deadline {
                 if let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
                     self.incoming(m);
                 }
+                lost = self.lost_node();
+                if lost.is_some() {
+                    break;
+                }
+            }
+            if let (Some((node, silent)), true) = (lost, self.remote_exits.is_empty()) {
+                let failure = TrainError::NodeLost {
+                    node,
+                    how: format!(
+                        "its driver stopped reporting {:.1} s ago (killed, or its machine or the network is down)",
+                        silent.as_secs_f64()
+                    ),
+                    local: format!("rank {} {}", first.rank, first.describe()),
+                };
+                self.job.lock().failure = Some(failure);
+                self.cause = Some((
+                    Signature {
+                        rank: first.rank,
+                        step: None,
+                        message: None,
+                    },
+                    format!("node {node} lost"),
+                ));
+                return;
             }
             bad.append(&mut self.remote_exits);
             first = root_cause(&bad).cloned().unwrap_or(first);
@@ -439,6 +572,190 @@ impl<'a> Driver<'a> {
         }
         let failure = self.failure(&first);
         self.job.lock().failure = Some(failure);
+        let message = self.job.lock().errors.get(first.rank).cloned().flatten();
+        let said = message
+            .as_deref()
+            .and_then(|m| m.lines().next())
+            .map(|m| {
+                let m: String = m.chars().take(160).collect();
+                format!(": {m}")
+            })
+            .unwrap_or_default();
+        let step = self
+            .error_steps
+            .get(first.rank)
+            .copied()
+            .flatten()
+            .or_else(|| self.hangs.step_of(first.rank));
+        let how = if first.success() {
+            "exited before reporting completion".to_string()
+        } else {
+            first.describe()
+        };
+        self.cause = Some((
+            Signature {
+                rank: first.rank,
+                step,
+                message,
+            },
+            format!("rank {} {how}{said}", first.rank),
+        ));
+    }
+
+    /// A rank stopped making progress: save its report (last lines, native stack), stop every
+    /// worker and record the hang as the job's failure.
+    fn hang(&mut self, hung: Hung, workers: &mut Workers, rx: &mpsc::Receiver<Incoming>) {
+        let tail: Vec<String> = self
+            .job
+            .lock()
+            .tails
+            .get(hung.rank)
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default();
+        let run_dir = &self.job.run_dir;
+        let pid = workers.pid_of(hung.rank);
+        let pending = "(being taken: gdb attaches to the process)";
+        supervise::write_report(run_dir, self.attempt, &hung, &tail, pending);
+        let stack = match pid {
+            Some(pid) => supervise::native_stack(pid),
+            None => format!(
+                "rank {} runs on another node: run gdb -p <pid> there for its stack",
+                hung.rank
+            ),
+        };
+        let report = supervise::write_report(run_dir, self.attempt, &hung, &tail, &stack);
+        workers.stop(STOP_GRACE);
+        workers.join_readers(Duration::from_millis(300));
+        while let Ok(m) = rx.try_recv() {
+            self.incoming(m);
+        }
+        let how = format!("{}; report: {}", hung.describe(), report.display());
+        let failure = self.failure_of(hung.rank, how);
+        self.job.lock().failure = Some(failure);
+        self.cause = Some((
+            Signature {
+                rank: hung.rank,
+                step: Some(hung.step),
+                message: Some("hung".into()),
+            },
+            format!(
+                "rank {} hung ({} s without progress)",
+                hung.rank,
+                hung.still.as_secs()
+            ),
+        ));
+    }
+
+    /// After a failure: starts the workers again from the run's newest checkpoint when the
+    /// job may restart (and returns true), or adds to the job's error why it does not.
+    fn restart(
+        &mut self,
+        workers: &mut Workers,
+        rx: &mpsc::Receiver<Incoming>,
+        start: &Start,
+    ) -> bool {
+        if self.joined || self.job.lock().failure.is_none() {
+            return false;
+        }
+        let Some((signature, reason)) = self.cause.take() else {
+            return false;
+        };
+        let rank = signature.rank;
+        let reported_step = self.error_steps.get(rank).copied().flatten();
+        match self.policy.decide(signature) {
+            Decision::GiveUp(why) => {
+                self.explain_give_up(&why);
+                false
+            }
+            Decision::Restart => {
+                // Whatever the stopped workers still had in flight belongs to this start.
+                let deadline = Instant::now() + Duration::from_millis(200);
+                while let Ok(m) =
+                    rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                {
+                    self.incoming(m);
+                }
+                let job = self.job;
+                let (checkpoint, resumed_step) = match checkpoint::latest(&job.run_dir) {
+                    Some((dir, state)) => (Some(dir), state.step),
+                    // No checkpoint of this run yet: where the job itself started.
+                    None => (
+                        None,
+                        job.spec
+                            .train
+                            .resume_from
+                            .as_deref()
+                            .and_then(|d| TrainerState::read(d).ok())
+                            .map_or(0, |s| s.step),
+                    ),
+                };
+                let reached = self
+                    .hangs
+                    .max_step()
+                    .max(job.lock().progress.as_ref().map_or(0, |p| p.step));
+                self.attempt += 1;
+                let restart = Restart {
+                    attempt: self.policy.used(),
+                    allowed: self.policy.allowed(),
+                    time: self.elapsed(),
+                    reason,
+                    rank: Some(rank),
+                    failed_at_step: reported_step.or(Some(reached)),
+                    checkpoint: checkpoint.clone(),
+                    resumed_step,
+                    steps_lost: reported_step
+                        .unwrap_or(reached)
+                        .saturating_sub(resumed_step),
+                };
+                self.forget_attempt(resumed_step, restart.clone());
+                self.job.publish(Update::Restart(restart));
+                match start.spawn(self.attempt, checkpoint.as_deref()) {
+                    Ok(w) => {
+                        *workers = w;
+                        job.lock().pids = workers.pids();
+                        true
+                    }
+                    Err(e) => {
+                        let failure = self.failure_of(
+                            0,
+                            format!("could not be started again after a failure: {e:#}"),
+                        );
+                        job.lock().failure = Some(failure);
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new start of the workers: its failure, errors, pulses and progress start empty, and
+    /// the metric rows of the steps it will redo are dropped (the replayed rows replace them).
+    fn forget_attempt(&mut self, resumed_step: u64, restart: Restart) {
+        self.hangs.reset();
+        self.error_steps.iter_mut().for_each(|s| *s = None);
+        self.remote_exits.clear();
+        let mut st = self.job.lock();
+        st.failure = None;
+        st.errors.iter_mut().for_each(|e| *e = None);
+        st.summaries.iter_mut().for_each(|s| *s = None);
+        st.progress = None;
+        st.metrics.retain(|m| m.step <= resumed_step);
+        st.checkpoints.retain(|(_, p)| p.exists());
+        st.restarts.push(restart);
+    }
+
+    /// Adds to the job's error the restarts it had and why there is no other.
+    fn explain_give_up(&self, why: &str) {
+        let mut st = self.job.lock();
+        let earlier: Vec<String> = st.restarts.iter().map(|r| format!("\n{r}")).collect();
+        if let Some(TrainError::WorkerFailed { message, .. }) = st.failure.as_mut() {
+            if !earlier.is_empty() {
+                message.push_str(&format!("\nearlier failures:{}", earlier.concat()));
+            }
+            if !why.is_empty() {
+                message.push_str(&format!("\n{why}"));
+            }
+        }
     }
 
     /// Every worker is gone: takes in what is still in flight (other nodes' `done` events
@@ -499,6 +816,24 @@ impl<'a> Driver<'a> {
         if let Err(e) = metrics::write_parquet(&rows, &job.run_dir.join("metrics.parquet")) {
             eprintln!("trainbook: could not write metrics.parquet: {e:#}");
         }
+        if !self.joined {
+            let st = job.lock();
+            let status = RunStatus {
+                status: st.status.name().into(),
+                steps: st
+                    .summaries
+                    .first()
+                    .cloned()
+                    .flatten()
+                    .map_or(0, |s| s.steps),
+                restarts: st.restarts.len(),
+            };
+            drop(st);
+            let file = job.run_dir.join(checkpoint::RUN_STATUS);
+            if let Err(e) = checkpoint::write_json_atomic(&file, &status) {
+                eprintln!("trainbook: could not write {}: {e:#}", file.display());
+            }
+        }
         let status = job.lock().status;
         job.publish(Update::Finished(status));
         job.finished.notify_all();
@@ -539,6 +874,12 @@ mod tests {
             forward: None,
             remote_exits: Vec::new(),
             joined: false,
+            hangs: Hangs::new(job.spec.world_size(), 0),
+            error_steps: vec![None; job.spec.world_size()],
+            policy: Policy::new(0),
+            attempt: 0,
+            cause: None,
+            nodes_heard: Vec::new(),
         }
     }
 
@@ -628,6 +969,7 @@ mod tests {
         d.event(Event::Error {
             rank: 1,
             message: "loss became NaN at step 3".into(),
+            step: Some(3),
         });
         let failure = d.failure(&Exit {
             rank: 1,

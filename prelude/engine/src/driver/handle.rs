@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use trainbook_api::device::DeviceKind;
 use trainbook_api::job::{
-    Job, JobControl, JobStatus, JobView, LogRecord, MetricRow, Progress, TrainError, TrainResult,
-    Update,
+    Job, JobControl, JobStatus, JobView, LogRecord, MetricRow, Progress, Restart, TrainError,
+    TrainResult, Update,
 };
 use trainbook_api::metric;
 use trainbook_api::spec::JobSpec;
@@ -31,6 +31,8 @@ pub(super) struct State {
     pub(super) summaries: Vec<Option<WorkerSummary>>,
     pub(super) failure: Option<TrainError>,
     pub(super) pids: Vec<u32>,
+    /// Restarts after failures, in order.
+    pub(super) restarts: Vec<Restart>,
     pub(super) elapsed: f64,
     pub(super) dropped_events: u64,
 }
@@ -80,6 +82,7 @@ impl JobState {
                 summaries: vec![None; world],
                 failure: None,
                 pids: Vec::new(),
+                restarts: Vec::new(),
                 elapsed: 0.0,
                 dropped_events: 0,
             }),
@@ -355,6 +358,7 @@ impl JobControl for JobHandle {
             param_sum: s0.param_sum,
             param_l2: s0.param_l2,
             memory: summaries.iter().map(|s| s.memory.clone()).collect(),
+            restarts: st.restarts.clone(),
             elapsed: if st.status.is_finished() {
                 st.elapsed
             } else {

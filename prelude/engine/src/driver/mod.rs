@@ -7,6 +7,7 @@
 //! - [`rendezvous`]: how a node joins its job (node 0 hosts, the others fetch its job).
 //! - [`processes`]: worker processes (exec, process groups, raw output, stop).
 //! - [`drive`]: the event loop on the driver thread.
+//! - [`supervise`]: hang detection and the restart policy the event loop applies.
 //! - [`handle`]: the job's state and the [`Job`] handle's methods on it.
 //! - [`dedup`], [`dllog`], [`metrics`]: what the event loop writes on the way.
 
@@ -18,12 +19,13 @@ pub(crate) mod metrics;
 pub(crate) mod placement;
 pub(crate) mod processes;
 mod rendezvous;
+mod supervise;
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::thread;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use trainbook_api::device::DeviceKind;
 use trainbook_api::job::{Job, JobStatus};
 use trainbook_api::spec::JobSpec;
@@ -32,9 +34,9 @@ use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::env;
 use crate::worker::jobs::JobKind;
 use crate::worker::recipe::Registry;
-use drive::Incoming;
+use drive::{Incoming, Start};
 use handle::{JobHandle, JobState};
-use processes::{WorkerCommand, Workers};
+use processes::WorkerCommand;
 use rendezvous::Node;
 
 pub use handle::{running_jobs, stop_all};
@@ -45,6 +47,13 @@ pub use handle::{running_jobs, stop_all};
 pub fn validate(spec: &JobSpec, recipes: &Registry) -> Result<()> {
     spec.check()?;
     recipes.job_kind(&spec.recipe)?;
+    if spec.nodes > 1 && spec.max_failures != 0 {
+        bail!(
+            "max_failures {} with {} nodes: restarts are available for jobs of one node so far. Run with max_failures 0 and resume a failed run with --name and --resume auto",
+            spec.max_failures,
+            spec.nodes
+        );
+    }
     if let Some(p) = &spec.train.preset {
         recipes.check_preset(&spec.recipe, p)?;
     }
@@ -80,6 +89,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
         events,
         collector,
         forward,
+        resume,
         ..
     } = node;
     let job = Arc::new(JobState::new(config.spec, device, run_dir, events));
@@ -91,8 +101,8 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     thread::Builder::new()
         .name(format!("trainbook-job-{}", job.id))
         .spawn(move || {
-            let raw_tx = tx.clone();
-            match Workers::spawn(cmds, move |r| raw_tx.send(Incoming::Raw(r)).is_ok()) {
+            let start = Start { cmds, tx };
+            match start.spawn(0, resume.as_deref()) {
                 Ok(w) => {
                     {
                         let mut st = job.lock();
@@ -100,7 +110,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                         st.status = JobStatus::Running;
                     }
                     let _ = spawned_tx.send(Ok(()));
-                    drive::drive(&job, w, rx, collector, forward, store);
+                    drive::drive(&job, w, rx, collector, forward, store, start);
                 }
                 Err(e) => {
                     job.lock().status = JobStatus::Failed;

@@ -59,6 +59,7 @@ pub(crate) fn worker_binary() -> Result<PathBuf> {
 }
 
 /// One worker to start.
+#[derive(Clone)]
 pub(crate) struct WorkerCommand {
     pub rank: usize,
     pub program: PathBuf,
@@ -200,6 +201,15 @@ impl Workers {
         Ok(me)
     }
 
+    /// The process id of `rank`'s worker, while it runs on this node.
+    pub(crate) fn pid_of(&self, rank: usize) -> Option<u32> {
+        self.ranks
+            .iter()
+            .zip(&self.children)
+            .find(|(r, _)| **r == rank)
+            .and_then(|(_, c)| c.as_ref().map(|c| c.id()))
+    }
+
     pub(crate) fn pids(&self) -> Vec<u32> {
         self.children.iter().flatten().map(|c| c.id()).collect()
     }
@@ -230,6 +240,8 @@ impl Workers {
             return exits;
         }
         self.signal(Signal::SIGTERM);
+        // A stopped worker (SIGSTOP, a debugger) acts on SIGTERM only once it runs again.
+        self.signal(Signal::SIGCONT);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline && !self.all_exited() {
             thread::sleep(Duration::from_millis(20));

@@ -2,19 +2,19 @@
 //! rendezvous store and the event stream; nodes 1..N fetch node 0's resolved job from that
 //! store, so every node runs exactly the same hyper-parameters and reports to one place.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use trainbook_api::device::DeviceKind;
-use trainbook_api::spec::JobSpec;
+use trainbook_api::spec::{JobSpec, Resume};
 use trainbook_api::topology::DEFAULT_MASTER_PORT;
 
 use super::drive::Incoming;
 use super::placement;
-use crate::shared::checkpoint::{self, RunConfig};
+use crate::shared::checkpoint::{self, RunConfig, RunStatus};
 use crate::shared::events::{self, Collector, Emitter};
 use crate::worker::dist::Store;
 use crate::worker::recipe::Registry;
@@ -46,6 +46,8 @@ pub(super) struct Node {
     pub(super) collector: Option<Collector>,
     /// Other nodes forward their workers' output and failures to node 0.
     pub(super) forward: Option<Emitter>,
+    /// The checkpoint the first start continues from (a named run resumed with `resume auto`).
+    pub(super) resume: Option<PathBuf>,
 }
 
 /// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
@@ -55,6 +57,7 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
     let hyper = recipes.resolve(&spec)?;
     let device = placement::resolve(spec.device, spec.workers)?;
     let run_dir = create_run_dir(&spec, None)?;
+    let resume = named_run_resume(&spec, &run_dir)?;
     let config = RunConfig { spec, hyper };
     checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
     let spec = &config.spec;
@@ -101,6 +104,7 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
         token,
         collector: Some(collector),
         forward: None,
+        resume,
     })
 }
 
@@ -156,6 +160,7 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
         token: info.token,
         collector: None,
         forward: Some(forward),
+        resume: None,
     })
 }
 
@@ -168,9 +173,38 @@ pub(super) fn is_loopback(addr: &str) -> bool {
             .unwrap_or(false)
 }
 
-/// `name`: the run's directory name (another node's run keeps node 0's name); default
-/// `<recipe>-<time>-<random>`.
+/// What a named run's directory says about this start: the checkpoint to continue from
+/// (`resume auto`), nothing (a new run, or one without checkpoints), or an error when the run
+/// already finished or has checkpoints that a start without `resume auto` would mix with.
+fn named_run_resume(spec: &JobSpec, run_dir: &Path) -> Result<Option<PathBuf>> {
+    let Some(name) = &spec.run_name else {
+        return Ok(None);
+    };
+    if let Some(s) = RunStatus::read(run_dir).filter(|s| s.status == "succeeded") {
+        bail!(
+            "run '{name}' already finished ({} after {} steps, in {}): nothing to resume. Choose another name to train again, or remove that directory",
+            s.status,
+            s.steps,
+            run_dir.display()
+        );
+    }
+    let Some((dir, state)) = checkpoint::latest(run_dir) else {
+        return Ok(None);
+    };
+    match spec.resume {
+        Resume::Auto => Ok(Some(dir)),
+        Resume::Never => bail!(
+            "run '{name}' already has checkpoints (the newest at step {}: {}): continue it with --resume auto (.resume(Resume::Auto)), or choose another name",
+            state.step,
+            dir.display()
+        ),
+    }
+}
+
+/// `name`: the run's directory name (another node's run keeps node 0's name); default the
+/// job's `run_name`, else `<recipe>-<time>-<random>`.
 fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<PathBuf> {
+    let name = name.or_else(|| spec.run_name.clone());
     let root = spec
         .runs_root
         .clone()

@@ -5,6 +5,9 @@
 //! ```text
 //! trainbook_runs/<run>/
 //!   config.json                 RunConfig: the job as asked, and its resolved hyper-parameters
+//!   status.json                 RunStatus: how the job ended (absent while it runs or if its
+//!                               driver was killed): a finished named run is not trained again
+//!   hangs/                      a hung rank's report: last step, last lines, native stack
 //!   logs/rank<R>.log            every line of each worker
 //!   metrics.parquet             one row per logged metric
 //!   dllogger.json               the same metrics as BERT pre-training scripts log them
@@ -34,6 +37,57 @@ pub const TRAINER_STATE: &str = "trainer_state.json";
 pub const MODEL: &str = "model.safetensors";
 /// A checkpoint's optimizer state.
 pub const OPTIMIZER: &str = "optimizer.safetensors";
+/// A run directory's record of how its job ended.
+pub const RUN_STATUS: &str = "status.json";
+/// The directory of a run's checkpoints.
+pub const CHECKPOINTS: &str = "checkpoints";
+
+/// A run directory's `status.json`, written when its job ends.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunStatus {
+    /// succeeded, failed or stopped.
+    pub status: String,
+    /// Optimizer steps the run had taken.
+    pub steps: u64,
+    /// Restarts after failures.
+    #[serde(default)]
+    pub restarts: usize,
+}
+
+impl RunStatus {
+    /// The run directory's status, if its job ended and recorded it.
+    pub fn read(run_dir: &Path) -> Option<Self> {
+        let bytes = std::fs::read(run_dir.join(RUN_STATUS)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
+
+/// The run's newest complete checkpoint, by step (at the same step an epoch checkpoint, which
+/// has the epoch's evaluation, wins over a step checkpoint): what a restart or a resumed run
+/// continues from. Only `step-N` and `epoch-N` directories whose trainer state reads count;
+/// a checkpoint being written has another name until it is complete.
+pub fn latest(run_dir: &Path) -> Option<(PathBuf, TrainerState)> {
+    let entries = std::fs::read_dir(run_dir.join(CHECKPOINTS)).ok()?;
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let epoch = if name.starts_with("epoch-") {
+                1
+            } else if name.starts_with("step-") {
+                0
+            } else {
+                return None;
+            };
+            let dir = e.path();
+            let state = TrainerState::read(&dir).ok()?;
+            dir.join(MODEL)
+                .exists()
+                .then_some((state.step, epoch, dir, state))
+        })
+        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
+        .map(|(_, _, dir, state)| (dir, state))
+}
 
 /// A run directory's `config.json`: the job as it was asked for, and the hyper-parameters its
 /// recipe resolved at launch. Workers receive their job through this file; people and tools
@@ -186,6 +240,40 @@ mod tests {
         assert_eq!((c.spec.recipe.as_str(), c.spec.workers), ("synthetic", 1));
         assert_eq!(c.spec.train.preset.as_deref(), Some("tiny"));
         assert!(c.hyper.is_none());
+    }
+
+    #[test]
+    fn the_latest_checkpoint_is_the_newest_complete_one() {
+        let run = std::env::temp_dir().join(format!("trainbook-latest-{}", std::process::id()));
+        std::fs::remove_dir_all(&run).ok();
+        assert!(latest(&run).is_none(), "no checkpoints directory");
+        let write = |name: &str, step: u64, complete: bool| {
+            let dir = run.join(CHECKPOINTS).join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            let state = TrainerState {
+                epoch: 0,
+                step,
+                world_size: Some(2),
+                global_batch_size: Some(8),
+                grad_accum: Some(1),
+                hyper: serde_json::Value::Null,
+                metrics: Default::default(),
+            };
+            std::fs::write(dir.join(TRAINER_STATE), serde_json::to_vec(&state).unwrap()).unwrap();
+            if complete {
+                std::fs::write(dir.join(MODEL), b"weights").unwrap();
+            }
+        };
+        write("step-10", 10, true);
+        write("epoch-0", 20, true);
+        write("step-20", 20, true);
+        // Being written (another name), and one without weights: neither counts.
+        write(".step-30.tmp-123", 30, true);
+        write("step-40", 40, false);
+        let (dir, state) = latest(&run).unwrap();
+        assert_eq!(state.step, 20);
+        assert!(dir.ends_with("epoch-0"), "{}", dir.display());
+        std::fs::remove_dir_all(&run).ok();
     }
 
     #[test]

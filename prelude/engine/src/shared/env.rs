@@ -20,6 +20,12 @@ pub(crate) const THREADS: &str = "TRAINBOOK_THREADS";
 pub(crate) const AGENT_STORE: &str = "TRAINBOOK_AGENT_STORE";
 /// The address a worker's gloo connections bind to (jobs of several nodes).
 pub(crate) const NODE_ADDR: &str = "TRAINBOOK_NODE_ADDR";
+/// The checkpoint directory a restarted (or resumed) worker continues from: the driver's
+/// choice, over the job's own `resume_from`.
+pub(crate) const RESUME: &str = "TRAINBOOK_RESUME";
+/// Which start of the job's workers this is (0 first, 1 after the first restart...): each
+/// start rendezvouses under its own store prefix, so nothing of a failed start is read again.
+pub(crate) const ATTEMPT: &str = "TRAINBOOK_ATTEMPT";
 /// Set for a user's program re-executed as a worker of its own task (see `worker::task`).
 pub const WORKER_MAIN: &str = "TRAINBOOK_WORKER_MAIN";
 /// The worker binary of tasks defined in notebook cells, beside `trainbook-worker`.

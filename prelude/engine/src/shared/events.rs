@@ -85,10 +85,28 @@ pub(crate) enum Event {
     Error {
         rank: usize,
         message: String,
+        /// The optimizer steps this rank had taken when it failed (a failure at the same step
+        /// with the same message twice in a row is not retried).
+        #[serde(default)]
+        step: Option<u64>,
+    },
+    /// A rank is alive and making progress (at most about once a second, and throughout long
+    /// phases such as evaluation and checkpoint writes): what hang detection watches.
+    Heartbeat {
+        rank: usize,
+        step: u64,
+        /// Inside evaluation or a checkpoint write: working, although the step does not move.
+        #[serde(default)]
+        busy: bool,
     },
     Done {
         rank: usize,
         summary: WorkerSummary,
+    },
+    /// Another node's driver is alive (about once a second): node 0 tells a lost node (its
+    /// driver killed, its machine or network down) from a worker failing by itself.
+    NodeAlive {
+        node: usize,
     },
     /// A worker of another node ended badly, reported by its node's driver (node 0 has no
     /// process of its own to watch for it).

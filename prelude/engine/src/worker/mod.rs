@@ -9,11 +9,13 @@
 //! - [`optim`], [`precision`], [`sampler`], [`scores`]: optimizers and schedules, autocast,
 //!   data sharding, exact classification scores.
 //! - [`dist`], [`device`], [`check`]: c10d collectives, tensor placement, collective checks.
+//! - [`heartbeat`]: the pulse the driver's hang detection watches.
 
 mod check;
 mod ddp;
 pub(crate) mod device;
 pub(crate) mod dist;
+mod heartbeat;
 pub(crate) mod jobs;
 mod optim;
 mod precision;
@@ -32,7 +34,9 @@ use anyhow::{anyhow, Context, Result};
 use trainbook_api::device::DeviceKind;
 
 use crate::shared::checkpoint::RunConfig;
-use crate::shared::env::{HpuProbe, CONFIG, DEVICE, EVENTS, PROBE_HPU, RUN_DIR, THREADS, TOKEN};
+use crate::shared::env::{
+    HpuProbe, CONFIG, DEVICE, EVENTS, PROBE_HPU, RESUME, RUN_DIR, THREADS, TOKEN,
+};
 use crate::shared::events::{Emitter, Event};
 use device::Device;
 use dist::{InitOptions, ProcessGroup};
@@ -140,7 +144,11 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
         Err(e) => {
             let message = format!("{e:#}");
             eprintln!("trainbook-worker rank {rank}: {message}");
-            events.send(Event::Error { rank, message });
+            events.send(Event::Error {
+                rank,
+                message,
+                step: Some(heartbeat::step()),
+            });
             events.flush(Duration::from_secs(5));
             1
         }
@@ -186,10 +194,11 @@ fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Resu
     )?;
     let pg = ProcessGroup::new(&init)?;
     if let Some(bridge) = bridge {
-        let backend = bridge.hccl_backend(&init, "trainbook/default_pg/hccl")?;
+        let backend = bridge.hccl_backend(&init, &format!("{}/hccl", init.store_prefix))?;
         pg.attach_backend(tdev, backend)?;
     }
     let kind = recipes.job_kind(&spec.recipe)?;
+    heartbeat::start(events, rank);
     if let JobKind::Check | JobKind::BenchAllreduce = kind {
         check::run_job(kind, &pg, tdev, events)?;
         events.send(Event::Done {
@@ -225,12 +234,16 @@ fn train_recipe(
 ) -> Result<()> {
     let (rank, events) = (ctx.rank, &ctx.events);
     let log = |line: String| events.log(line);
-    let hyper = hyper.ok_or_else(|| {
+    let mut hyper = hyper.ok_or_else(|| {
         anyhow!(
             "{} has no resolved hyper-parameters for this job",
             env(CONFIG).unwrap_or_default(),
         )
     })?;
+    // A restarted (or resumed) start continues where the driver says.
+    if let Some(dir) = std::env::var_os(RESUME).filter(|d| !d.is_empty()) {
+        hyper.resume_from = Some(dir.into());
+    }
     let mut recipe = match kind {
         JobKind::Task => {
             let place = task::WorkerRank {

@@ -18,6 +18,7 @@ use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::{Emitter, Event, WorkerSummary};
 use crate::worker::ddp;
 use crate::worker::dist::ProcessGroup;
+use crate::worker::heartbeat::{self, Busy};
 use crate::worker::optim::{LrSchedule, OptimizerConfig};
 use crate::worker::precision::autocast;
 use crate::worker::recipe::{Recipe, Split};
@@ -231,12 +232,51 @@ struct EpochSums {
     metrics: MetricSums,
 }
 
+/// How often ranks agree on whether a time-based checkpoint is due: one scalar all-reduce
+/// every this many steps (ranks' clocks differ, and all of them must take part in a checkpoint).
+const CLOCK_CHECK_EVERY: u64 = 10;
+
 /// The checkpoints this run wrote: the latest (which keeps its optimizer state) and the step
-/// checkpoints still kept.
-#[derive(Default)]
+/// checkpoints still kept, and when the last one was written.
 struct Written {
     latest: Option<PathBuf>,
     steps: VecDeque<PathBuf>,
+    at: Instant,
+}
+
+impl Written {
+    /// What a start of the job finds of its own run: after a restart, the checkpoint it
+    /// resumed from and the step checkpoints up to it (so `keep_checkpoints` still counts
+    /// them).
+    fn found(run_dir: &Path, resumed: Option<&Path>, step: u64) -> Written {
+        let mut written = Written {
+            latest: None,
+            steps: VecDeque::new(),
+            at: Instant::now(),
+        };
+        let checkpoints = run_dir.join(checkpoint::CHECKPOINTS);
+        let Some(resumed) = resumed.filter(|r| r.parent() == Some(checkpoints.as_path())) else {
+            return written;
+        };
+        written.latest = Some(resumed.to_path_buf());
+        let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(&checkpoints)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let n = e
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("step-")?
+                    .parse()
+                    .ok()?;
+                (n <= step).then(|| (n, e.path()))
+            })
+            .collect();
+        steps.sort();
+        written.steps = steps.into_iter().map(|(_, p)| p).collect();
+        written
+    }
 }
 
 /// One rank's training of one recipe: set up by [`Trainer::new`] (the same starting point on
@@ -353,8 +393,13 @@ impl<'a> Trainer<'a> {
             },
             final_train_loss: f64::NAN,
             final_metrics: BTreeMap::new(),
-            written: Written::default(),
+            written: Written::found(
+                &ctx.run_dir,
+                resumed.as_ref().map(|(d, _)| d.as_path()),
+                step,
+            ),
         };
+        heartbeat::set_step(step);
         if rank == 0 {
             trainer.announce();
         }
@@ -476,24 +521,42 @@ impl<'a> Trainer<'a> {
             self.clock.steady_time += started.elapsed();
         }
         self.step += 1;
+        heartbeat::set_step(self.step);
         self.clock.samples += n as u64;
         sums.loss += loss_sum;
         sums.n += n as f64;
         self.report_step(epoch, l, lr, &metrics);
         sums.metrics.merge(&metrics);
-        if h.checkpoint_every
-            .is_some_and(|k| self.step.is_multiple_of(k))
-            && self.step < self.total_steps
-        {
+        if self.step < self.total_steps && self.checkpoint_due()? {
             let at = [(metric::TRAIN_LOSS.to_string(), l)].into_iter().collect();
             let dir = ctx
                 .run_dir
-                .join("checkpoints")
+                .join(checkpoint::CHECKPOINTS)
                 .join(format!("step-{}", self.step));
             self.checkpoint(&dir, epoch, at, true)?;
         }
         self.progress(epoch);
         Ok(())
+    }
+
+    /// Whether this step ends with a step checkpoint: every `checkpoint_every` steps, or when
+    /// `checkpoint_every_minutes` have passed on any rank since the last checkpoint (checked
+    /// every [`CLOCK_CHECK_EVERY`] steps, by all ranks together).
+    fn checkpoint_due(&self) -> Result<bool> {
+        let h = self.h;
+        if h.checkpoint_every
+            .is_some_and(|k| self.step.is_multiple_of(k))
+        {
+            return Ok(true);
+        }
+        let Some(minutes) = h.checkpoint_every_minutes else {
+            return Ok(false);
+        };
+        if !self.step.is_multiple_of(CLOCK_CHECK_EVERY) {
+            return Ok(false);
+        }
+        let mine = (self.written.at.elapsed().as_secs_f64() >= minutes * 60.0) as u8 as f64;
+        Ok(ddp::allreduce_sums(&self.ctx.pg, &[mine])?[0] > 0.0)
     }
 
     /// The step's metric events and its log line.
@@ -539,6 +602,7 @@ impl<'a> Trainer<'a> {
 
     /// Evaluates this rank's disjoint shard of the evaluation set (with rank 0's buffers).
     fn evaluate(&mut self, epoch: u64) -> Result<EvalSums> {
+        let _busy = Busy::new();
         if !self.buffers.is_empty() {
             ddp::broadcast_parameters(&self.ctx.pg, &self.buffers)?;
         }
@@ -579,7 +643,7 @@ impl<'a> Trainer<'a> {
         let dir = self
             .ctx
             .run_dir
-            .join("checkpoints")
+            .join(checkpoint::CHECKPOINTS)
             .join(format!("epoch-{epoch}"));
         self.checkpoint(&dir, epoch, self.final_metrics.clone(), false)
     }
@@ -699,6 +763,8 @@ impl<'a> Trainer<'a> {
         metrics: BTreeMap<String, f64>,
         step_checkpoint: bool,
     ) -> Result<()> {
+        let _busy = Busy::new();
+        self.written.at = Instant::now();
         let opt_state = self.update.checkpoint_state(&self.ctx.pg)?;
         if self.ctx.rank != 0 {
             return Ok(());

@@ -62,6 +62,7 @@ extern "C" {
         timeout_ms: i64,
         gloo_ifname: *const c_char,
         gloo_host: *const c_char,
+        store_prefix: *const c_char,
         err: *mut c_char,
         errlen: usize,
     ) -> *mut TbPg;

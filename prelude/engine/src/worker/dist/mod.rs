@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tch::Tensor;
 
-use crate::shared::env::{AGENT_STORE, NODE_ADDR};
+use crate::shared::env::{AGENT_STORE, ATTEMPT, NODE_ADDR};
 use crate::shared::ffi::call;
 
 pub(crate) use trainbook_api::device::Backend;
@@ -158,6 +158,14 @@ impl Drop for Store {
     }
 }
 
+/// The store prefix of the job's process group at its `attempt`-th start.
+pub(crate) fn store_prefix(attempt: u32) -> String {
+    match attempt {
+        0 => "trainbook/default_pg".into(),
+        n => format!("trainbook/attempt-{n}/default_pg"),
+    }
+}
+
 /// How a worker joins its job's process group.
 
 #[derive(Clone, Debug)]
@@ -175,6 +183,9 @@ pub struct InitOptions {
     pub gloo_ifname: Option<String>,
     /// Address for gloo to bind ([`NODE_ADDR`]), if set.
     pub gloo_host: Option<String>,
+    /// Where this start of the job keeps its keys in the store ([`ATTEMPT`]): a restart must
+    /// not read the rendezvous of the start that failed.
+    pub store_prefix: String,
 }
 
 impl InitOptions {
@@ -211,6 +222,12 @@ impl InitOptions {
                 .ok()
                 .filter(|s| !s.is_empty()),
             gloo_host: std::env::var(NODE_ADDR).ok().filter(|s| !s.is_empty()),
+            store_prefix: store_prefix(
+                std::env::var(ATTEMPT)
+                    .ok()
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or(0),
+            ),
         })
     }
 }
@@ -240,6 +257,8 @@ impl ProcessGroup {
             .context("GLOO_SOCKET_IFNAME contains a NUL byte")?;
         let gloo_host = CString::new(opts.gloo_host.clone().unwrap_or_default())
             .context("the node address contains a NUL byte")?;
+        let prefix = CString::new(opts.store_prefix.as_str())
+            .context("the store prefix contains a NUL byte")?;
         let ptr = call(
             &format!(
                 "joining the {} process group as rank {} of {} at {}:{}",
@@ -260,6 +279,7 @@ impl ProcessGroup {
                     opts.timeout.as_millis() as i64,
                     ifname.as_ptr(),
                     gloo_host.as_ptr(),
+                    prefix.as_ptr(),
                     e,
                     n,
                 )

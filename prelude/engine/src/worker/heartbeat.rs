@@ -1,0 +1,64 @@
+//! A worker's pulse: a thread that tells the driver, about once a second, how many optimizer
+//! steps this rank has taken and whether it is inside a long phase (evaluation, a checkpoint
+//! write). The driver's hang detection reads it: a rank whose step stops moving outside such
+//! a phase is stuck (deadlocked in a collective, waiting on a dead peer's socket), and one that
+//! goes silent is stopped or frozen (SIGSTOP, a machine that no longer schedules it).
+//!
+//! A thread rather than a call from the training loop, because a rank blocked inside a
+//! collective cannot call anything: its silence would look the same as a stopped process, and
+//! the driver could not tell "blocked at step 240" from "gone".
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::shared::events::{Emitter, Event};
+
+/// Optimizer steps this process has taken (what its error report and heartbeats say).
+static STEP: AtomicU64 = AtomicU64::new(0);
+/// Long phases in progress (nested guards).
+static BUSY: AtomicU32 = AtomicU32::new(0);
+
+/// How often the pulse beats.
+pub(crate) const EVERY: Duration = Duration::from_secs(1);
+
+/// Starts this process's pulse (once; it beats until the process exits).
+pub(crate) fn start(events: &Emitter, rank: usize) {
+    let events = events.clone();
+    let _ = std::thread::Builder::new()
+        .name("trainbook-heartbeat".into())
+        .spawn(move || loop {
+            std::thread::sleep(EVERY);
+            events.send(Event::Heartbeat {
+                rank,
+                step: STEP.load(Ordering::Relaxed),
+                busy: BUSY.load(Ordering::Relaxed) > 0,
+            });
+        });
+}
+
+/// Records the steps taken so far.
+pub(crate) fn set_step(step: u64) {
+    STEP.store(step, Ordering::Relaxed);
+}
+
+/// The steps taken so far.
+pub(crate) fn step() -> u64 {
+    STEP.load(Ordering::Relaxed)
+}
+
+/// Marks a long phase (evaluation, a checkpoint write) for as long as it lives: the rank is
+/// working although its step does not move.
+pub(crate) struct Busy;
+
+impl Busy {
+    pub(crate) fn new() -> Busy {
+        BUSY.fetch_add(1, Ordering::Relaxed);
+        Busy
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.fetch_sub(1, Ordering::Relaxed);
+    }
+}
