@@ -173,3 +173,53 @@ def test_a_task_of_a_deleted_cell_library_is_a_clear_error(kernel):
     assert reply["status"] == "error"
     text = str(error_of(msgs)) + stream_text(msgs)
     assert "is gone" in text and "Run the cell that defines the task again" in text, text
+
+
+# A task whose step fails at its 7th training step on rank 0, every time: a deterministic
+# error, which a restart does not fix.
+FLAKY = r"""
+use trainbook_torch::custom::*;
+use std::cell::Cell;
+
+#[derive(Serialize, Deserialize)]
+#[serde(crate = "trainbook_torch::custom::serde")]
+struct Flaky { hidden: i64 }
+
+struct FlakyNet { net: nn::Linear, rank: usize, steps: Cell<u64> }
+
+impl Task for Flaky {
+    type State = FlakyNet;
+    fn setup(&self, vars: &nn::Path, setup: &Setup) -> Result<FlakyNet> {
+        Ok(FlakyNet { net: nn::linear(vars / "fc", 4, 2, Default::default()), rank: setup.rank, steps: Cell::new(0) })
+    }
+    fn len(&self, _: &FlakyNet, _: Split) -> usize { 256 }
+    fn step(&self, s: &FlakyNet, batch: &Batch) -> Result<Step> {
+        if batch.split == Split::Train {
+            s.steps.set(s.steps.get() + 1);
+            if s.rank == 0 && s.steps.get() == 7 {
+                bail!("batch 7 cannot be read");
+            }
+        }
+        let x = Tensor::ones([batch.indices.len() as i64, 4], (Kind::Float, tch::Device::Cpu));
+        let y = Tensor::zeros([batch.indices.len() as i64], (Kind::Int64, tch::Device::Cpu));
+        Ok(Step::classification(s.net.forward(&x), y))
+    }
+}
+"""
+
+
+def test_a_task_that_fails_at_the_same_step_is_retried_once_not_three_times(kernel):
+    km, kc = kernel
+    ok(kc, FLAKY)
+    code = (
+        f'let flaky = Trainer::new(Flaky {{ hidden: 4 }}).workers(2).global_batch_size(8).max_steps(20)'
+        f'.max_failures(3).runs_root("{RUNS}").show_plot(false);\n'
+        "let job = flaky.launch()?;\n"
+        'let err = job.wait().err().map(|e| format!("{e:#}"));'
+    )
+    ok(kc, code)
+    err = value(kc, "err")
+    assert "batch 7 cannot be read" in err, err
+    assert "the same error at step 7" in err, err
+    assert "restart 1/3" in err, err
+    assert value(kc, "job.result()?.restarts.len()") == "1"

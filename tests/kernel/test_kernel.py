@@ -9,6 +9,7 @@ import hmac
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -512,6 +513,59 @@ def test_background_job_display_updates_after_the_cell_returned(kernel):
     assert final, "the waiting cell got no update of the job's display"
     assert "succeeded" in final[-1]["content"]["data"]["text/plain"].lower()
     assert time.monotonic() - t0 < 120
+
+
+def test_a_killed_worker_restarts_and_the_cell_gets_a_succeeded_result(kernel):
+    km, kc = kernel
+    code = (
+        'let r = fit(JobSpec::new("synthetic").preset("tiny").workers(2).epochs(10).max_steps(400)'
+        f'.checkpoint_every(50).max_failures(1).runs_root("{RUNS}"))?;\n'
+        "(r.status, r.restarts.len(), r.restarts[0].resumed_step)"
+    )
+    msg_id = kc.execute(code)
+    pids = wait_for_workers(km)
+    # Let it train past its first checkpoint, then kill rank 1 from outside.
+    time.sleep(3)
+    os.kill(max(pids), signal.SIGKILL)
+    msgs, reply = [], None
+    deadline = time.monotonic() + 180
+    while reply is None:
+        assert time.monotonic() < deadline, "the cell did not finish"
+        try:
+            m = kc.get_iopub_msg(timeout=1)
+            if m["parent_header"].get("msg_id") == msg_id:
+                msgs.append(m)
+        except queue.Empty:
+            pass
+        try:
+            r = kc.get_shell_msg(timeout=0.01)
+            if r["parent_header"].get("msg_id") == msg_id:
+                reply = r
+        except queue.Empty:
+            pass
+    # The rest of this cell's output.
+    while True:
+        try:
+            m = kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            break
+        if m["parent_header"].get("msg_id") == msg_id:
+            msgs.append(m)
+    assert reply["content"]["status"] == "ok", (error_of(msgs), stream_text(msgs))
+    status, restarts, resumed = result_text(msgs).strip("()").split(", ")
+    assert (status, restarts) == ("Succeeded", "1"), result_text(msgs)
+    # The live dashboard said so: the restart's line, and its marker on the loss plot.
+    views = [
+        m["content"]["data"]
+        for m in msgs
+        if m["msg_type"] in ("display_data", "update_display_data")
+    ]
+    text = "".join(v.get("text/plain", "") for v in views)
+    assert "restart 1/1: rank 1 killed by signal 9 (SIGKILL)" in text, text[-3000:]
+    assert f"resumed from step {resumed}" in text, text[-3000:]
+    html = "".join(v.get("text/html", "") for v in views)
+    assert re.search(r">\s*restart\s*</text>", html), "no restart marker on the plot"
+    assert not any(alive(p) for p in pids)
 
 
 def test_interrupt_stops_workers_and_keeps_variables(kernel):

@@ -85,8 +85,8 @@ pub(crate) enum Event {
     Error {
         rank: usize,
         message: String,
-        /// The optimizer steps this rank had taken when it failed (a failure at the same step
-        /// with the same message twice in a row is not retried).
+        /// The optimizer step this rank was on when it failed, from 1 (a failure at the same
+        /// step with the same message twice in a row is not retried).
         #[serde(default)]
         step: Option<u64>,
     },

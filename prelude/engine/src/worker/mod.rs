@@ -147,7 +147,8 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
             events.send(Event::Error {
                 rank,
                 message,
-                step: Some(heartbeat::step()),
+                // The step it was on: the one after those it had taken.
+                step: Some(heartbeat::step() + 1),
             });
             events.flush(Duration::from_secs(5));
             1
