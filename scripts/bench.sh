@@ -27,6 +27,12 @@
 # z: ZeRO-1 vs plain data parallelism, BERT default preset with AdamW, 1 thread per worker:
 #    optimizer-state bytes per rank at 2 and 4 workers, and training step time at 2 workers,
 #    alternating BENCH_ZERO_ROUNDS (3) times
+# r: restart latency, trainbook vs Ray Train FailureConfig(max_failures=1) (bench/ray_restart.py):
+#    tiny BERT, 2 workers, a checkpoint every 100 steps, rank 1 SIGKILLed at step 250: kill ->
+#    first step after the restart, kill -> step 250 again, steps replayed; BENCH_RESTART_ROUNDS
+#    (3) alternating rounds
+# o: heartbeats and hang detection on vs off (hang_timeout 0): BERT default preset samples/s,
+#    2 workers x 1 thread, alternating BENCH_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -34,7 +40,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -54,6 +60,14 @@ if has a; then
   done
 fi
 has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
+if has r; then
+  bench/ray-venv.sh
+  for round in $(seq "${BENCH_RESTART_ROUNDS:-3}"); do
+    BENCH_ROUNDS=1 cargo bench -q -p trainbook $features --bench engine -- r | tee -a "$out"
+    .bench-venv/bin/python bench/ray_restart.py --rounds 1 2>/dev/null | tee -a "$out"
+  done
+fi
+has o && cargo bench -q -p trainbook $features --bench engine -- o | tee -a "$out"
 has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
 
 tb=target/release/trainbook

@@ -116,6 +116,107 @@ fn startup(rounds: usize) {
     );
 }
 
+/// (r) Restart latency: tiny BERT (synthetic), 2 workers, a step checkpoint every 100 steps,
+/// rank 1 killed with SIGKILL at step `kill_at`: seconds from the kill to the restart decision,
+/// to the first loss after the restart and to the loss of step `kill_at` again (the work lost
+/// made up), and the steps replayed. Ray Train's side of the same job is `bench/ray_restart.py`.
+fn restart(rounds: usize, kill_at: u64) {
+    let (mut to_restart, mut to_loss, mut replayed) = (Vec::new(), Vec::new(), Vec::new());
+    let mut to_recovered = Vec::new();
+    for _ in 0..rounds {
+        let spec = JobSpec::new("synthetic")
+            .workers(2)
+            .device(DeviceRequest::Cpu)
+            .preset("tiny")
+            .epochs(100)
+            .max_steps(400)
+            .checkpoint_every(100)
+            .max_failures(1)
+            .runs_root(root());
+        let job = trainbook::launch(spec).expect("launch");
+        let rx = job.subscribe();
+        let mut killed = None;
+        let mut restarted = None;
+        let mut resumed_step = 0;
+        let mut first_loss_seen = false;
+        while let Ok(u) = rx.recv_timeout(Duration::from_secs(120)) {
+            match u {
+                // Rank 0's loss at step 200: rank 1 is there too (they step together).
+                Update::Metric(m) if m.name == "loss" && killed.is_none() && m.step >= kill_at => {
+                    let pid = job.pids()[1];
+                    nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    )
+                    .expect("kill rank 1");
+                    killed = Some((Instant::now(), m.step));
+                }
+                Update::Restart(r) => {
+                    restarted = killed.map(|(k, _)| k.elapsed().as_secs_f64());
+                    resumed_step = r.resumed_step;
+                }
+                Update::Metric(m) if m.name == "loss" && m.rank == 0 && restarted.is_some() => {
+                    let (k, at) = killed.expect("killed before the restart");
+                    if !first_loss_seen {
+                        first_loss_seen = true;
+                        to_restart.push(restarted.unwrap_or(f64::NAN));
+                        to_loss.push(k.elapsed().as_secs_f64());
+                        replayed.push((at - resumed_step) as f64);
+                    }
+                    if m.step >= at {
+                        to_recovered.push(k.elapsed().as_secs_f64());
+                        break;
+                    }
+                }
+                Update::Finished(_) => break,
+                _ => {}
+            }
+        }
+        let r = job.wait().expect("the restarted job succeeds");
+        assert_eq!(r.restarts.len(), 1);
+    }
+    println!(
+        "{}",
+        serde_json::json!({"bench": "restart", "impl": "trainbook", "workers": 2, "preset": "tiny",
+            "checkpoint_every": 100, "kill_at_step": kill_at,
+            "median_kill_to_restart_s": median(to_restart.clone()),
+            "median_kill_to_first_loss_s": median(to_loss.clone()),
+            "median_kill_to_recovered_s": median(to_recovered.clone()),
+            "kill_to_first_loss_s": to_loss, "kill_to_recovered_s": to_recovered,
+            "steps_replayed": replayed})
+    );
+}
+
+/// (o) What heartbeats and hang detection cost: BERT default preset, 2 workers x 1 thread,
+/// samples/s with hang detection on (default) and off (`hang_timeout` 0: no heartbeat thread),
+/// alternating `rounds` times.
+fn heartbeat_overhead(rounds: usize, steps: u64) {
+    let mut on = Vec::new();
+    let mut off = Vec::new();
+    for _ in 0..rounds {
+        for (hang, out) in [(60, &mut on), (0, &mut off)] {
+            let spec = JobSpec::new("bert")
+                .workers(2)
+                .device(DeviceRequest::Cpu)
+                .threads_per_worker(1)
+                .preset("default")
+                .max_steps(steps)
+                .eval_rows(0)
+                .hang_timeout(Duration::from_secs(hang))
+                .runs_root(root());
+            let r = trainbook::fit(spec).expect("bert training");
+            out.push(r.metrics["train_samples_per_second"]);
+        }
+    }
+    let (m_on, m_off) = (median(on.clone()), median(off.clone()));
+    println!(
+        "{}",
+        serde_json::json!({"bench": "heartbeat_overhead", "workers": 2, "preset": "bert default",
+            "steps": steps, "samples_per_s_on": on, "samples_per_s_off": off,
+            "median_on": m_on, "median_off": m_off, "on_over_off": m_on / m_off})
+    );
+}
+
 /// The image input pipeline alone (decode + augment + batch, background threads), on the
 /// offline digits at the default preset's size: images/s to compare with training samples/s.
 fn pipeline(threads: usize, batches: usize) {
@@ -182,6 +283,12 @@ fn main() {
     }
     if want("c") {
         startup(num("BENCH_ROUNDS", 5) as usize);
+    }
+    if want("r") {
+        restart(num("BENCH_ROUNDS", 3) as usize, num("BENCH_KILL_AT", 250));
+    }
+    if want("o") {
+        heartbeat_overhead(num("BENCH_ROUNDS", 3) as usize, num("BENCH_STEPS", 40));
     }
     if want("p") {
         for threads in [1, 2] {

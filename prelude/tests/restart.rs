@@ -361,3 +361,28 @@ fn a_named_run_with_checkpoints_is_not_started_over_by_mistake() {
     assert!(err.contains("needs a run name"), "{err}");
     std::fs::remove_dir_all(&run_dir).ok();
 }
+
+#[test]
+fn time_based_checkpoints_are_written_when_the_minutes_have_passed() {
+    let spec = JobSpec::new("synthetic")
+        .workers(2)
+        .preset("tiny")
+        .device(trainbook::DeviceRequest::Cpu)
+        .runs_root(runs_root())
+        .max_steps(60)
+        // 30 ms: due at every check (every 10 steps, which take longer than that).
+        .checkpoint_every_minutes(0.0005);
+    let r = trainbook::fit(spec).unwrap();
+    let mut steps: Vec<u64> = std::fs::read_dir(r.run_dir.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("step-")?.parse().ok())
+        .collect();
+    steps.sort();
+    assert_eq!(steps, [10, 20, 30, 40, 50]);
+    let err = format!(
+        "{:#}",
+        trainbook::fit(long_run().checkpoint_every_minutes(0.0)).unwrap_err()
+    );
+    assert!(err.contains("checkpoint_every_minutes is 0"), "{err}");
+}
