@@ -271,6 +271,128 @@ fn node_1_s_driver_killed_is_named_lost_by_node_0() {
     std::fs::remove_dir_all(runs_root().join(format!("{name}-node1"))).ok();
 }
 
+/// With `--max-failures 1`, node 1's driver killed and then run again: node 0 names the lost
+/// node, restarts the job from its newest checkpoint once node 1 is back, and both end with the
+/// parameters of the same job on one node.
+#[test]
+fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
+    let port = free_port();
+    let name = format!("rejoin-{}", std::process::id());
+    let named = |node| {
+        let mut a = with_flags(job_args("1", "300"), node, port);
+        a.extend(
+            [
+                "--name",
+                &name,
+                "--max-failures",
+                "1",
+                "--checkpoint-every",
+                "20",
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    let mut n1 = start(&named(1), &[]);
+    let n0 = start(&named(0), &[]);
+    let step_40 = runs_root()
+        .join(&name)
+        .join("checkpoints/step-40/trainer_state.json");
+    let t0 = Instant::now();
+    while !step_40.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no checkpoint at step 40"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    n1.kill().unwrap();
+    n1.wait().unwrap();
+    // The same command on node 1 again, as a person or a requeue would.
+    std::thread::sleep(Duration::from_millis(500));
+    let n1 = start(&named(1), &[]);
+    let out0 = finish(n0, Duration::from_secs(120));
+    let out1 = finish(n1, Duration::from_secs(60));
+    let s0 = summary(&out0);
+    assert!(
+        out0.status.success() && out1.status.success(),
+        "node 0: {}\nnode 1: {}",
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr)
+    );
+    let restarts = s0["restarts"].as_array().unwrap();
+    assert_eq!(restarts.len(), 1, "{s0}");
+    assert_eq!(restarts[0]["reason"], "node 1 lost", "{s0}");
+    assert!(restarts[0]["resumed_step"].as_u64().unwrap() >= 40, "{s0}");
+    // The same job on one node, unbroken.
+    let mut one = job_args("2", "300");
+    one.extend(["--runs-root".to_string(), runs_root().display().to_string()]);
+    let straight = summary(&finish(start(&one, &[]), Duration::from_secs(120)));
+    let (a, b) = (
+        s0["param_l2"].as_f64().unwrap(),
+        straight["param_l2"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+    std::fs::remove_dir_all(runs_root().join(&name)).ok();
+    std::fs::remove_dir_all(runs_root().join(format!("{name}-node1"))).ok();
+}
+
+/// With `--max-failures 1`, a worker killed on node 1: node 0 restarts the job, node 1's driver
+/// follows with a new worker, and both succeed.
+#[test]
+fn a_worker_killed_on_node_1_restarts_both_nodes() {
+    let port = free_port();
+    let name = format!("both-restart-{}", std::process::id());
+    let named = |node| {
+        let mut a = with_flags(job_args("1", "300"), node, port);
+        a.extend(
+            [
+                "--name",
+                &name,
+                "--max-failures",
+                "1",
+                "--checkpoint-every",
+                "20",
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    let n1 = start(&named(1), &[]);
+    let n0 = start(&named(0), &[]);
+    let step_40 = runs_root()
+        .join(&name)
+        .join("checkpoints/step-40/trainer_state.json");
+    let t0 = Instant::now();
+    while !step_40.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no checkpoint at step 40"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let worker = trainbook::engine::testing::children_of(n1.id())[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out0 = finish(n0, Duration::from_secs(120));
+    let out1 = finish(n1, Duration::from_secs(60));
+    assert!(
+        out0.status.success() && out1.status.success(),
+        "node 0: {}\nnode 1: {}",
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr)
+    );
+    let s0 = summary(&out0);
+    let restarts = s0["restarts"].as_array().unwrap();
+    assert_eq!(restarts.len(), 1, "{s0}");
+    assert_eq!(restarts[0]["rank"], 1, "{s0}");
+    std::fs::remove_dir_all(runs_root().join(&name)).ok();
+    std::fs::remove_dir_all(runs_root().join(format!("{name}-node1"))).ok();
+}
+
 /// Node ranks and node 0's address from the variables of `srun --ntasks-per-node=1` and of
 /// Open MPI's `mpirun --map-by ppr:1:node`, with no topology flags.
 #[test]

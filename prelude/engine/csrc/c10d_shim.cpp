@@ -130,6 +130,11 @@ int tb_store_set(tb_store* s, const char* key, const uint8_t* data, size_t len, 
   });
 }
 
+// Whether `key` exists, without waiting.
+int tb_store_check(tb_store* s, const char* key, int* exists, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] { *exists = s->store->check({std::string(key)}) ? 1 : 0; });
+}
+
 // Waits (up to the store's timeout) for `key`; the value is returned in a malloc'd buffer the
 // caller frees with tb_bytes_free.
 int tb_store_get(tb_store* s, const char* key, uint8_t** out, size_t* out_len, char* err,

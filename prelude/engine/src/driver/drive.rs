@@ -20,6 +20,7 @@ use super::dllog::DlLog;
 use super::handle::JobState;
 use super::metrics;
 use super::processes::{Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
+use super::rendezvous::{self, StartInfo};
 use super::supervise::{self, Decision, Hangs, Hung, Policy, Signature};
 use crate::shared::checkpoint::{self, RunStatus, TrainerState};
 use crate::shared::env;
@@ -44,10 +45,12 @@ pub(super) enum Incoming {
     Raw(RawOutput),
 }
 
-/// How to start this node's workers again: their commands, and where their output goes.
+/// How to start this node's workers again: their commands, where their output goes, and the
+/// rendezvous store through which the nodes of a job agree on each start.
 pub(super) struct Start {
     pub(super) cmds: Vec<WorkerCommand>,
     pub(super) tx: mpsc::Sender<Incoming>,
+    pub(super) store: Store,
 }
 
 impl Start {
@@ -95,6 +98,8 @@ pub(super) struct Driver<'a> {
     /// When each other node's driver was last heard (node 0), or last said it was alive
     /// (other nodes: their own entry).
     nodes_heard: Vec<Option<Instant>>,
+    /// Other nodes: a newer start node 0 published while this node's workers ran.
+    pending: Option<StartInfo>,
 }
 
 impl Driver<'_> {
@@ -238,11 +243,13 @@ impl Driver<'_> {
             } => {
                 let _ = (rank, pid, device, threads);
             }
+            Event::Exited { attempt, .. } if attempt != self.attempt => {}
             Event::Exited {
                 rank,
                 node,
                 code,
                 signal,
+                ..
             } => {
                 let exit = Exit { rank, code, signal };
                 self.line(
@@ -359,12 +366,13 @@ pub(super) fn drive(
     rx: mpsc::Receiver<Incoming>,
     collector: Option<Collector>,
     forward: Option<Emitter>,
-    store: Store,
     start: Start,
+    attempt: u32,
 ) {
     let mut d = Driver::new(job, forward);
+    d.attempt = attempt;
     let stopped_by_user = loop {
-        let stopped = d.watch(&mut workers, &rx);
+        let stopped = d.watch(&mut workers, &rx, &start);
         if stopped || !d.restart(&mut workers, &rx, &start) {
             break stopped;
         }
@@ -372,7 +380,11 @@ pub(super) fn drive(
     d.settle(&mut workers, &rx);
     let dropped = collector.as_ref().map_or(0, |c| c.dropped());
     drop(collector);
-    drop(store);
+    if job.spec.nodes > 1 && !d.joined {
+        // Nodes waiting for a restart give up.
+        rendezvous::publish_end(&start.store);
+    }
+    drop(start);
     d.finish(dropped, stopped_by_user);
 }
 
@@ -404,6 +416,7 @@ impl<'a> Driver<'a> {
             attempt: 0,
             cause: None,
             nodes_heard: vec![None; job.spec.nodes],
+            pending: None,
         }
     }
 
@@ -442,12 +455,33 @@ impl<'a> Driver<'a> {
 
     /// Folds events and watches the workers until all have exited. Returns whether the user
     /// stopped the job.
-    fn watch(&mut self, workers: &mut Workers, rx: &mpsc::Receiver<Incoming>) -> bool {
+    fn watch(
+        &mut self,
+        workers: &mut Workers,
+        rx: &mpsc::Receiver<Incoming>,
+        start: &Start,
+    ) -> bool {
         let mut stopped_by_user = false;
+        let mut polled = Instant::now();
         while !workers.all_exited() {
             self.receive(rx, Duration::from_millis(20));
             self.flush_dedup(false);
             self.say_alive();
+            // Another node follows node 0's restarts, even while its own workers still run
+            // (hung, or blocked on a peer that is gone).
+            if self.joined
+                && self.job.spec.max_failures != 0
+                && polled.elapsed() >= Duration::from_millis(500)
+            {
+                polled = Instant::now();
+                if let Ok(Some(s)) = rendezvous::current_start(&start.store) {
+                    if s.attempt > self.attempt {
+                        self.pending = Some(s);
+                        workers.stop(STOP_GRACE);
+                        continue;
+                    }
+                }
+            }
             if self.job.stop_requested.load(Ordering::Relaxed) && !stopped_by_user {
                 stopped_by_user = true;
                 workers.stop(STOP_GRACE);
@@ -563,6 +597,7 @@ impl<'a> Driver<'a> {
         }
         if let Some(fwd) = &self.forward {
             fwd.send(Event::Exited {
+                attempt: self.attempt,
                 rank: first.rank,
                 node: self.job.spec.node_rank,
                 code: first.code,
@@ -654,7 +689,10 @@ impl<'a> Driver<'a> {
         rx: &mpsc::Receiver<Incoming>,
         start: &Start,
     ) -> bool {
-        if self.joined || self.job.lock().failure.is_none() {
+        if self.joined {
+            return self.follow(workers, rx, start);
+        }
+        if self.job.lock().failure.is_none() {
             return false;
         }
         let Some((signature, reason)) = self.cause.take() else {
@@ -707,12 +745,28 @@ impl<'a> Driver<'a> {
                         .unwrap_or(reached)
                         .saturating_sub(resumed_step),
                 };
-                self.forget_attempt(resumed_step, restart.clone());
+                self.forget_attempt(resumed_step);
+                job.lock().restarts.push(restart.clone());
                 self.job.publish(Update::Restart(restart));
-                match start.spawn(self.attempt, checkpoint.as_deref()) {
+                let several = job.spec.nodes > 1;
+                let next = StartInfo {
+                    attempt: self.attempt,
+                    resume: checkpoint,
+                };
+                let started = (if several {
+                    rendezvous::publish_start(&start.store, &next)
+                } else {
+                    Ok(())
+                })
+                .and_then(|_| start.spawn(next.attempt, next.resume.as_deref()));
+                match started {
                     Ok(w) => {
                         *workers = w;
                         job.lock().pids = workers.pids();
+                        if several {
+                            rendezvous::mark_started(&start.store, next.attempt, 0).ok();
+                            return self.await_nodes(workers, rx, start);
+                        }
                         true
                     }
                     Err(e) => {
@@ -728,9 +782,100 @@ impl<'a> Driver<'a> {
         }
     }
 
+    /// Node 0 of several nodes, after a restart: waits until every other node's driver has
+    /// started its workers for it (a lost node's driver must be run again). A node that does
+    /// not come back within the collective timeout fails the job, named.
+    fn await_nodes(
+        &mut self,
+        workers: &mut Workers,
+        rx: &mpsc::Receiver<Incoming>,
+        start: &Start,
+    ) -> bool {
+        let timeout = Duration::from_secs(self.job.spec.collective_timeout_secs);
+        // Before the workers' own rendezvous times out, so that the error names the node.
+        let deadline = Instant::now() + timeout.saturating_sub(Duration::from_secs(2));
+        let missing = |attempt| {
+            (1..self.job.spec.nodes).find(|&k| !rendezvous::has_started(&start.store, attempt, k))
+        };
+        while let Some(node) = missing(self.attempt) {
+            if self.job.stop_requested.load(Ordering::Relaxed) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                workers.stop(STOP_GRACE);
+                self.job.lock().failure = Some(TrainError::NodeLost {
+                    node,
+                    how: format!(
+                        "it did not rejoin the restarted job within {} s: run its command again (the same --nnodes, --node-rank, --master-addr and --name) and resume the run",
+                        timeout.as_secs()
+                    ),
+                    local: "stopped".into(),
+                });
+                return false;
+            }
+            self.receive(rx, Duration::from_millis(100));
+            self.flush_dedup(false);
+        }
+        true
+    }
+
+    /// Nodes 1..N once their workers have ended: when node 0 restarts the job (it published a
+    /// newer start, or does within the collective timeout), start the workers for it.
+    fn follow(
+        &mut self,
+        workers: &mut Workers,
+        rx: &mpsc::Receiver<Incoming>,
+        start: &Start,
+    ) -> bool {
+        if self.job.spec.max_failures == 0 {
+            return false;
+        }
+        let next = match self.pending.take() {
+            Some(s) => s,
+            None if self.job.lock().failure.is_none() => return false,
+            None => {
+                let timeout = Duration::from_secs(self.job.spec.collective_timeout_secs);
+                let deadline = Instant::now() + timeout;
+                loop {
+                    match rendezvous::current_start(&start.store) {
+                        Ok(Some(s)) if s.attempt > self.attempt => break s,
+                        Err(_) => return false,
+                        _ if rendezvous::ended(&start.store) => return false,
+                        _ => {}
+                    }
+                    if Instant::now() >= deadline || self.job.stop_requested.load(Ordering::Relaxed)
+                    {
+                        return false;
+                    }
+                    self.receive(rx, Duration::from_millis(100));
+                    self.say_alive();
+                }
+            }
+        };
+        self.attempt = next.attempt;
+        self.forget_attempt(0);
+        match start.spawn(next.attempt, next.resume.as_deref()) {
+            Ok(w) => {
+                *workers = w;
+                self.job.lock().pids = workers.pids();
+                let node = self.job.spec.node_rank;
+                rendezvous::mark_started(&start.store, next.attempt, node).ok();
+                true
+            }
+            Err(e) => {
+                let failure = self.failure_of(
+                    self.job.spec.local_ranks().start,
+                    format!("could not be started again for node 0's restart: {e:#}"),
+                );
+                self.job.lock().failure = Some(failure);
+                false
+            }
+        }
+    }
+
     /// A new start of the workers: its failure, errors, pulses and progress start empty, and
     /// the metric rows of the steps it will redo are dropped (the replayed rows replace them).
-    fn forget_attempt(&mut self, resumed_step: u64, restart: Restart) {
+    fn forget_attempt(&mut self, resumed_step: u64) {
         self.hangs.reset();
         self.error_steps.iter_mut().for_each(|s| *s = None);
         self.remote_exits.clear();
@@ -741,7 +886,6 @@ impl<'a> Driver<'a> {
         st.progress = None;
         st.metrics.retain(|m| m.step <= resumed_step);
         st.checkpoints.retain(|(_, p)| p.exists());
-        st.restarts.push(restart);
     }
 
     /// Adds to the job's error the restarts it had and why there is no other.
@@ -880,6 +1024,7 @@ mod tests {
             attempt: 0,
             cause: None,
             nodes_heard: Vec::new(),
+            pending: None,
         }
     }
 

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::thread;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use trainbook_api::device::DeviceKind;
 use trainbook_api::job::{Job, JobStatus};
 use trainbook_api::spec::JobSpec;
@@ -47,13 +47,6 @@ pub use handle::{running_jobs, stop_all};
 pub fn validate(spec: &JobSpec, recipes: &Registry) -> Result<()> {
     spec.check()?;
     recipes.job_kind(&spec.recipe)?;
-    if spec.nodes > 1 && spec.max_failures != 0 {
-        bail!(
-            "max_failures {} with {} nodes: restarts are available for jobs of one node so far. Run with max_failures 0 and resume a failed run with --name and --resume auto",
-            spec.max_failures,
-            spec.nodes
-        );
-    }
     if let Some(p) = &spec.train.preset {
         recipes.check_preset(&spec.recipe, p)?;
     }
@@ -89,7 +82,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
         events,
         collector,
         forward,
-        resume,
+        start: first,
         ..
     } = node;
     let job = Arc::new(JobState::new(config.spec, device, run_dir, events));
@@ -101,8 +94,8 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     thread::Builder::new()
         .name(format!("trainbook-job-{}", job.id))
         .spawn(move || {
-            let start = Start { cmds, tx };
-            match start.spawn(0, resume.as_deref()) {
+            let start = Start { cmds, tx, store };
+            match start.spawn(first.attempt, first.resume.as_deref()) {
                 Ok(w) => {
                     {
                         let mut st = job.lock();
@@ -110,7 +103,11 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                         st.status = JobStatus::Running;
                     }
                     let _ = spawned_tx.send(Ok(()));
-                    drive::drive(&job, w, rx, collector, forward, store, start);
+                    if job.spec.nodes > 1 {
+                        rendezvous::mark_started(&start.store, first.attempt, job.spec.node_rank)
+                            .ok();
+                    }
+                    drive::drive(&job, w, rx, collector, forward, start, first.attempt);
                 }
                 Err(e) => {
                     job.lock().status = JobStatus::Failed;

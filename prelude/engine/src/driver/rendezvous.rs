@@ -1,6 +1,11 @@
 //! How a node joins its job. Node 0 (and a job of one node) resolves the job, hosts c10d's
 //! rendezvous store and the event stream; nodes 1..N fetch node 0's resolved job from that
 //! store, so every node runs exactly the same hyper-parameters and reports to one place.
+//!
+//! The store also carries which *start* of the workers is current ([`StartInfo`]): node 0
+//! publishes each restart there, the other nodes' drivers start their workers for it and mark
+//! that they did, and a node's driver that was lost and runs again joins the next start rather
+//! than the one its predecessor was part of.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -33,6 +38,71 @@ struct JobInfo {
 
 /// The store key of [`JobInfo`].
 const JOB_KEY: &str = "trainbook/job";
+/// The store key of the current [`StartInfo`].
+const START_KEY: &str = "trainbook/start";
+/// Set by node 0 when the job has ended: nodes waiting for a restart give up.
+const END_KEY: &str = "trainbook/end";
+
+/// A start of the job's workers: the first (attempt 0) or a restart, and the checkpoint it
+/// continues from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub(super) struct StartInfo {
+    pub(super) attempt: u32,
+    pub(super) resume: Option<PathBuf>,
+}
+
+fn started_key(attempt: u32, node: usize) -> String {
+    format!("{START_KEY}/{attempt}/node/{node}")
+}
+
+/// Node 0: makes `start` the job's current start.
+pub(super) fn publish_start(store: &Store, start: &StartInfo) -> Result<()> {
+    store.set(START_KEY, &serde_json::to_vec(start)?)
+}
+
+/// The job's current start, if node 0 published one.
+pub(super) fn current_start(store: &Store) -> Result<Option<StartInfo>> {
+    store
+        .try_get(START_KEY)?
+        .map(|b| {
+            serde_json::from_slice(&b)
+                .context("node 0 published a start this trainbook cannot read")
+        })
+        .transpose()
+}
+
+/// Records that `node` started its workers for `attempt`.
+pub(super) fn mark_started(store: &Store, attempt: u32, node: usize) -> Result<()> {
+    store.set(&started_key(attempt, node), b"1")
+}
+
+/// Whether `node` started its workers for `attempt`.
+pub(super) fn has_started(store: &Store, attempt: u32, node: usize) -> bool {
+    store.check(&started_key(attempt, node)).unwrap_or(false)
+}
+
+/// Node 0: the job has ended.
+pub(super) fn publish_end(store: &Store) {
+    store.set(END_KEY, b"1").ok();
+}
+
+pub(super) fn ended(store: &Store) -> bool {
+    store.check(END_KEY).unwrap_or(false)
+}
+
+/// Nodes 1..N: waits up to `timeout` for a start newer than `after` (or the job's end: `None`).
+pub(super) fn next_start(store: &Store, after: u32, timeout: Duration) -> Option<StartInfo> {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        match current_start(store) {
+            Ok(Some(s)) if s.attempt > after => return Some(s),
+            Err(_) => return None,
+            _ if ended(store) => return None,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    None
+}
 
 /// How this node takes part in its job.
 pub(super) struct Node {
@@ -46,8 +116,8 @@ pub(super) struct Node {
     pub(super) collector: Option<Collector>,
     /// Other nodes forward their workers' output and failures to node 0.
     pub(super) forward: Option<Emitter>,
-    /// The checkpoint the first start continues from (a named run resumed with `resume auto`).
-    pub(super) resume: Option<PathBuf>,
+    /// The start this node's workers begin with.
+    pub(super) start: StartInfo,
 }
 
 /// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
@@ -57,7 +127,10 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
     let hyper = recipes.resolve(&spec)?;
     let device = placement::resolve(spec.device, spec.workers)?;
     let run_dir = create_run_dir(&spec, None)?;
-    let resume = named_run_resume(&spec, &run_dir)?;
+    let start = StartInfo {
+        attempt: 0,
+        resume: named_run_resume(&spec, &run_dir)?,
+    };
     let config = RunConfig { spec, hyper };
     checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
     let spec = &config.spec;
@@ -93,6 +166,7 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         };
+        publish_start(&store, &start)?;
         store.set(JOB_KEY, &serde_json::to_vec(&info)?)?;
     }
     Ok(Node {
@@ -104,7 +178,7 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
         token,
         collector: Some(collector),
         forward: None,
-        resume,
+        start,
     })
 }
 
@@ -151,6 +225,21 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
     checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
     let forward = Emitter::connect(&info.events, &info.token, config.spec.local_ranks().start)
         .context("connecting to node 0's event stream")?;
+    // A driver that replaces one lost from this node joins the next start, which node 0
+    // publishes once it has noticed the loss.
+    let mut start = current_start(&store)?.unwrap_or_default();
+    if has_started(&store, start.attempt, node) {
+        eprintln!(
+            "trainbook: node {node} rejoins its job: waiting for node 0 to restart it (up to {} s)",
+            timeout.as_secs()
+        );
+        start = next_start(&store, start.attempt, timeout).ok_or_else(|| {
+            anyhow::anyhow!(
+                "node {node} rejoined its job, but node 0 did not restart it within {} s (its job may have ended, or restarts are off: max_failures 0)",
+                timeout.as_secs()
+            )
+        })?;
+    }
     Ok(Node {
         config,
         device: info.device,
@@ -160,7 +249,7 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
         token: info.token,
         collector: None,
         forward: Some(forward),
-        resume: None,
+        start,
     })
 }
 

@@ -113,6 +113,10 @@ pub(crate) enum Event {
     Exited {
         rank: usize,
         node: usize,
+        /// The start of the job's workers it belonged to (a late report of a start that was
+        /// already replaced is not a failure of the new one).
+        #[serde(default)]
+        attempt: u32,
         code: Option<i32>,
         signal: Option<i32>,
     },

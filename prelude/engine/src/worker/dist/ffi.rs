@@ -42,6 +42,13 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
+    pub(super) fn tb_store_check(
+        s: *mut TbStore,
+        key: *const c_char,
+        exists: *mut c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
     pub(super) fn tb_store_get(
         s: *mut TbStore,
         key: *const c_char,

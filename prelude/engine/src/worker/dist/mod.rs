@@ -135,6 +135,27 @@ impl Store {
         Ok(())
     }
 
+    /// Whether `key` is set, without waiting.
+    pub(crate) fn check(&self, key: &str) -> Result<bool> {
+        let ckey = CString::new(key).context("store key contains a NUL byte")?;
+        let mut exists: std::ffi::c_int = 0;
+        call(
+            &format!("looking up '{key}' in the rendezvous store"),
+            |e, n| unsafe { ffi::tb_store_check(self.ptr, ckey.as_ptr(), &mut exists, e, n) },
+            |rc| *rc != 0,
+        )?;
+        Ok(exists != 0)
+    }
+
+    /// The value of `key` if it is set, without waiting.
+    pub(crate) fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        if self.check(key)? {
+            self.get(key).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
     /// The value of `key`, waiting for it up to the store's timeout.
     pub(crate) fn get(&self, key: &str) -> Result<Vec<u8>> {
         let ckey = CString::new(key).context("store key contains a NUL byte")?;
