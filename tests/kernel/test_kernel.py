@@ -522,11 +522,13 @@ def test_a_killed_worker_restarts_and_the_cell_gets_a_succeeded_result(kernel):
         f'.checkpoint_every(50).max_failures(1).runs_root("{RUNS}"))?;\n'
         "(r.status, r.restarts.len(), r.restarts[0].resumed_step)"
     )
+    before = set(Path(RUNS).glob("*/checkpoints/step-*"))
     msg_id = kc.execute(code)
     pids = wait_for_workers(km)
     # Let it train past its first checkpoint, then kill rank 1 from outside.
-    time.sleep(3)
-    os.kill(max(pids), signal.SIGKILL)
+    assert wait_until(lambda: set(Path(RUNS).glob("*/checkpoints/step-*")) - before, 120)
+    rank1 = [p for p in pids if b"RANK=1" in open(f"/proc/{p}/environ", "rb").read().split(b"\0")]
+    os.kill(rank1[0], signal.SIGKILL)
     msgs, reply = [], None
     deadline = time.monotonic() + 180
     while reply is None:
