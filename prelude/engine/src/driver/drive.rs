@@ -559,8 +559,11 @@ impl<'a> Driver<'a> {
         }
         // A worker killed on another node fails this node's workers at once ("connection
         // closed"); its driver's report follows within moments, and names the cause.
-        // A node whose driver died reports nothing: its silence names it.
-        if self.job.spec.nodes > 1 && !self.joined && first.signal.is_none() {
+        // A node whose driver died reports nothing: its silence names it. (When another node
+        // already reported, that report is the cause.)
+        let local = self.job.spec.local_ranks();
+        let only_local = bad.iter().all(|e| local.contains(&e.rank));
+        if self.job.spec.nodes > 1 && !self.joined && first.signal.is_none() && only_local {
             let deadline = Instant::now() + REMOTE_REPORT_WAIT;
             let mut lost = None;
             while self.remote_exits.is_empty() && Instant::now() < deadline {
@@ -798,7 +801,8 @@ impl<'a> Driver<'a> {
             (1..self.job.spec.nodes).find(|&k| !rendezvous::has_started(&start.store, attempt, k))
         };
         while let Some(node) = missing(self.attempt) {
-            if self.job.stop_requested.load(Ordering::Relaxed) {
+            // A node that cannot start (it said why) fails this start like a dead worker.
+            if self.job.stop_requested.load(Ordering::Relaxed) || !self.remote_exits.is_empty() {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -854,6 +858,33 @@ impl<'a> Driver<'a> {
         };
         self.attempt = next.attempt;
         self.forget_attempt(0);
+        if let Some(dir) = next.resume.as_deref().filter(|d| !d.exists()) {
+            let rank = self.job.spec.local_ranks().start;
+            let message = format!(
+                "node {} cannot follow node 0's restart: its checkpoint {} is not on this node. Put the runs root on storage every node mounts at the same path (--runs-root or TRAINBOOK_RUNS)",
+                self.job.spec.node_rank,
+                dir.display()
+            );
+            // Node 0 waits for this node's start: tell it why there is none.
+            if let Some(fwd) = &self.forward {
+                fwd.send(Event::Error {
+                    rank,
+                    message: message.clone(),
+                    step: None,
+                });
+                fwd.send(Event::Exited {
+                    attempt: next.attempt,
+                    rank,
+                    node: self.job.spec.node_rank,
+                    code: Some(1),
+                    signal: None,
+                });
+                fwd.flush(Duration::from_secs(2));
+            }
+            let failure = self.failure_of(rank, message);
+            self.job.lock().failure = Some(failure);
+            return false;
+        }
         match start.spawn(next.attempt, next.resume.as_deref()) {
             Ok(w) => {
                 *workers = w;
