@@ -198,7 +198,7 @@ fn a_stopped_worker_is_declared_hung_reported_and_restarted() {
     let report = job.run_dir().join("hangs").join("attempt-0-rank-1.txt");
     let t0 = Instant::now();
     signal(first[1], Signal::SIGSTOP);
-    // Detected (its report started) within hang_timeout + 5 s; the restart follows once gdb
+    // Detected (its report started) within hang_timeout + 5 s; the restart follows once eu-stack
     // has the stack.
     assert!(
         wait_until(Duration::from_secs(3 + 5), || report.exists()),
@@ -223,11 +223,12 @@ fn a_stopped_worker_is_declared_hung_reported_and_restarted() {
     assert!(text.starts_with("rank 1 hung: no progress for"), "{text}");
     assert!(text.contains("stopped or frozen"), "{text}");
     assert!(text.contains("native stack:"), "{text}");
-    if Path::new("/usr/bin/gdb").exists() {
+    if Path::new("/usr/bin/eu-stack").exists() || Path::new("/usr/bin/gdb").exists() {
         assert!(
             text.contains("#0 "),
-            "gdb's stack is in the report:\n{text}"
+            "the native stack is in the report:\n{text}"
         );
+        assert!(text.contains("trainbook_engine"), "with symbols:\n{text}");
     }
     for p in first {
         assert!(!process_alive(p), "worker {p} still alive");

@@ -652,7 +652,7 @@ impl<'a> Driver<'a> {
             .unwrap_or_default();
         let run_dir = &self.job.run_dir;
         let pid = workers.pid_of(hung.rank);
-        let pending = "(being taken: gdb attaches to the process)";
+        let pending = "(being taken: eu-stack or gdb attaches to the process)";
         supervise::write_report(run_dir, self.attempt, &hung, &tail, pending);
         let stack = match pid {
             Some(pid) => supervise::native_stack(pid),
