@@ -187,8 +187,9 @@ pub struct TrainArgs {
         help_heading = "When things fail"
     )]
     pub max_failures: i32,
-    /// Seconds a worker may make no progress (outside evaluation and checkpoint writes) before
-    /// it counts as hung: its native stack is saved and the job fails or restarts. 0: off.
+    /// Seconds a worker may make no progress (no step, no evaluation batch; checkpoint writes
+    /// excepted) before it counts as hung: its native stack is saved and the job fails or
+    /// restarts. 0: off.
     #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::spec::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
     pub hang_timeout: u64,
     /// Show every worker line instead of merging repeats across workers.

@@ -232,9 +232,12 @@ impl Driver<'_> {
                     *h = Some(Instant::now());
                 }
             }
-            Event::Heartbeat { rank, step, busy } => {
-                self.hangs.beat(rank, step, busy, Instant::now())
-            }
+            Event::Heartbeat {
+                rank,
+                step,
+                work,
+                busy,
+            } => self.hangs.beat(rank, step, work, busy, Instant::now()),
             Event::Started {
                 rank,
                 pid,

@@ -2,8 +2,8 @@
 //! notices a start that stopped moving.
 //!
 //! - [`Hangs`] watches every rank's heartbeat (see the worker's `heartbeat`): a rank whose
-//!   step has not moved for `hang_timeout` (or 5 times its slowest step, whichever is longer),
-//!   outside evaluation and checkpoint writes, is hung. Silent ranks (stopped, frozen) are
+//!   work (steps, evaluation batches) has not moved for `hang_timeout` (or 5 times its slowest
+//!   step, whichever is longer), outside a checkpoint write, is hung. Silent ranks (stopped, frozen) are
 //!   blamed before ranks that are alive but blocked waiting for them.
 //! - [`Policy`] decides whether a failure earns a restart: `max_failures` bounds them, and
 //!   the same error of the same rank at the same step as the failure before is not retried
@@ -27,6 +27,7 @@ const STACK_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, Default)]
 struct Pulse {
     step: u64,
+    work: u64,
     /// When the step last moved (or the rank said it was busy); `None` until its first step,
     /// since start-up (loading data, the rendezvous) is the collective timeout's business.
     moved: Option<Instant>,
@@ -81,8 +82,9 @@ impl Hangs {
         }
     }
 
-    /// A heartbeat of `rank` at `now`.
-    pub(super) fn beat(&mut self, rank: usize, step: u64, busy: bool, now: Instant) {
+    /// A heartbeat of `rank` at `now`: its steps, its work count (steps and evaluation
+    /// batches) and whether it is inside one long operation.
+    pub(super) fn beat(&mut self, rank: usize, step: u64, work: u64, busy: bool, now: Instant) {
         let Some(p) = self.ranks.get_mut(rank) else {
             return;
         };
@@ -95,9 +97,10 @@ impl Hangs {
             }
             p.step = step;
             p.moved = Some(now);
-        } else if busy && p.moved.is_some() {
+        } else if (work > p.work || busy) && p.moved.is_some() {
             p.moved = Some(now);
         }
+        p.work = p.work.max(work);
     }
 
     /// The steps `rank` had taken when last heard.
@@ -337,8 +340,8 @@ mod tests {
     fn a_rank_is_not_watched_before_its_first_step() {
         let t0 = Instant::now();
         let mut h = Hangs::new(2, 10);
-        h.beat(0, 0, false, t0);
-        h.beat(0, 0, true, t0 + secs(1));
+        h.beat(0, 0, 0, false, t0);
+        h.beat(0, 0, 0, true, t0 + secs(1));
         assert_eq!(h.hung(t0 + secs(1000)), None);
     }
 
@@ -347,13 +350,13 @@ mod tests {
         let t0 = Instant::now();
         let mut h = Hangs::new(2, 10);
         for s in 1..=5 {
-            h.beat(0, s, false, t0 + secs(s));
-            h.beat(1, s, false, t0 + secs(s));
+            h.beat(0, s, s, false, t0 + secs(s));
+            h.beat(1, s, s, false, t0 + secs(s));
         }
         // Rank 1 stops beating; rank 0 beats on, stuck at step 6 waiting for it.
-        h.beat(0, 6, false, t0 + secs(6));
+        h.beat(0, 6, 6, false, t0 + secs(6));
         for t in 7..=20 {
-            h.beat(0, 6, false, t0 + secs(t));
+            h.beat(0, 6, 6, false, t0 + secs(t));
         }
         assert_eq!(h.hung(t0 + secs(15)), None, "within the limit");
         let hung = h.hung(t0 + secs(17)).expect("rank 1 is past its limit");
@@ -366,30 +369,44 @@ mod tests {
     fn busy_phases_count_as_progress_and_slow_steps_raise_the_limit() {
         let t0 = Instant::now();
         let mut h = Hangs::new(1, 10);
-        h.beat(0, 1, false, t0);
+        h.beat(0, 1, 1, false, t0);
         // Steps of 20 s each: the limit becomes 5 x 20 s.
-        h.beat(0, 2, false, t0 + secs(20));
+        h.beat(0, 2, 2, false, t0 + secs(20));
         assert_eq!(h.hung(t0 + secs(20) + secs(99)), None);
         assert!(h.hung(t0 + secs(20) + secs(101)).is_some());
-        // An evaluation that keeps saying "busy" is not a hang.
+        // A checkpoint write that keeps saying "busy" is not a hang.
         let mut h = Hangs::new(1, 10);
-        h.beat(0, 1, false, t0);
+        h.beat(0, 1, 1, false, t0);
         for t in 1..=60 {
-            h.beat(0, 1, true, t0 + secs(t));
+            h.beat(0, 1, 1, true, t0 + secs(t));
         }
         assert_eq!(h.hung(t0 + secs(65)), None);
         assert!(h.hung(t0 + secs(71)).is_some());
+        // Nor is an evaluation whose batches go on; one that stops is.
+        let mut h = Hangs::new(1, 10);
+        h.beat(0, 1, 1, false, t0);
+        for t in 1..=30 {
+            h.beat(0, 1, 1 + t, false, t0 + secs(t));
+        }
+        for t in 31..=60 {
+            h.beat(0, 1, 31, false, t0 + secs(t));
+        }
+        assert_eq!(h.hung(t0 + secs(40)), None);
+        let hung = h
+            .hung(t0 + secs(41))
+            .expect("a stalled evaluation is a hang");
+        assert!(!hung.silent);
     }
 
     #[test]
     fn blocked_ranks_alive_blame_the_one_furthest_behind() {
         let t0 = Instant::now();
         let mut h = Hangs::new(3, 5);
-        h.beat(0, 8, false, t0);
-        h.beat(1, 7, false, t0);
-        h.beat(2, 8, false, t0);
+        h.beat(0, 8, 8, false, t0);
+        h.beat(1, 7, 7, false, t0);
+        h.beat(2, 8, 8, false, t0);
         for r in 0..3 {
-            h.beat(r, 0, false, t0 + secs(9));
+            h.beat(r, 0, 0, false, t0 + secs(9));
         }
         let hung = h.hung(t0 + secs(10)).unwrap();
         assert_eq!((hung.rank, hung.silent), (1, false));
@@ -402,7 +419,7 @@ mod tests {
     fn hang_detection_can_be_turned_off() {
         let t0 = Instant::now();
         let mut h = Hangs::new(1, 0);
-        h.beat(0, 1, false, t0);
+        h.beat(0, 1, 1, false, t0);
         assert_eq!(h.hung(t0 + secs(10_000)), None);
     }
 

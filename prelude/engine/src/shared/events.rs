@@ -90,12 +90,15 @@ pub(crate) enum Event {
         #[serde(default)]
         step: Option<u64>,
     },
-    /// A rank is alive and making progress (at most about once a second, and throughout long
-    /// phases such as evaluation and checkpoint writes): what hang detection watches.
+    /// A rank is alive (about once a second): its step, its work count (steps and evaluation
+    /// batches) and whether it is inside one long operation. What hang detection watches.
     Heartbeat {
         rank: usize,
         step: u64,
-        /// Inside evaluation or a checkpoint write: working, although the step does not move.
+        #[serde(default)]
+        work: u64,
+        /// Inside a checkpoint write or an epoch's data planning: working, although the work
+        /// count does not move.
         #[serde(default)]
         busy: bool,
     },

@@ -1,8 +1,10 @@
 //! A worker's pulse: a thread that tells the driver, about once a second, how many optimizer
-//! steps this rank has taken and whether it is inside a long phase (evaluation, a checkpoint
-//! write). The driver's hang detection reads it: a rank whose step stops moving outside such
-//! a phase is stuck (deadlocked in a collective, waiting on a dead peer's socket), and one that
-//! goes silent is stopped or frozen (SIGSTOP, a machine that no longer schedules it).
+//! steps this rank has taken, how much work it has done (steps and evaluation batches), and
+//! whether it is inside one long operation (a checkpoint write, planning an epoch's data). The
+//! driver's hang detection reads it: a rank whose work stops moving outside such an operation
+//! is stuck (deadlocked in a collective, waiting on a dead peer's socket, a hung evaluation),
+//! and one that goes silent is stopped or frozen (SIGSTOP, a machine that no longer schedules
+//! it).
 //!
 //! A thread rather than a call from the training loop, because a rank blocked inside a
 //! collective cannot call anything: its silence would look the same as a stopped process, and
@@ -15,6 +17,8 @@ use crate::shared::events::{Emitter, Event};
 
 /// Optimizer steps this process has taken (what its error report and heartbeats say).
 static STEP: AtomicU64 = AtomicU64::new(0);
+/// Units of work done: optimizer steps and evaluation batches.
+static WORK: AtomicU64 = AtomicU64::new(0);
 /// Long phases in progress (nested guards).
 static BUSY: AtomicU32 = AtomicU32::new(0);
 
@@ -31,6 +35,7 @@ pub(crate) fn start(events: &Emitter, rank: usize) {
             events.send(Event::Heartbeat {
                 rank,
                 step: STEP.load(Ordering::Relaxed),
+                work: WORK.load(Ordering::Relaxed),
                 busy: BUSY.load(Ordering::Relaxed) > 0,
             });
         });
@@ -39,6 +44,12 @@ pub(crate) fn start(events: &Emitter, rank: usize) {
 /// Records the steps taken so far.
 pub(crate) fn set_step(step: u64) {
     STEP.store(step, Ordering::Relaxed);
+    tick();
+}
+
+/// Records a unit of work that is not a step (an evaluation batch).
+pub(crate) fn tick() {
+    WORK.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The steps taken so far.
@@ -46,8 +57,8 @@ pub(crate) fn step() -> u64 {
     STEP.load(Ordering::Relaxed)
 }
 
-/// Marks a long phase (evaluation, a checkpoint write) for as long as it lives: the rank is
-/// working although its step does not move.
+/// Marks one long operation (a checkpoint write, planning an epoch's data) for as long as it
+/// lives: the rank is working although its work count does not move.
 pub(crate) struct Busy;
 
 impl Busy {

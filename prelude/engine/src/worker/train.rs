@@ -456,7 +456,10 @@ impl<'a> Trainer<'a> {
             .take((self.total_steps - self.step) as usize * self.accum)
             .copied()
             .collect();
-        self.recipe.plan(Split::Train, epoch, &planned);
+        {
+            let _busy = Busy::new();
+            self.recipe.plan(Split::Train, epoch, &planned);
+        }
         let mut sums = EpochSums::default();
         self.clock.epoch_start = Instant::now();
         for group in micro.chunks(self.accum) {
@@ -602,13 +605,15 @@ impl<'a> Trainer<'a> {
 
     /// Evaluates this rank's disjoint shard of the evaluation set (with rank 0's buffers).
     fn evaluate(&mut self, epoch: u64) -> Result<EvalSums> {
-        let _busy = Busy::new();
         if !self.buffers.is_empty() {
             ddp::broadcast_parameters(&self.ctx.pg, &self.buffers)?;
         }
         let batches: Vec<&[usize]> =
             sampler::batches(&self.eval_idx, self.local_batch.max(32)).collect();
-        self.recipe.plan(Split::Eval, epoch, &batches);
+        {
+            let _busy = Busy::new();
+            self.recipe.plan(Split::Eval, epoch, &batches);
+        }
         let (precision, device) = (self.h.precision, self.ctx.device);
         tch::no_grad(|| -> Result<EvalSums> {
             let mut e = EvalSums::default();
@@ -622,6 +627,7 @@ impl<'a> Trainer<'a> {
                     e.confusion.add(logits, labels)?;
                 }
                 e.metrics.add(&out.metrics, batch.len());
+                heartbeat::tick();
             }
             Ok(e)
         })
