@@ -3,7 +3,9 @@
 //! trainbook runs too. One line per entry, `DLLL {json}`: the job's parameters first, then one
 //! line per optimizer step of rank 0 with every metric of that step, then a summary whose
 //! `step` is `[]` with `e2e_train_time`, `training_sequences_per_second`, `final_loss` and
-//! `raw_train_time`, the figures the reference's last line prints.
+//! `raw_train_time`, the figures the reference's last line prints. A restart writes a line
+//! whose `step` is `"RESTART"`; the step lines after it replay the steps after `resumed_step`
+//! (a reader keeps, per step, the last line).
 //!
 //! The driver feeds it from the event stream it already reads (workers → events → driver), so
 //! workers write nothing extra; a file that cannot be written costs the log, never the job.
@@ -74,6 +76,22 @@ impl DlLog {
         }
     }
 
+    /// The job restarted from `resumed_step`: a step still being collected past it is dropped
+    /// (it will be replayed), and a line says so.
+    pub(super) fn restart(&mut self, resumed_step: u64, reason: &str, elapsed: f64) {
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|((_, step), _)| *step > resumed_step)
+        {
+            self.pending = None;
+        } else {
+            self.flush_step(elapsed);
+        }
+        let data = json!({"resumed_step": resumed_step, "reason": reason});
+        self.line("LOG", json!("RESTART"), data, elapsed);
+    }
+
     fn flush_step(&mut self, elapsed: f64) {
         if let Some(((epoch, step), metrics)) = self.pending.take() {
             self.line("LOG", json!([epoch, step]), json!(metrics), elapsed);
@@ -141,6 +159,33 @@ mod tests {
         assert_eq!(e[3]["data"]["training_sequences_per_second"], 12.0);
         assert_eq!(e[3]["data"]["final_loss"], 2.0);
         assert_eq!(e[3]["data"]["raw_train_time"], 0.15);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_restart_drops_the_step_being_collected_and_says_where_the_replay_starts() {
+        let dir = std::env::temp_dir().join(format!("trainbook-dllog-r-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut log = DlLog::create(&dir, json!({}));
+        log.metric(0, 20, "loss", 1.0, 0.1);
+        log.metric(0, 21, "loss", 0.9, 0.2);
+        log.restart(20, "rank 1 killed by signal 9 (SIGKILL)", 0.3);
+        log.metric(0, 21, "loss", 0.9, 0.4);
+        log.finish(&WorkerSummary::default(), 0.5);
+        drop(log);
+        let e = entries(&dir);
+        let steps: Vec<&Value> = e.iter().map(|e| &e["step"]).collect();
+        assert_eq!(
+            steps,
+            [
+                &json!("PARAMETER"),
+                &json!([0, 20]),
+                &json!("RESTART"),
+                &json!([0, 21]),
+                &json!([])
+            ]
+        );
+        assert_eq!(e[2]["data"]["resumed_step"], 20);
         std::fs::remove_dir_all(dir).ok();
     }
 

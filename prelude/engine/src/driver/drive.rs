@@ -752,6 +752,9 @@ impl<'a> Driver<'a> {
                         .saturating_sub(resumed_step),
                 };
                 self.forget_attempt(resumed_step);
+                if let Some(log) = &mut self.dllog {
+                    log.restart(resumed_step, &restart.reason, restart.time);
+                }
                 job.lock().restarts.push(restart.clone());
                 self.job.publish(Update::Restart(restart));
                 let several = job.spec.nodes > 1;
