@@ -16,8 +16,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A heartbeat older than this means a rank is silent (its pulse beats every second).
-const SILENT_AFTER: Duration = Duration::from_secs(3);
+/// A heartbeat older than this means a rank is silent (its pulse beats every second). Well
+/// under the shortest hang limit: the ranks of a job start their pulses together, so a stopped
+/// rank's last beat and its blocked peer's last news can be milliseconds apart, and the
+/// stopped one must already count as silent when the peer passes its limit.
+const SILENT_AFTER: Duration = Duration::from_millis(2000);
 /// A rank may take this many times its slowest step so far before it counts as hung.
 const SLOWEST_STEP_FACTOR: u32 = 5;
 /// How long a native stack may take (gdb needs seconds to load libtorch's symbols).
@@ -123,27 +126,37 @@ impl Hangs {
         }
     }
 
-    /// The rank to declare hung at `now`, if any: among ranks past their limit, a silent one
-    /// first, then the one furthest behind, then the lowest rank.
+    /// The rank to declare hung at `now`, if any. Once some rank past its first step is past
+    /// its limit, the one blamed is a silent rank if there is one (even one not yet past its
+    /// own limit, which its slowest step may have raised, or one stopped before its first
+    /// heartbeat showed a step: its peers are blocked waiting for it), else the one furthest
+    /// behind among those past their limit, then the lowest rank.
     pub(super) fn hung(&self, now: Instant) -> Option<Hung> {
         let timeout = self.timeout?;
-        self.ranks
+        let mut armed_past_limit = false;
+        let ranks: Vec<Hung> = self
+            .ranks
             .iter()
             .enumerate()
             .filter_map(|(rank, p)| {
-                let still = now.saturating_duration_since(p.moved?);
-                let limit = timeout.max(p.slowest * SLOWEST_STEP_FACTOR);
-                let silent = p
-                    .heard
-                    .is_none_or(|h| now.saturating_duration_since(h) > SILENT_AFTER);
-                (still > limit).then_some(Hung {
+                let heard = p.heard?;
+                let h = Hung {
                     rank,
                     step: p.step,
-                    still,
-                    limit,
-                    silent,
-                })
+                    still: now.saturating_duration_since(p.moved.unwrap_or(heard)),
+                    limit: timeout.max(p.slowest * SLOWEST_STEP_FACTOR),
+                    silent: now.saturating_duration_since(heard) > SILENT_AFTER,
+                };
+                armed_past_limit |= p.moved.is_some() && h.still > h.limit;
+                Some(h)
             })
+            .collect();
+        if !armed_past_limit {
+            return None;
+        }
+        ranks
+            .into_iter()
+            .filter(|h| h.silent || (h.still > h.limit && self.ranks[h.rank].moved.is_some()))
             .min_by_key(|h| (!h.silent, h.step, h.rank))
     }
 }
@@ -363,6 +376,47 @@ mod tests {
         assert_eq!((hung.rank, hung.step, hung.silent), (1, 5, true));
         assert_eq!(hung.limit, secs(10));
         assert!(hung.describe().contains("at step 5"), "{}", hung.describe());
+    }
+
+    #[test]
+    fn a_silent_rank_with_a_higher_limit_is_blamed_when_a_peer_passes_its_own() {
+        let t0 = Instant::now();
+        let mut h = Hangs::new(2, 3);
+        // Rank 1 once waited 1 s for a step (its limit is 5 s); rank 0's steps were quick.
+        h.beat(0, 1, 1, false, t0);
+        h.beat(1, 1, 1, false, t0);
+        h.beat(0, 2, 2, false, t0 + Duration::from_millis(100));
+        h.beat(1, 2, 2, false, t0 + secs(1));
+        // Rank 1 stops; rank 0 beats on, blocked at step 2.
+        for t in 2..=10 {
+            h.beat(0, 2, 2, false, t0 + secs(t));
+        }
+        let hung = h
+            .hung(t0 + Duration::from_millis(4500))
+            .expect("rank 0 is past its 3 s");
+        assert_eq!((hung.rank, hung.silent), (1, true), "{hung:?}");
+        assert_eq!(hung.limit, secs(5));
+    }
+
+    #[test]
+    fn a_rank_stopped_before_its_first_step_was_heard_is_blamed_too() {
+        let t0 = Instant::now();
+        let mut h = Hangs::new(2, 3);
+        // Rank 1 was heard once, before its first step; then stopped.
+        h.beat(1, 0, 0, false, t0);
+        h.beat(0, 0, 0, false, t0);
+        for t in 1..=10 {
+            h.beat(0, 40, 40, false, t0 + secs(t));
+        }
+        assert_eq!(
+            h.hung(t0 + Duration::from_millis(3500)),
+            None,
+            "rank 0 is within its limit"
+        );
+        let hung = h
+            .hung(t0 + Duration::from_millis(4500))
+            .expect("rank 0 is past its limit");
+        assert_eq!((hung.rank, hung.silent), (1, true), "{hung:?}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! the driver could not tell "blocked at step 240" from "gone".
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::shared::events::{Emitter, Event};
 
@@ -25,19 +25,34 @@ static BUSY: AtomicU32 = AtomicU32::new(0);
 /// How often the pulse beats.
 pub(crate) const EVERY: Duration = Duration::from_secs(1);
 
-/// Starts this process's pulse (once; it beats until the process exits).
+/// Starts this process's pulse (once; it beats until the process exits): at once, at the
+/// first step (so the driver watches a rank from then on, however fast its steps), then
+/// every [`EVERY`].
 pub(crate) fn start(events: &Emitter, rank: usize) {
     let events = events.clone();
     let _ = std::thread::Builder::new()
         .name("trainbook-heartbeat".into())
-        .spawn(move || loop {
-            std::thread::sleep(EVERY);
-            events.send(Event::Heartbeat {
-                rank,
-                step: STEP.load(Ordering::Relaxed),
-                work: WORK.load(Ordering::Relaxed),
-                busy: BUSY.load(Ordering::Relaxed) > 0,
-            });
+        .spawn(move || {
+            let beat = || {
+                let step = STEP.load(Ordering::Relaxed);
+                events.send(Event::Heartbeat {
+                    rank,
+                    step,
+                    work: WORK.load(Ordering::Relaxed),
+                    busy: BUSY.load(Ordering::Relaxed) > 0,
+                });
+                step
+            };
+            let mut last = Instant::now();
+            let mut stepped = beat() > 0;
+            loop {
+                std::thread::sleep(EVERY / 10);
+                let first_step = !stepped && STEP.load(Ordering::Relaxed) > 0;
+                if first_step || last.elapsed() >= EVERY {
+                    stepped |= beat() > 0;
+                    last = Instant::now();
+                }
+            }
         });
 }
 
