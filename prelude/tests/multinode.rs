@@ -271,19 +271,16 @@ fn node_1_s_driver_killed_is_named_lost_by_node_0() {
     std::fs::remove_dir_all(runs_root().join(format!("{name}-node1"))).ok();
 }
 
-/// With `--max-failures 1`, node 1's driver killed and then run again: node 0 names the lost
-/// node, restarts the job from its newest checkpoint once node 1 is back, and both end with the
-/// parameters of the same job on one node.
-#[test]
-fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
+/// The command of node `k` of a named 2-node job that may restart once (300 steps, a step
+/// checkpoint every 20).
+fn restartable_nodes(name: &str) -> impl Fn(usize) -> Vec<String> + '_ {
     let port = free_port();
-    let name = format!("rejoin-{}", std::process::id());
-    let named = |node| {
+    move |node| {
         let mut a = with_flags(job_args("1", "300"), node, port);
         a.extend(
             [
                 "--name",
-                &name,
+                name,
                 "--max-failures",
                 "1",
                 "--checkpoint-every",
@@ -292,11 +289,13 @@ fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
             .map(String::from),
         );
         a
-    };
-    let mut n1 = start(&named(1), &[]);
-    let n0 = start(&named(0), &[]);
+    }
+}
+
+/// Waits for node 0's step-40 checkpoint of the run `name`.
+fn wait_for_checkpoint_40(name: &str) {
     let step_40 = runs_root()
-        .join(&name)
+        .join(name)
         .join("checkpoints/step-40/trainer_state.json");
     let t0 = Instant::now();
     while !step_40.exists() {
@@ -306,6 +305,18 @@ fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// With `--max-failures 1`, node 1's driver killed and then run again: node 0 names the lost
+/// node, restarts the job from its newest checkpoint once node 1 is back, and both end with the
+/// parameters of the same job on one node.
+#[test]
+fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
+    let name = format!("rejoin-{}", std::process::id());
+    let named = restartable_nodes(&name);
+    let mut n1 = start(&named(1), &[]);
+    let n0 = start(&named(0), &[]);
+    wait_for_checkpoint_40(&name);
     n1.kill().unwrap();
     n1.wait().unwrap();
     // The same command on node 1 again, as a person or a requeue would.
@@ -341,36 +352,11 @@ fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
 /// follows with a new worker, and both succeed.
 #[test]
 fn a_worker_killed_on_node_1_restarts_both_nodes() {
-    let port = free_port();
     let name = format!("both-restart-{}", std::process::id());
-    let named = |node| {
-        let mut a = with_flags(job_args("1", "300"), node, port);
-        a.extend(
-            [
-                "--name",
-                &name,
-                "--max-failures",
-                "1",
-                "--checkpoint-every",
-                "20",
-            ]
-            .map(String::from),
-        );
-        a
-    };
+    let named = restartable_nodes(&name);
     let n1 = start(&named(1), &[]);
     let n0 = start(&named(0), &[]);
-    let step_40 = runs_root()
-        .join(&name)
-        .join("checkpoints/step-40/trainer_state.json");
-    let t0 = Instant::now();
-    while !step_40.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "no checkpoint at step 40"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_checkpoint_40(&name);
     let worker = trainbook::engine::testing::children_of(n1.id())[0];
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(worker as i32),
