@@ -354,21 +354,19 @@ fn a_named_run_with_checkpoints_is_not_started_over_by_mistake() {
     let name = format!("named-{}", std::process::id());
     let run_dir = runs_root().join(&name);
     std::fs::remove_dir_all(&run_dir).ok();
-    let spec = || long_run().max_steps(60).name(&name);
+    // Stopped well before its end (400 steps), past its step-50 checkpoint.
+    let spec = || long_run().name(&name);
     let job = trainbook::launch(spec()).unwrap();
-    let stopped_at = {
-        wait_for_step(&job, 55);
-        job.stop().unwrap();
-        job.result().unwrap().steps
-    };
-    let _ = stopped_at;
+    wait_for_step(&job, 55);
+    job.stop().unwrap();
+    assert_eq!(job.status(), JobStatus::Stopped);
     let err = format!("{:#}", trainbook::fit(spec()).unwrap_err());
     assert!(
         err.contains("already has checkpoints") && err.contains("--resume auto"),
         "{err}"
     );
     let r = trainbook::fit(spec().resume(trainbook::Resume::Auto)).unwrap();
-    assert_eq!(r.steps, 60);
+    assert_eq!(r.steps, 400);
     let err = format!(
         "{:#}",
         trainbook::fit(long_run().resume(trainbook::Resume::Auto)).unwrap_err()

@@ -292,12 +292,7 @@ impl Driver<'_> {
     }
 
     fn failure(&self, exit: &Exit) -> TrainError {
-        let how = if exit.success() {
-            "exited before reporting completion".to_string()
-        } else {
-            exit.describe()
-        };
-        self.failure_of(exit.rank, how)
+        self.failure_of(exit.rank, how_it_failed(exit))
     }
 
     /// The job's error for a failure of `rank`, `how` it failed: its message, last lines and log.
@@ -338,6 +333,15 @@ impl Driver<'_> {
                 .display()
                 .to_string(),
         }
+    }
+}
+
+/// How a failed worker ended, for its error: its exit, or a clean exit without its `done`.
+fn how_it_failed(exit: &Exit) -> String {
+    if exit.success() {
+        "exited before reporting completion".to_string()
+    } else {
+        exit.describe()
     }
 }
 
@@ -628,11 +632,7 @@ impl<'a> Driver<'a> {
             .copied()
             .flatten()
             .or_else(|| self.hangs.step_of(first.rank));
-        let how = if first.success() {
-            "exited before reporting completion".to_string()
-        } else {
-            first.describe()
-        };
+        let how = how_it_failed(&first);
         self.cause = Some((
             Signature {
                 rank: first.rank,
