@@ -7,7 +7,7 @@ use std::any::Any;
 
 use trainbook_api::metric;
 use trainbook_api::table::{Table, Value};
-use trainbook_api::{Job, TrainResult};
+use trainbook_api::{Job, SweepJob, SweepResult, TrainResult};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_bytes, format_duration, format_metric, Bundle};
 
@@ -26,6 +26,12 @@ pub fn bundle_of(value: &dyn Any) -> Option<Bundle> {
     }
     if let Some(job) = value.downcast_ref::<Job>() {
         return Some(job.bundle());
+    }
+    if let Some(r) = value.downcast_ref::<SweepResult>() {
+        return Some(r.bundle());
+    }
+    if let Some(s) = value.downcast_ref::<SweepJob>() {
+        return Some(s.bundle());
     }
     None
 }
@@ -151,6 +157,70 @@ impl NotebookDisplay for Job {
         }
         pairs.push(("run dir", self.run_dir().display().to_string()));
         summary("trainbook-job", pairs).bundle()
+    }
+}
+
+impl NotebookDisplay for SweepResult {
+    /// What the sweep found (status, best trial, directory) over its trials table.
+    fn bundle(&self) -> Bundle {
+        let mut pairs = vec![
+            ("status", self.status.to_string()),
+            ("trials", trainbook_api::sweep::status_counts(&self.trials)),
+            ("time", format_duration(self.elapsed)),
+        ];
+        match self.best_trial() {
+            Ok(t) => pairs.push((
+                "best",
+                format!(
+                    "trial {} ({}): {} {}",
+                    t.id,
+                    t.params_text(),
+                    self.metric,
+                    t.last().map(format_metric).unwrap_or_default()
+                ),
+            )),
+            Err(e) => pairs.push(("best", format!("{e}"))),
+        }
+        pairs.push(("sweep dir", self.dir.display().to_string()));
+        let head = summary("trainbook-sweep-result", pairs).bundle();
+        let table = self.trials().bundle();
+        let mut b = Bundle::new();
+        for key in ["text/plain", "text/html"] {
+            let part = |x: &Bundle| {
+                x.get(key)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let sep = if key == "text/plain" { "\n" } else { "" };
+            b.insert(
+                key.into(),
+                serde_json::Value::String(format!("{}{sep}{}", part(&head), part(&table))),
+            );
+        }
+        b
+    }
+}
+
+impl NotebookDisplay for SweepJob {
+    /// The sweep's view as it stands (the live one is `sweep.show()`).
+    fn bundle(&self) -> Bundle {
+        match crate::sweep_view::SweepDashboard::new(self) {
+            Ok(mut d) => {
+                if self.status() != trainbook_api::SweepStatus::Running {
+                    d.finish(self);
+                }
+                d.bundle()
+            }
+            Err(e) => {
+                let mut b = Bundle::new();
+                b.insert(
+                    "text/plain".into(),
+                    serde_json::Value::String(format!("{self:?} ({e:#})")),
+                );
+                b
+            }
+        }
     }
 }
 

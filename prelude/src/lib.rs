@@ -20,6 +20,8 @@ mod display;
 pub mod notebook;
 /// The runtime behind `trainbook_api`'s operations in this process.
 pub mod run;
+/// A sweep's live view (table, plot, logs) in the notebook and the terminal.
+pub mod sweep_view;
 /// `Table` ⇄ polars `DataFrame`.
 pub mod table;
 
@@ -35,10 +37,11 @@ pub use trainbook_recipes as recipes;
 
 pub use trainbook_api::prelude;
 pub use trainbook_api::{
-    content_blocks, fit, launch, running_jobs, stop_all, train_bert, train_resnet, Arch,
+    content_blocks, fit, launch, running_jobs, stop_all, train_bert, train_resnet, Arch, Asha,
     BertMlmTrainer, BertTrainer, Column, Configure, ConfigureMlm, ConfigureText, ConfigureTraining,
-    ConfigureVision, DeviceKind, DeviceRequest, Hyper, ImageClassifier, ImageFolder, Job, JobSpec,
-    JobStatus, LogLevel, MlmOptions, OptimizerKind, Padding, Plan, Precision, Prediction,
-    ResnetTrainer, Restart, Resume, Schedule, ShowValue, Table, TextClassifier, TextOptions, Train,
-    TrainConfig, TrainError, TrainResult, Update, View, ViewOptions, VisionOptions,
+    ConfigureVision, DeviceKind, DeviceRequest, Goal, Hyper, ImageClassifier, ImageFolder, Job,
+    JobSpec, JobStatus, LogLevel, MedianStopping, MlmOptions, OptimizerKind, Padding, Plan,
+    Precision, Prediction, ResnetTrainer, Restart, Resume, Schedule, Scheduler, ShowValue, Sweep,
+    SweepJob, SweepResult, Table, TextClassifier, TextOptions, Train, TrainConfig, TrainError,
+    TrainResult, TrialStatus, Update, View, ViewOptions, VisionOptions,
 };

@@ -50,13 +50,13 @@ fn install_handlers(link: &'static Link) {
 /// its [`JobView`], so `Job::wait` keeps the waiting cell running until the final view has
 /// arrived: headless runs (nbclient) only apply updates that arrive during some cell.
 #[derive(Default)]
-struct ViewDone {
+pub(crate) struct ViewDone {
     done: std::sync::Mutex<bool>,
     cv: std::sync::Condvar,
 }
 
 impl ViewDone {
-    fn set(&self) {
+    pub(crate) fn set(&self) {
         *self.done.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.cv.notify_all();
     }
@@ -141,6 +141,26 @@ pub fn follow(
     every: Duration,
     mut draw: impl FnMut(trainbook_channel::MimeBundle),
 ) -> usize {
+    let view = std::cell::RefCell::new(view);
+    follow_updates(
+        updates,
+        every,
+        |u| {
+            view.borrow_mut().apply(u);
+            matches!(u, Update::Finished(_))
+        },
+        || draw(view.borrow().bundle()),
+    )
+}
+
+/// The loop behind every live view: `apply` each update (it says whether it was the last),
+/// and `draw` at most once per `every`, only after a change. Returns how many times it drew.
+pub(crate) fn follow_updates<U>(
+    updates: &std::sync::mpsc::Receiver<U>,
+    every: Duration,
+    mut apply: impl FnMut(&U) -> bool,
+    mut draw: impl FnMut(),
+) -> usize {
     use std::sync::mpsc::RecvTimeoutError;
     let mut drawn = 0;
     let mut dirty = false;
@@ -153,9 +173,7 @@ pub fn follow(
         };
         match updates.recv_timeout(wait) {
             Ok(u) => {
-                let finished = matches!(u, Update::Finished(_));
-                view.apply(&u);
-                if finished {
+                if apply(&u) {
                     return drawn;
                 }
                 dirty = true;
@@ -164,7 +182,7 @@ pub fn follow(
             Err(RecvTimeoutError::Disconnected) => return drawn,
         }
         if dirty && last.elapsed() >= every {
-            draw(view.bundle());
+            draw();
             drawn += 1;
             dirty = false;
             last = Instant::now();

@@ -46,6 +46,21 @@ impl Runtime for Trainbook {
         Ok(Plan { device, hyper })
     }
 
+    fn sweep(&self, spec: trainbook_api::SweepSpec) -> Result<trainbook_api::SweepJob> {
+        dashboard_options(&view_options(&spec.base))?;
+        let sweep = trainbook_engine::sweep::launch(spec, &REGISTRY)?;
+        crate::sweep_view::show_launched(&sweep);
+        Ok(sweep)
+    }
+
+    fn plan_sweep(&self, spec: &trainbook_api::SweepSpec) -> Result<Vec<trainbook_api::TrialPlan>> {
+        trainbook_engine::sweep::plan(spec, &REGISTRY)
+    }
+
+    fn show_sweep(&self, sweep: &trainbook_api::SweepJob) -> Result<()> {
+        crate::sweep_view::show(sweep)
+    }
+
     fn running_jobs(&self) -> Vec<Job> {
         trainbook_engine::running_jobs()
     }

@@ -12,6 +12,7 @@ pub mod memory;
 pub mod plot;
 pub mod progress;
 pub mod series;
+pub mod sweep;
 pub mod table;
 
 pub use dashboard::{Dashboard, DashboardOptions, Outcome};
@@ -23,6 +24,7 @@ pub use memory::format_bytes;
 pub use plot::{loss_bundle, loss_svg, svg_to_png, PlotOptions};
 pub use progress::{ProgressView, Status};
 pub use series::{downsample_minmax, Curves, Series, MAX_PLOT_POINTS};
+pub use sweep::{sweep_svg, SweepView, TrialRow, TrialState};
 pub use table::{EpochRow, MetricsTable};
 
 /// A MIME bundle: `{"text/plain": "...", "text/html": "...", "image/png": "<base64>"}`.

@@ -142,7 +142,7 @@ fn axis_label(v: f64) -> String {
 }
 
 /// (min, max) of the values, widened so a flat or single-valued series still has a range.
-fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+pub(crate) fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
     });

@@ -59,6 +59,7 @@ pub mod params;
 pub mod run;
 pub mod runtime;
 pub mod spec;
+pub mod sweep;
 pub mod table;
 pub mod text;
 pub mod tokenizer;
@@ -76,6 +77,10 @@ pub use run::{fit, launch, Plan, Train, View, ViewOptions};
 pub use spec::{
     Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,
     TrainConfig,
+};
+pub use sweep::{
+    Asha, Goal, MedianStopping, ParamValue, Scheduler, Space, Sweep, SweepJob, SweepResult,
+    SweepSpec, SweepStatus, SweepUpdate, Trial, TrialPlan, TrialStatus,
 };
 pub use table::{Column, Table, Value};
 pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TextOptions};
@@ -104,6 +109,9 @@ pub mod prelude {
     pub use crate::run::{fit, launch, Plan, Train, View};
     pub use crate::spec::{
         Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,
+    };
+    pub use crate::sweep::{
+        Asha, Goal, MedianStopping, Scheduler, Sweep, SweepJob, SweepResult, TrialStatus,
     };
     pub use crate::table::{Column, Table};
     pub use crate::text::{train_bert, BertTrainer, ConfigureText, Padding};

@@ -42,6 +42,12 @@ pub trait Runtime: Send + Sync {
     fn launch(&self, spec: JobSpec) -> Result<Job>;
     /// The device and hyper-parameters `spec` would run with (nothing started).
     fn plan(&self, spec: &JobSpec) -> Result<Plan>;
+    /// Starts a sweep; in the trainbook kernel the cell shows its live view.
+    fn sweep(&self, spec: crate::sweep::SweepSpec) -> Result<crate::sweep::SweepJob>;
+    /// The trials `spec` would run, each checked as `plan` checks a job (nothing started).
+    fn plan_sweep(&self, spec: &crate::sweep::SweepSpec) -> Result<Vec<crate::sweep::TrialPlan>>;
+    /// Shows a sweep's live view in the current cell (text elsewhere).
+    fn show_sweep(&self, sweep: &crate::sweep::SweepJob) -> Result<()>;
     /// Jobs of this process that have not finished.
     fn running_jobs(&self) -> Vec<Job>;
     /// Stops every running job of this process; returns how many there were.

@@ -327,6 +327,11 @@ pub struct JobSpec {
     pub node_addr: Option<String>,
     /// Intra-op threads per worker; `None` shares the cores evenly (CPU).
     pub threads_per_worker: Option<usize>,
+    /// The accelerators this node's workers use, by id, one per local worker (set for the
+    /// workers as `CUDA_VISIBLE_DEVICES` or `HABANA_VISIBLE_MODULES`); `None`: the first
+    /// `workers` devices. How a sweep gives concurrent trials disjoint devices.
+    #[serde(default)]
+    pub visible_devices: Option<Vec<usize>>,
     /// Parent of the run directory (default `$TRAINBOOK_RUNS` or `./trainbook_runs`).
     pub runs_root: Option<PathBuf>,
     pub collective_timeout_secs: u64,
@@ -408,6 +413,12 @@ pub trait Configure: Sized {
     /// Intra-op threads per worker (default: cores / workers on CPU).
     fn threads_per_worker(mut self, t: usize) -> Self {
         self.job_spec().threads_per_worker = Some(t);
+        self
+    }
+    /// The accelerator ids this node's workers use, one per worker (CUDA or HPU; default the
+    /// first `workers` devices). Ignored on CPU.
+    fn visible_devices(mut self, ids: impl IntoIterator<Item = usize>) -> Self {
+        self.job_spec().visible_devices = Some(ids.into_iter().collect());
         self
     }
     /// Parent of the run directory (default `$TRAINBOOK_RUNS` or `./trainbook_runs`).
@@ -492,6 +503,7 @@ impl JobSpec {
             node_rank: 0,
             node_addr: None,
             threads_per_worker: None,
+            visible_devices: None,
             runs_root: None,
             collective_timeout_secs: 300,
             env: Vec::new(),
@@ -686,6 +698,19 @@ impl JobSpec {
                 || name.chars().any(char::is_control);
             if bad {
                 bail!("run name {name:?} cannot be a directory name: use letters, digits, '-', '_' or '.', not starting with '.' and without '/'");
+            }
+        }
+        if let Some(ids) = &self.visible_devices {
+            if ids.len() != self.workers {
+                bail!(
+                    "visible devices {ids:?} name {} devices for {} workers: give one device id per worker",
+                    ids.len(),
+                    self.workers
+                );
+            }
+            let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+            if distinct.len() != ids.len() {
+                bail!("visible devices {ids:?} repeat an id: each worker needs its own device");
             }
         }
         if self.resume == Resume::Auto && self.run_name.is_none() {

@@ -19,12 +19,21 @@
 
 mod driver;
 mod shared;
+pub mod sweep;
 mod worker;
 
 // Running jobs: the driver side.
 pub use driver::dedup::looks_like_error;
 pub use driver::placement::resolve as resolve_device;
-pub use driver::{launch, running_jobs, stop_all, validate};
+pub use driver::{launch, running_jobs, validate};
+
+/// Stops every sweep and every running job of this process (what a notebook interrupt does):
+/// sweeps first, so that none starts a trial after its jobs were stopped. Returns how many
+/// jobs were running.
+pub fn stop_all() -> usize {
+    sweep::stop_sweeps();
+    driver::stop_all()
+}
 
 // What a recipe is, and what a worker gives it.
 pub use worker::device::{Device, OnDeviceOf};

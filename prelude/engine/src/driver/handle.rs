@@ -145,7 +145,7 @@ fn running() -> Vec<JobHandle> {
 }
 
 /// Stops every running job of this process (what a notebook interrupt does first).
-pub fn stop_all() -> usize {
+pub(crate) fn stop_all() -> usize {
     let jobs = running();
     for j in &jobs {
         j.request_stop();

@@ -39,7 +39,8 @@ use handle::{JobHandle, JobState};
 use processes::WorkerCommand;
 use rendezvous::Node;
 
-pub use handle::{running_jobs, stop_all};
+pub use handle::running_jobs;
+pub(crate) use handle::stop_all;
 
 /// Checks what can be checked before any process starts: the spec's own ranges
 /// ([`JobSpec::check`]), recipe and preset names against `recipes`, and that a checkpoint to
@@ -123,6 +124,27 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     Ok(handle)
 }
 
+/// Where a job's run directory goes: its `runs_root`, else `$TRAINBOOK_RUNS`, else
+/// `./trainbook_runs`.
+pub(crate) fn runs_root(spec: &JobSpec) -> PathBuf {
+    spec.runs_root
+        .clone()
+        .or_else(|| std::env::var_os("TRAINBOOK_RUNS").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("trainbook_runs"))
+}
+
+/// The variable that gives a job's workers their devices (see `JobSpec::visible_devices`):
+/// local rank i then uses the i-th listed id, as CUDA and the Gaudi bridge number them.
+fn visible_devices_env(device: DeviceKind, ids: Option<&[usize]>) -> Option<(String, String)> {
+    let var = match device {
+        DeviceKind::Cuda => "CUDA_VISIBLE_DEVICES",
+        DeviceKind::Hpu => "HABANA_VISIBLE_MODULES",
+        DeviceKind::Cpu => return None,
+    };
+    let list: Vec<String> = ids?.iter().map(ToString::to_string).collect();
+    Some((var.into(), list.join(",")))
+}
+
 /// One command per local rank: the program (with its own environment) and the environment
 /// through which a worker receives its place in the job (torch's env:// variables and
 /// trainbook's, [`env`]).
@@ -170,6 +192,10 @@ fn worker_commands(
             if let Some(a) = &node_addr {
                 vars.push((env::NODE_ADDR.into(), a.clone()));
             }
+            vars.extend(visible_devices_env(
+                node.device,
+                spec.visible_devices.as_deref(),
+            ));
             vars.extend(program_env.iter().cloned());
             vars.extend(spec.env.iter().cloned());
             WorkerCommand {
@@ -180,4 +206,24 @@ fn worker_commands(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visible_devices_go_to_the_variable_of_the_device() {
+        let ids = [2, 3];
+        assert_eq!(
+            visible_devices_env(DeviceKind::Cuda, Some(&ids)),
+            Some(("CUDA_VISIBLE_DEVICES".into(), "2,3".into()))
+        );
+        assert_eq!(
+            visible_devices_env(DeviceKind::Hpu, Some(&ids)),
+            Some(("HABANA_VISIBLE_MODULES".into(), "2,3".into()))
+        );
+        assert_eq!(visible_devices_env(DeviceKind::Cpu, Some(&ids)), None);
+        assert_eq!(visible_devices_env(DeviceKind::Cuda, None), None);
+    }
 }

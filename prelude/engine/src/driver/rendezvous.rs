@@ -294,11 +294,7 @@ fn named_run_resume(spec: &JobSpec, run_dir: &Path) -> Result<Option<PathBuf>> {
 /// job's `run_name`, else `<recipe>-<time>-<random>`.
 fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<PathBuf> {
     let name = name.or_else(|| spec.run_name.clone());
-    let root = spec
-        .runs_root
-        .clone()
-        .or_else(|| std::env::var_os("TRAINBOOK_RUNS").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("trainbook_runs"));
+    let root = super::runs_root(spec);
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
     let suffix: u16 = rand::random();
     let dir = root.join(name.unwrap_or_else(|| format!("{}-{stamp}-{suffix:04x}", spec.recipe)));

@@ -470,6 +470,20 @@ pub fn job_spec<T: Task>(task: &T) -> JobSpec {
     spec
 }
 
+/// The fields of a task job's task (its configuration as JSON), for a sweep that sets them by
+/// name; `None` for other jobs, or a task that is not a JSON object.
+pub(crate) fn task_fields(
+    spec: &mut JobSpec,
+) -> Option<&mut serde_json::Map<String, serde_json::Value>> {
+    if spec.recipe != TASK {
+        return None;
+    }
+    spec.options
+        .get_mut(OPTION)?
+        .get_mut("config")?
+        .as_object_mut()
+}
+
 /// The key under which [`job_spec`] leaves its error.
 const ERROR: &str = "task_error";
 
