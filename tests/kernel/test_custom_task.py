@@ -223,3 +223,39 @@ def test_a_task_that_fails_at_the_same_step_is_retried_once_not_three_times(kern
     assert "the same error at step 7" in err, err
     assert "restart 1/3" in err, err
     assert value(kc, "job.result()?.restarts.len()") == "1"
+
+
+def test_a_sweep_over_a_cell_defined_task_sets_its_fields_and_prunes(kernel):
+    km, kc = kernel
+    ok(kc, TASK.replace("VERSION", "3"))
+    # `hidden` is the task's own field, `lr` a training option: both swept by name.
+    ok(
+        kc,
+        "let result = Sweep::new(Trainer::new(Digits { hidden: 32, fail_on: None, panic: false })"
+        f'.workers(1).global_batch_size(32).epochs(2).optimizer(OptimizerKind::Sgd).runs_root("{RUNS}"))'
+        '.grid("hidden", [4, 64]).grid("lr", [0.1, 1e-4]).metric("eval_accuracy", Goal::Max)'
+        ".concurrent(2).scheduler(Asha::default().grace_period(1).reduction_factor(2.0)).fit()?;",
+        timeout=300,
+    )
+    statuses = value(kc, "result.trials.iter().map(|t| t.status.name()).collect::<Vec<_>>()")
+    assert statuses.count('"done"') >= 1 and statuses.count('"pruned"') >= 1, statuses
+    best = value(kc, "result.best_trial()?.params_text()")
+    # A learning rate of 1e-4 barely moves a random network in 2 epochs: the best trains at 0.1.
+    assert "lr=0.1" in best, best
+    config = value(
+        kc,
+        'std::fs::read_to_string(result.best_trial()?.run_dir.as_ref().unwrap().join("config.json"))?',
+    )
+    shown = value(kc, "result.best_trial()?.params[0].1.to_string()").strip('"')
+    assert f'\\"hidden\\":{shown}' in config.replace(" ", ""), config[:2000]
+    acc = float(value(kc, 'result.best()?.metrics["eval_accuracy"]'))
+    assert acc > 0.5, acc
+    assert not [p for p in descendants(kernel_pid(km)) if "worker" in open(f"/proc/{p}/cmdline").read()]
+    # A field the task does not have fails before anything starts, naming the task's fields.
+    reply, msgs = run(
+        kc,
+        "Sweep::new(Trainer::new(Digits { hidden: 32, fail_on: None, panic: false })).grid(\"hiden\", [8]).fit()?;",
+    )
+    assert reply["status"] == "error"
+    err = error_of(msgs)["evalue"]
+    assert "no option 'hiden'. The task's fields: fail_on, hidden, panic" in err, err

@@ -590,6 +590,34 @@ def test_interrupt_stops_workers_and_keeps_variables(kernel):
     assert result_text(msgs) == "42", "a variable defined before the interrupt was lost"
 
 
+def test_interrupt_stops_every_trial_of_a_sweep_and_keeps_variables(kernel):
+    km, kc = kernel
+    run(kc, "let kept = 41;")
+    reply, msgs = run(
+        kc,
+        'let sweep = Sweep::new(JobSpec::new("synthetic").preset("tiny").workers(1)'
+        f'.max_steps(1_000_000).epochs(100_000).runs_root("{RUNS}"))'
+        '.grid("lr", [1e-3, 2e-3, 3e-3]).metric("loss", Goal::Min).concurrent(2).launch()?;',
+    )
+    assert reply["status"] == "ok", (error_of(msgs), stream_text(msgs))
+    msg_id = kc.execute("sweep.wait()?;")
+    # Two trials of one worker each run at once; the third waits for a slot.
+    pids = wait_for_workers(km, n=2)
+    time.sleep(1)
+    assert len(workers_of(km)) == 2, workers_of(km)
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=30)
+    content = reply["content"]
+    assert content["status"] == "error"
+    assert content["ename"] == "Interrupted", content
+    assert wait_until(lambda: not any(alive(p) for p in pids), 5), "trial workers survived"
+    assert not workers_of(km), "a trial started after the interrupt"
+    _, msgs = run(kc, "(kept + 1, sweep.status(), sweep.trial_states().iter().map(|t| t.status.name()).collect::<Vec<_>>())")
+    assert result_text(msgs) == '(42, Stopped, ["stopped", "stopped", "stopped"])', result_text(msgs)
+
+
 def test_interrupt_of_a_busy_loop_restarts_the_process_and_says_so():
     km, kc = start()
     try:

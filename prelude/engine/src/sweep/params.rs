@@ -102,12 +102,12 @@ pub(crate) fn plan(sweep: &SweepSpec, recipes: &Registry) -> Result<Vec<TrialPla
                 if let Place::Recipe = apply(&mut spec, name, value)? {
                     // Checked here, with every option the job has: the recipe's own check
                     // would list only the recipe's.
-                    let names = known.get_or_insert_with(|| option_names(base, recipes));
+                    let names = known.get_or_insert_with(|| recipe_option_names(base, recipes));
                     if !names.contains(name) {
                         bail!(
-                            "sweep parameter {name}={value}: job '{}' has no option '{name}'. Its options: {}",
+                            "sweep parameter {name}={value}: job '{}' has no option '{name}'. {}",
                             base.recipe,
-                            names.join(", ")
+                            option_names(base, recipes)
                         );
                     }
                 }
@@ -121,20 +121,32 @@ pub(crate) fn plan(sweep: &SweepSpec, recipes: &Registry) -> Result<Vec<TrialPla
         .collect()
 }
 
-/// The options a sweep of `spec` can set: the shared training options, the recipe's own, and a
-/// task's fields.
-fn option_names(spec: &JobSpec, recipes: &Registry) -> Vec<String> {
-    let mut names = trainbook_api::options::names::<TrainConfig>();
-    if let Ok(Some(h)) = recipes.resolve(spec) {
-        names.extend(h.recipe_options.keys().cloned());
-    }
+/// The options a sweep of `spec` can set, for an error about one it cannot: the job's own
+/// first (a task's fields, a recipe's options), then the shared training options.
+fn option_names(spec: &JobSpec, recipes: &Registry) -> String {
     let mut spec = spec.clone();
-    if let Some(fields) = crate::worker::task::task_fields(&mut spec) {
-        names.extend(fields.keys().cloned());
+    let (whose, mut own): (&str, Vec<String>) = match crate::worker::task::task_fields(&mut spec) {
+        Some(fields) => ("The task's fields", fields.keys().cloned().collect()),
+        None => ("The recipe's options", recipe_option_names(&spec, recipes)),
+    };
+    own.sort();
+    let training = trainbook_api::options::names::<TrainConfig>().join(", ");
+    if own.is_empty() {
+        format!("The training options: {training}")
+    } else {
+        format!(
+            "{whose}: {}; the training options: {training}",
+            own.join(", ")
+        )
     }
-    names.sort();
-    names.dedup();
-    names
+}
+
+/// The recipe's own options (what the recipe resolved), by name.
+fn recipe_option_names(spec: &JobSpec, recipes: &Registry) -> Vec<String> {
+    match recipes.resolve(spec) {
+        Ok(Some(h)) => h.recipe_options.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn params_text(params: &[(String, ParamValue)]) -> String {
