@@ -33,6 +33,11 @@
 #    (3) alternating rounds
 # o: heartbeats and hang detection on vs off (hang_timeout 0): BERT default preset samples/s,
 #    2 workers x 1 thread, alternating BENCH_ROUNDS (3) times
+# s: hyper-parameter sweep, trainbook vs Ray Tune 2.60 (bench/ray_tune.py): tiny BERT, 1,000 Rotten
+#    Tomatoes rows, max length 64, global batch 8, SGD m0.9, 4 epochs, eval on 256 rows per epoch,
+#    lr on 8 grid points, 2 concurrent trials of 1 worker / 1 CPU, ASHA (max_t 4, grace 1, factor
+#    2) on eval_loss; also trainbook without a scheduler, and one plain 4-epoch run of the same
+#    job at 1 thread (one epoch's time, for the compute floor); BENCH_SWEEP_ROUNDS (3) rounds
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -40,7 +45,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -68,6 +73,42 @@ if has r; then
   done
 fi
 has o && cargo bench -q -p trainbook $features --bench engine -- o | tee -a "$out"
+if has s; then
+  bench/ray-venv.sh
+  cargo build -q --release -p trainbook $features --bins
+  sweep_job=(bert --preset tiny --device cpu --workers 1 --train-rows 1000 --eval-rows 256
+    --max-length 64 --global-batch-size 8 --optimizer sgd --momentum 0.9 --epochs 4
+    --runs-root "$(mktemp -d)")
+  lrs=1e-4,2e-4,5e-4,1e-3,2e-3,5e-3,1e-2,2e-2
+  # One trainbook sweep as a JSON line: wall time (process start to exit), trial-epochs, pruned.
+  tb_sweep() {
+    local t0 t1
+    t0=$(date +%s.%N)
+    target/release/trainbook sweep "${sweep_job[@]}" --grid lr=$lrs --concurrent 2 \
+      --metric eval_loss:min "$@" --json 2>/dev/null | tail -n1 > "$out.sweep"
+    t1=$(date +%s.%N)
+    python3 - "$t0" "$t1" "$*" "$out.sweep" <<'PY'
+import json, sys
+t0, t1, flags, path = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+r = json.load(open(path))
+best = next((t for t in r["trials"] if t["id"] == r["best_trial"]), None)
+print(json.dumps({"bench": "sweep", "impl": "trainbook", "scheduler": "asha" if "--asha" in flags else "none",
+    "wall_seconds": round(t1 - t0, 3), "sweep_seconds": round(r["elapsed_seconds"], 3),
+    "trials": len(r["trials"]), "stopped_early": sum(t["status"] == "pruned" for t in r["trials"]),
+    "trial_epochs": sum(len(t["reports"]) for t in r["trials"]),
+    "best_lr": best and best["params"]["lr"], "best_eval_loss": best and best["last"],
+    "per_trial": [{"lr": t["params"]["lr"], "epochs": len(t["reports"]), "eval_loss": t["last"], "status": t["status"]} for t in r["trials"]]}))
+PY
+  }
+  for round in $(seq "${BENCH_SWEEP_ROUNDS:-3}"); do
+    tb_sweep --asha --grace 1 --reduction-factor 2 | tee -a "$out"
+    .bench-venv/bin/python bench/ray_tune.py --rounds 1 2>/dev/null | tee -a "$out"
+  done
+  tb_sweep | tee -a "$out"
+  target/release/trainbook train "${sweep_job[@]}" --lr 1e-3 --threads 1 --json 2>/dev/null | tail -n1 |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"bench": "sweep_epoch", "epochs": 4, "elapsed_seconds": r["elapsed_seconds"], "epoch_seconds": r["elapsed_seconds"] / 4}))' |
+    tee -a "$out"
+fi
 has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
 
 tb=target/release/trainbook
