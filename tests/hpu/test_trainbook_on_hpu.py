@@ -222,3 +222,40 @@ def test_the_bert_notebook_trains_on_hpu_headless(hpu, tmp_path):
     config = next((tmp_path / "runs").glob("*/config.json")).read_text()
     assert '"precision": "bf16"' in config, config
     assert "succeeded" in text, text[-3000:]
+
+
+def test_a_sweep_gives_concurrent_trials_disjoint_hpus(hpu):
+    """Two trials at a time on a machine of two HPUs: each trial's worker sees its own module
+    through HABANA_VISIBLE_MODULES (read from /proc while they run), never the other's."""
+    env = {**hpu, "TRAINBOOK_STANDIN_HPU_COUNT": "2"}
+    cli = subprocess.Popen(
+        [str(TRAINBOOK), "sweep", "synthetic", "--device", "hpu", "--workers", "1",
+         "--preset", "tiny", "--epochs", "2", "--grid", "lr=0.01,0.02,0.03",
+         "--metric", "loss:min", "--concurrent", "4", "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    seen = []  # for each poll, the modules of the trial workers alive
+    while cli.poll() is None:
+        modules = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"PPid:\t{cli.pid}\n" in status and b"TRAINBOOK_DEVICE=hpu" in environ:
+                vis = [v for v in environ if v.startswith(b"HABANA_VISIBLE_MODULES=")]
+                modules.append(vis[0].split(b"=")[1].decode() if vis else None)
+        if modules:
+            seen.append(sorted(modules, key=str))
+        time.sleep(0.05)
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err[-3000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    assert [t["status"] for t in r["trials"]] == ["done"] * 3, r
+    assert ["0", "1"] in seen, seen  # two trials at once, one module each
+    assert all(len(set(m)) == len(m) and None not in m for m in seen), seen
+    assert all(len(m) <= 2 for m in seen), "more trials than HPUs at once"
+    assert "2 at a time (4 asked; 2 hpu devices, 1 per trial)" in err, err[-2000:]
