@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Runs trainbook's notebooks headless and prepares parameterised copies of them.
 
-    notebook.py params  IN OUT [-p NAME VALUE ...] [-r NAME VALUE ...]   a parameterised copy
-    notebook.py execute IN OUT [-p NAME VALUE ...] [-r NAME VALUE ...] [--html] [--timeout S]
+    notebook.py params  IN OUT [-y YAML ...] [-p NAME VALUE ...] [-r NAME VALUE ...]   a parameterised copy
+    notebook.py execute IN OUT [-y YAML ...] [-p NAME VALUE ...] [-r NAME VALUE ...] [--html] [--timeout S]
     notebook.py check-stripped NOTEBOOK...               fail if a notebook has outputs
 
 Parameters are papermill's, translated by the same translator papermill uses for the trainbook
 kernel (python/trainbook-papermill, installed into .venv by scripts/setup.sh): `-p NAME VALUE`
 reads VALUE as papermill's command line does (True/False, None, an integer, a float, else a
-string), `-r NAME VALUE` passes it as a string, and papermill's own `parameterize_notebook` adds
+string), `-r NAME VALUE` passes it as a string, `-y YAML` passes a mapping of names to values
+(lists and dicts too, e.g. `-y '{"lrs": [0.001, 0.1]}'`), and papermill's own `parameterize_notebook` adds
 the cell tagged `injected-parameters` after the cell tagged `parameters`, e.g.
 `let preset = trainbook::param!(preset = "tiny")?;`, which rebinds the name with the type the
 parameters cell declares. A name the parameters cell does not declare is an error here, before
@@ -25,8 +26,9 @@ import time
 from pathlib import Path
 
 import nbformat
+import yaml
 from papermill.cli import _resolve_type as papermill_value  # how `papermill -p` reads a value
-from papermill.iorw import load_notebook_node
+from papermill.iorw import NoDatesSafeLoader, load_notebook_node
 from papermill.parameterize import parameterize_notebook
 
 try:
@@ -63,9 +65,19 @@ def parametrize(nb, params):
         raise SystemExit(f"error: {e}") from None
 
 
-def parse_params(params, raw_params):
-    """`-p` then `-r` pairs (papermill's order), their values as papermill's command line reads them."""
-    out = {name: papermill_value(value) for name, value in params or []}
+def parse_params(params, raw_params, yaml_params=None):
+    """`-y` mappings, then `-p`, then `-r` pairs (papermill's order), their values as papermill's
+    command line reads them."""
+    out = {}
+    for text in yaml_params or []:
+        try:
+            mapping = yaml.load(text, Loader=NoDatesSafeLoader) or {}
+        except yaml.YAMLError as e:
+            raise SystemExit(f"error: -y {text!r} is not YAML: {e}") from None
+        if not isinstance(mapping, dict):
+            raise SystemExit(f"error: -y {text!r} is not a mapping of parameter names to values")
+        out.update(mapping)
+    out.update((name, papermill_value(value)) for name, value in params or [])
     out.update(raw_params or [])
     return out
 
@@ -102,6 +114,8 @@ def main(argv=None):
                        help="a parameter, its value read as papermill's -p reads it")
         p.add_argument("-r", "--parameters_raw", action="append", nargs=2, metavar=("NAME", "VALUE"),
                        help="a parameter whose value is a string, as papermill's -r")
+        p.add_argument("-y", "--parameters_yaml", action="append", metavar="YAML",
+                       help="parameters as a YAML mapping (lists, dicts), as papermill's -y")
         if name == "execute":
             p.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
             p.add_argument("--html", action="store_true", help="also write an HTML copy beside OUT")
@@ -121,7 +135,7 @@ def main(argv=None):
     if not args.input.is_file():
         raise SystemExit(f"error: no notebook at {args.input}")
     # Read as papermill reads it (papermill's metadata, every cell with a `tags` list).
-    nb = parametrize(load_notebook_node(str(args.input)), parse_params(args.parameters, args.parameters_raw))
+    nb = parametrize(load_notebook_node(str(args.input)), parse_params(args.parameters, args.parameters_raw, args.parameters_yaml))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     if args.cmd == "params":
         nbformat.write(nb, args.output)
