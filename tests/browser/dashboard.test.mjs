@@ -1,6 +1,8 @@
 // Real-browser test of the live dashboard: JupyterLab + the trainbook kernel + headless Chromium.
 // Runs notebooks/bert.ipynb (tiny parameters) with "Run All Cells" and checks from the DOM that
-// the training cell holds exactly one dashboard that redraws in place, then the final view.
+// the training cell holds exactly one dashboard that redraws in place, then the final view; then
+// runs notebooks/sweep.ipynb the same way and checks that the sweep cell holds one view whose
+// trial table changes in place (trials going from pending/running to done/pruned).
 // Entry point: scripts/test-browser.sh (checks prerequisites, installs node_modules).
 // Environment: TRAINBOOK_ARTIFACTS (screenshots, logs; default target/test-artifacts/browser),
 // CHROMIUM (default /usr/bin/chromium), TRAINBOOK_BROWSER_TIMEOUT (seconds, default 900),
@@ -30,6 +32,13 @@ const PARAMS = [['preset', 'tiny'], ['epochs', '3'], ['train_rows', '2000']];
 const EPOCHS = 3;
 // Identifies the training cell by its source.
 const TRAIN_NEEDLE = 'trainer.fit()';
+// The sweep: 8 trials of the tiny BERT (4 learning rates × 2 warm-ups), 2 at a time, ASHA; 512
+// rows make each trial a few seconds, so the table is seen in many states.
+const SWEEP_NOTEBOOK = path.join(ROOT, 'notebooks', 'sweep.ipynb');
+const SWEEP_NB = 'sweep.ipynb';
+const SWEEP_PARAMS = [['preset', 'tiny'], ['train_rows', '512'], ['eval_rows', '128'], ['max_length', '32']];
+const SWEEP_NEEDLE = '.launch()?';
+const SWEEP_TRIALS = 8;
 const SAMPLE_MS = 250;
 
 const t0 = Date.now();
@@ -134,17 +143,18 @@ function markedProcesses() {
 
 // ---- phases --------------------------------------------------------------------------------
 
-function prepareNotebook(dir, runsRoot) {
-  check(fs.existsSync(NOTEBOOK), `${NOTEBOOK} not found`);
-  const out = path.join(dir, NB_NAME);
-  const args = ['scripts/notebook.py', 'params', NOTEBOOK, out];
-  for (const [name, value] of [...PARAMS, ['runs_root', runsRoot]]) args.push('-p', name, value);
+/** A copy of `notebook` named `name` in `dir` with `params` (and the runs root) injected. */
+function prepareNotebook(dir, runsRoot, { notebook = NOTEBOOK, name = NB_NAME, params = PARAMS, needle = TRAIN_NEEDLE } = {}) {
+  check(fs.existsSync(notebook), `${notebook} not found`);
+  const out = path.join(dir, name);
+  const args = ['scripts/notebook.py', 'params', notebook, out];
+  for (const [param, value] of [...params, ['runs_root', runsRoot]]) args.push('-p', param, value);
   const r = spawnSync(path.join(VENV, 'bin', 'python'), args, { cwd: ROOT, encoding: 'utf8', timeout: 60000 });
   check(r.status === 0, `scripts/notebook.py params failed (${r.status ?? r.signal}): ${r.stderr}`);
   const nb = JSON.parse(fs.readFileSync(out, 'utf8'));
   check(nb.metadata?.kernelspec?.name === KERNEL, `notebook's kernelspec is ${JSON.stringify(nb.metadata?.kernelspec)}, expected ${KERNEL}`);
-  const trainCells = nb.cells.filter((c) => c.cell_type === 'code' && [].concat(c.source).join('').includes(TRAIN_NEEDLE));
-  check(trainCells.length === 1, `expected one code cell containing ${TRAIN_NEEDLE}, found ${trainCells.length}`);
+  const trainCells = nb.cells.filter((c) => c.cell_type === 'code' && [].concat(c.source).join('').includes(needle));
+  check(trainCells.length === 1, `expected one code cell containing ${needle}, found ${trainCells.length}`);
   return out;
 }
 
@@ -275,15 +285,57 @@ async function shot(name) {
   log(`screenshot ${file}`);
 }
 
-async function notebookSession() {
+async function notebookSession(name = NB_NAME) {
   const sessions = await api('/api/sessions');
-  return sessions.find((s) => s.path === NB_NAME || s.path?.endsWith(`/${NB_NAME}`));
+  return sessions.find((s) => s.path === name || s.path?.endsWith(`/${name}`));
+}
+
+/** Ctrl+S in the page, then the notebook as the server has it (also written to ARTIFACTS/`artifact`). */
+async function saveNotebook(name, artifact) {
+  const before = (await api(`/api/contents/${name}?content=0`)).last_modified;
+  await page.locator('.jp-NotebookPanel .jp-Notebook').first().click({ position: { x: 5, y: 5 } }).catch(() => {});
+  await page.keyboard.press('Control+s');
+  // Poll metadata only until the save is done (the file's time changed and then held still for
+  // a second), then read the content once: jupyter_server reading a notebook in the middle of its
+  // own atomic save fails and "restores" the backup over it, which lost the file in one run.
+  let seen = null;
+  await waitFor('JupyterLab to save the notebook', 30, async () => {
+    const t = (await api(`/api/contents/${name}?content=0`)).last_modified;
+    const done = t !== before && t === seen;
+    seen = t;
+    return done;
+  }, 1000);
+  const saved = (await api(`/api/contents/${name}?content=1`)).content;
+  fs.writeFileSync(path.join(ARTIFACTS, artifact), JSON.stringify(saved, null, 1));
+  return saved;
+}
+
+/** Opens notebook `name` at `url`, waits for its trainbook kernel to be idle, and clicks
+ *  Run › Run All Cells. */
+async function openAndRunAll(name, url) {
+  await page.goto(url, { timeout: 60000 });
+  await page.locator('.jp-NotebookPanel .jp-Notebook .jp-Cell').first().waitFor({ timeout: 90000 });
+
+  // The notebook's metadata names the kernel, so JupyterLab starts it without asking.
+  const session = await waitFor(`the trainbook kernel of ${name} to be idle`, 180, async () => {
+    const s = await notebookSession(name);
+    return s?.kernel && s.kernel.execution_state === 'idle' && s;
+  });
+  check(session.kernel.name === KERNEL, `${name} runs kernel "${session.kernel.name}", expected "${KERNEL}"`);
+  await waitFor('the kernel to show as idle in the page', 60, async () => (await snapshot()).kernelStatus === 'idle');
+  log(`${name}: kernel ${session.kernel.name} ${session.kernel.id} idle`);
+
+  // Run All from the menu, as a user would.
+  await page.locator('#jp-MainMenu .lm-MenuBar-item', { hasText: /^Run$/ }).click();
+  await page.locator('.lm-Menu .lm-Menu-item', { hasText: /^Run All Cells/ }).click();
+  log(`${name}: Run > Run All Cells`);
 }
 
 async function run() {
   fs.mkdirSync(ARTIFACTS, { recursive: true });
   // Stale artifacts from an earlier run would mislead.
-  for (const f of ['training.png', 'final.png', 'failure.png', 'samples.json', 'bert.executed.ipynb', 'jupyterlab.log']) {
+  for (const f of ['training.png', 'final.png', 'failure.png', 'samples.json', 'bert.executed.ipynb', 'jupyterlab.log',
+    'sweep-running.png', 'sweep-final.png', 'sweep-samples.json', 'sweep.executed.ipynb']) {
     fs.rmSync(path.join(ARTIFACTS, f), { force: true });
   }
   tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'trainbook-browser-'));
@@ -306,22 +358,7 @@ async function run() {
   page.setDefaultTimeout(30000);
   page.on('pageerror', (e) => log(`page error: ${e.message}`));
 
-  await page.goto(`${base}/lab/tree/${NB_NAME}?token=${token}`, { timeout: 60000 });
-  await page.locator('.jp-NotebookPanel .jp-Notebook .jp-Cell').first().waitFor({ timeout: 90000 });
-
-  // The notebook's metadata names the kernel, so JupyterLab starts it without asking.
-  const session = await waitFor('the trainbook kernel to be idle', 180, async () => {
-    const s = await notebookSession();
-    return s?.kernel && s.kernel.execution_state === 'idle' && s;
-  });
-  check(session.kernel.name === KERNEL, `the notebook runs kernel "${session.kernel.name}", expected "${KERNEL}"`);
-  await waitFor('the kernel to show as idle in the page', 60, async () => (await snapshot()).kernelStatus === 'idle');
-  log(`kernel ${session.kernel.name} ${session.kernel.id} idle`);
-
-  // Run All from the menu, as a user would.
-  await page.locator('#jp-MainMenu .lm-MenuBar-item', { hasText: /^Run$/ }).click();
-  await page.locator('.lm-Menu .lm-Menu-item', { hasText: /^Run All Cells/ }).click();
-  log('Run > Run All Cells');
+  await openAndRunAll(NB_NAME, `${base}/lab/tree/${NB_NAME}?token=${token}`);
 
   const samples = [];
   let training = null; // samples while the dashboard says "running"
@@ -400,21 +437,7 @@ async function run() {
   await shot('final.png');
 
   // ---- the notebook model as saved by JupyterLab: no error outputs, one display in the training cell ----
-  const before = (await api(`/api/contents/${NB_NAME}?content=0`)).last_modified;
-  await page.locator('.jp-NotebookPanel .jp-Notebook').first().click({ position: { x: 5, y: 5 } }).catch(() => {});
-  await page.keyboard.press('Control+s');
-  // Poll metadata only until the save is done (the file's time changed and then held still for
-  // a second), then read the content once: jupyter_server reading a notebook in the middle of its
-  // own atomic save fails and "restores" the backup over it, which lost the file in one run.
-  let seen = null;
-  await waitFor('JupyterLab to save the notebook', 30, async () => {
-    const t = (await api(`/api/contents/${NB_NAME}?content=0`)).last_modified;
-    const done = t !== before && t === seen;
-    seen = t;
-    return done;
-  }, 1000);
-  const saved = (await api(`/api/contents/${NB_NAME}?content=1`)).content;
-  fs.writeFileSync(path.join(ARTIFACTS, 'bert.executed.ipynb'), JSON.stringify(saved, null, 1));
+  const saved = await saveNotebook(NB_NAME, 'bert.executed.ipynb');
   const code = saved.cells.filter((c) => c.cell_type === 'code');
   const bad = code.flatMap((c) => c.outputs.filter((o) => o.output_type === 'error' || (o.output_type === 'stream' && o.name === 'stderr')));
   check(bad.length === 0, `saved notebook has error outputs: ${JSON.stringify(bad).slice(0, 2000)}`);
@@ -425,6 +448,199 @@ async function run() {
   check(html.includes('trainbook-dashboard') && html.includes('succeeded'), 'saved training output is not the finished dashboard');
   log(`saved notebook: ${code.length} code cells, no error outputs, training cell = 1 display_data (final dashboard)`);
   log(`processes under the server during training: ${processesSeen.map((p) => p.comm).join(', ')}`);
+
+  await runSweep(nbdir, runsRoot);
+}
+
+/** The sweep view, read from the DOM in one task: the sweep cell's outputs (the first one marked
+ *  on first sight, so that a replaced element shows), the view's summary, best line, footer, plot
+ *  and every trial row's status; and the dashboard of the cell that shows one trial. */
+function sweepSnapshotInPage(needle) {
+  const hash = (s) => {
+    let h = 5381;
+    for (let i = 0; i < s.length; i++) h = ((h * 33) ^ s.charCodeAt(i)) >>> 0;
+    return h.toString(16);
+  };
+  const panels = document.querySelectorAll('.jp-NotebookPanel');
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell.jp-CodeCell')].map((c, index) => {
+    const area = c.querySelector('.jp-OutputArea');
+    return {
+      index,
+      node: c,
+      area,
+      source: c.querySelector('.jp-InputArea-editor')?.textContent ?? '',
+      prompt: (c.querySelector('.jp-InputArea-prompt')?.textContent ?? '').trim(),
+      outputs: area ? area.querySelectorAll(':scope > .jp-OutputArea-child').length : 0,
+      errors: c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').length,
+      text: area ? area.innerText.slice(0, 3000) : '',
+    };
+  });
+  const launch = cells.find((c) => c.source.includes(needle));
+  let mark = null;
+  let view = null;
+  if (launch?.area) {
+    const first = launch.area.querySelector(':scope > .jp-OutputArea-child');
+    if (first) {
+      first.dataset.trainbookTestMark ??= Math.random().toString(36).slice(2);
+      mark = first.dataset.trainbookTestMark;
+    }
+    const roots = launch.node.querySelectorAll('.trainbook-sweep');
+    const v = roots[0];
+    if (v) {
+      const table = v.querySelector('table.trainbook-sweep-table');
+      const heads = table ? [...table.querySelectorAll('thead th')].map((th) => th.textContent.trim()) : [];
+      const col = heads.indexOf('status');
+      const rows = table ? [...table.querySelectorAll('tbody tr')].map((tr) => {
+        const first = tr.children[0]?.textContent ?? '';
+        return {
+          id: Number(/(\d+)\s*$/.exec(first)?.[1] ?? NaN),
+          starred: first.includes('★'),
+          lr: tr.children[1]?.textContent.trim() ?? '',
+          // "✓ done": the status without its symbol.
+          status: (tr.children[col]?.textContent ?? '').trim().replace(/^\S+\s+/, ''),
+        };
+      }) : [];
+      const lines = [...v.children].filter((e) => e.tagName === 'DIV').map((e) => e.textContent.trim());
+      const svg = v.querySelector('.trainbook-plot svg');
+      view = {
+        count: roots.length,
+        title: lines[0] ?? '',
+        summary: v.querySelector('.trainbook-sweep-summary')?.textContent.trim() ?? '',
+        best: lines.find((l) => l.startsWith('★ best: '))?.replace(/^★\s*/, '') ?? null,
+        footer: lines.find((l) => / · results in /.test(l)) ?? null,
+        statusColumn: col,
+        rows,
+        plot: svg ? hash(svg.innerHTML) : null,
+        foldedLogs: v.querySelector('details .trainbook-logs') !== null,
+        text: v.innerText,
+      };
+    }
+  }
+  const shown = cells.find((c) => c.source.includes('sweep.trial('));
+  const dashboards = shown ? shown.node.querySelectorAll('.trainbook-dashboard') : [];
+  return {
+    panels: panels.length,
+    cells: cells.map(({ node, area, ...rest }) => ({ ...rest, source: rest.source.slice(0, 80) })),
+    launch: launch ? { index: launch.index, prompt: launch.prompt, outputs: launch.outputs } : null,
+    mark,
+    view,
+    trial: dashboards.length
+      ? { count: dashboards.length, status: dashboards[0].querySelector('.trainbook-progress span')?.textContent ?? '', text: dashboards[0].innerText.slice(0, 2000) }
+      : null,
+    kernelStatus: document.querySelector('.jp-Notebook-ExecutionIndicator')?.getAttribute('data-status') ?? null,
+  };
+}
+
+/** notebooks/sweep.ipynb in a page of its own: one view in the sweep cell whose trial table
+ *  changes in place until every trial is done or pruned. */
+async function runSweep(nbdir, runsRoot) {
+  // The BERT notebook's kernel is done: shut it down so that the sweep's trials have the cores.
+  const old = await notebookSession(NB_NAME);
+  if (old) await api(`/api/sessions/${old.id}`, { method: 'DELETE', timeoutMs: 30000 });
+  prepareNotebook(nbdir, runsRoot, { notebook: SWEEP_NOTEBOOK, name: SWEEP_NB, params: SWEEP_PARAMS, needle: SWEEP_NEEDLE });
+  log(`notebook ${path.join(nbdir, SWEEP_NB)} with ${SWEEP_PARAMS.map(([name, value]) => `${name}=${value}`).join(' ')}`);
+  // A new page in a workspace of its own, so that only this notebook is open (the default
+  // workspace would reopen bert.ipynb and start its kernel again).
+  await page.close();
+  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.setDefaultTimeout(30000);
+  page.on('pageerror', (e) => log(`page error: ${e.message}`));
+  await openAndRunAll(SWEEP_NB, `${base}/lab/workspaces/sweep/tree/${SWEEP_NB}?token=${token}`);
+
+  const snap = () => page.evaluate(sweepSnapshotInPage, SWEEP_NEEDLE);
+  const samples = [];
+  const running = []; // samples while the sweep had not finished
+  const history = new Map(); // trial -> the statuses it was seen in, in order
+  let first = null;
+  let shotTaken = false;
+  const end = Date.now() + 600 * 1000;
+  let s;
+  for (;;) {
+    s = await snap();
+    s.t = Number(since());
+    const v = s.view;
+    samples.push({ t: s.t, prompt: s.launch?.prompt, outputs: s.launch?.outputs, views: v?.count ?? 0, mark: s.mark, summary: v?.summary, statuses: v?.rows.map((r) => `${r.id}:${r.status}`).join(' '), plot: v?.plot });
+    check(s.panels === 1, `${s.panels} notebooks open, expected only ${SWEEP_NB}`, s);
+    const errored = s.cells.filter((c) => c.errors > 0);
+    check(errored.length === 0, `error output in cell ${errored[0]?.index}: ${errored[0]?.text}`, s);
+    if (v) {
+      if (first === null) {
+        first = s;
+        log(`sweep view appeared: ${v.summary}`);
+        await page.locator('.trainbook-sweep').first().scrollIntoViewIfNeeded().catch(() => {});
+      }
+      // In place: one output from the view's first appearance on, the same element throughout.
+      check(s.launch.outputs === 1 && v.count === 1, `the sweep cell has ${s.launch.outputs} outputs and ${v.count} sweep views at ${s.t}s, expected 1 and 1`, s);
+      check(s.mark === first.mark, `the sweep cell's output element was replaced at ${s.t}s (an update should redraw it in place)`, s);
+      check(v.statusColumn > 0 && v.rows.length === SWEEP_TRIALS, `the sweep table has ${v.rows.length} rows (status column ${v.statusColumn}), expected ${SWEEP_TRIALS}`, s);
+      const bad = v.rows.find((r) => r.status === 'failed' || r.status === 'stopped');
+      check(!bad, `trial ${bad?.id} ${bad?.status}: ${v.text}`, s);
+      for (const r of v.rows) {
+        const h = history.get(r.id) ?? [];
+        if (h.at(-1) !== r.status) h.push(r.status);
+        history.set(r.id, h);
+      }
+      if (!v.summary.includes('finished after')) {
+        running.push(s);
+        const finished = v.rows.filter((r) => r.status === 'done' || r.status === 'pruned').length;
+        if (!shotTaken && finished > 0 && v.rows.some((r) => r.status === 'running')) {
+          shotTaken = true;
+          await shot('sweep-running.png');
+        }
+      }
+    } else if (first !== null) {
+      check(false, `the sweep view disappeared from its cell at ${s.t}s`, s);
+    }
+    const allRan = s.cells.length > 0 && s.cells.every((c) => /^\[\d+\]:$/.test(c.prompt));
+    if (allRan && v?.footer?.startsWith('succeeded') && s.trial && s.kernelStatus === 'idle') {
+      const sess = await notebookSession(SWEEP_NB);
+      if (sess?.kernel?.execution_state === 'idle') break;
+    }
+    if (allRan && !v) check(false, 'every cell ran but the sweep cell shows no sweep view', s);
+    if (Date.now() > end) check(false, 'timed out after 600 s waiting for the sweep notebook to finish', s);
+    await sleep(SAMPLE_MS);
+  }
+  writeJson(path.join(ARTIFACTS, 'sweep-samples.json'), samples);
+  log(`sweep notebook: all ${s.cells.length} code cells ran; ${samples.length} samples, ${running.length} while the sweep ran`);
+
+  // ---- the table changed in place while the sweep ran ----
+  const summaries = new Set(running.map((x) => x.view.summary.replace(/ · elapsed .*/, '')));
+  check(running.length >= 4 && summaries.size >= 3, `the sweep was seen running in ${running.length} samples with ${summaries.size} distinct summaries (want >= 4 and >= 3)`, samples);
+  const moved = [...history].filter(([, h]) => h.some((x) => x === 'pending' || x === 'running') && ['done', 'pruned'].includes(h.at(-1)));
+  check(moved.length >= 2, `fewer than 2 trials were seen going from pending/running to done/pruned: ${JSON.stringify([...history])}`, samples);
+  const story = moved.map(([id, h]) => `trial ${id}: ${h.join(' → ')}`);
+  log(`in place, one output throughout: ${story.slice(0, 3).join('; ')}${story.length > 3 ? `; ... (${story.length} trials)` : ''}`);
+  log(`summaries while running: ${[...summaries].join(' | ')}`);
+  check(shotTaken, 'no screenshot of the sweep with a finished and a running trial');
+
+  // ---- the final view ----
+  const v = s.view;
+  check(/^\d+ done · \d+ pruned · finished after /.test(v.summary), `final summary: ${v.summary}`, s);
+  check(v.rows.every((r) => r.status === 'done' || r.status === 'pruned'), `final statuses: ${v.rows.map((r) => r.status).join(', ')}`, s);
+  for (const r of v.rows.filter((r) => r.lr === '1')) check(r.status === 'pruned', `trial ${r.id} (lr=1, diverging) is ${r.status}, expected pruned`, s);
+  const best = /^best: trial (\d+) \(lr=\S+, warmup_ratio=\S+\) eval_loss \d\.\d{4}$/.exec(v.best ?? '');
+  check(best, `the final view names no best trial: ${v.best}`, s);
+  const starred = v.rows.filter((r) => r.starred);
+  check(starred.length === 1 && starred[0].id === Number(best[1]) && starred[0].status === 'done', `starred rows ${JSON.stringify(starred)}, best line ${v.best}`, s);
+  check(v.footer?.startsWith(`succeeded · results in ${runsRoot}`), `final footer: ${v.footer}`, s);
+  check(v.plot && v.plot !== first.view.plot, 'the final view has no plot, or the first one', s);
+  check(v.foldedLogs, 'a sweep without failed trials should fold its worker logs into <details>', s);
+  check(s.trial?.count === 1 && s.trial.status.includes('succeeded'), `the trial's own dashboard: ${JSON.stringify(s.trial)}`, s);
+  log(`final sweep view: ${v.summary}; ${v.best}; ${v.footer}`);
+  await page.locator('.trainbook-sweep').first().scrollIntoViewIfNeeded().catch(() => {});
+  await shot('sweep-final.png');
+
+  // ---- as saved: no error outputs, one display in the sweep cell, the finished view ----
+  const saved = await saveNotebook(SWEEP_NB, 'sweep.executed.ipynb');
+  const code = saved.cells.filter((c) => c.cell_type === 'code');
+  const bad = code.flatMap((c) => c.outputs.filter((o) => o.output_type === 'error' || (o.output_type === 'stream' && o.name === 'stderr')));
+  check(bad.length === 0, `saved sweep notebook has error outputs: ${JSON.stringify(bad).slice(0, 2000)}`);
+  check(code.every((c) => Number.isInteger(c.execution_count)), 'saved sweep notebook has code cells that did not run');
+  const cell = code.find((c) => [].concat(c.source).join('').includes(SWEEP_NEEDLE));
+  check(cell.outputs.length === 1 && cell.outputs[0].output_type === 'display_data', `saved sweep cell outputs: ${cell.outputs.map((o) => o.output_type).join(', ')}`);
+  const html = [].concat(cell.outputs[0].data['text/html']).join('');
+  check(html.includes('trainbook-sweep') && html.includes('succeeded · results in'), 'saved sweep output is not the finished view');
+  log(`saved sweep notebook: ${code.length} code cells, no error outputs, sweep cell = 1 display_data (final view)`);
 }
 
 // ---- cleanup: kernels through the API, then the server, then anything left with our marker ----

@@ -212,3 +212,92 @@ def test_pretrain_notebook_trains_a_tokenizer_pretrains_and_fine_tunes(tmp_path)
     compared = text_of(cell_with(nb, "fn acc("))
     accs = [float(a) for a in re.findall(r": +(0\.\d{4})$", compared, re.M)]
     assert len(accs) == 2 and all(0.3 < a < 1.0 for a in accs), compared
+
+
+def test_sweep_notebook_prunes_with_asha_and_predicts_with_the_best_trial(tmp_path):
+    """notebooks/sweep.ipynb with the tiny BERT: 8 trials (4 learning rates × 2 warm-ups drawn at
+    random), 2 at a time, ASHA. The launch cell holds one view that ends with every trial done or
+    pruned (the diverging lr=1 trials pruned at their first report), the best trial starred and
+    where the results are; then the trials table, the best trial's checkpoint predicting, and one
+    trial's own dashboard."""
+    path = ROOT / "notebooks" / "sweep.ipynb"
+    assert notebook_tool("check-stripped", str(path)).returncode == 0
+    source = nbformat.read(path, as_version=4)
+    nbformat.validate(source)
+    assert source.metadata["kernelspec"]["name"] == "trainbook"
+    tagged = [c for c in source.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and 'let preset: &str = "default";' in tagged[0].source
+
+    params = [("preset", "tiny"), ("train_rows", "128"), ("eval_rows", "64"), ("max_length", "32")]
+    proc, nb = execute("sweep", tmp_path, params)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert errors(nb) == []
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1))
+    runs = tmp_path / "runs"
+
+    # The plan: the grid's 4 learning rates twice, a warm-up drawn in [0, 0.2) for each trial.
+    plan = re.findall(r"^trial (\d+): lr=(\S+), warmup_ratio=(\S+)$", text_of(cell_with(nb, "search.plan()?")), re.M)
+    assert [int(t) for t, _, _ in plan] == list(range(1, 9)), plan
+    assert [lr for _, lr, _ in plan] == ["0.001", "0.01", "0.1", "1"] * 2, plan
+    assert all(0.0 <= float(w) < 0.2 for _, _, w in plan), plan
+
+    # One view in the launch cell, in its final state: nothing pending or running.
+    launch = cell_with(nb, ".launch()?")
+    views = [o for o in launch.outputs if o.output_type == "display_data"]
+    assert len(views) == 1 and len(launch.outputs) == 1, [o.output_type for o in launch.outputs]
+    text, html = views[0].data["text/plain"], views[0].data["text/html"]
+    lines = text.splitlines()
+    assert lines[0] == "sweep · bert · 8 trials · 2 at a time · ASHA (grace 1, factor 2) on eval_loss (min)", text
+    summary = re.fullmatch(r"(\d+) done · (\d+) pruned · finished after .+", lines[1])
+    assert summary and int(summary.group(1)) + int(summary.group(2)) == 8, text
+    # The table: columns two or more spaces apart (a time reads "1m 05s", a note is a sentence).
+    header = lines.index(next(l for l in lines if l.startswith("trial ")))
+    columns = re.split(r" {2,}", lines[header].strip())
+    assert columns[:8] == ["trial", "lr", "warmup_ratio", "status", "step", "latest eval_loss", "best eval_loss", "time"], text
+    rows = [dict(zip(columns, re.split(r" {2,}", l.strip()))) for l in lines[header + 1 : header + 9]]
+    assert [r["trial"].lstrip("★ ") for r in rows] == [str(i) for i in range(1, 9)], text
+    assert [r["lr"] for r in rows] == ["0.001", "0.01", "0.1", "1"] * 2, text
+    assert {r["status"] for r in rows} == {"done", "pruned"}, text
+    for r in rows[3], rows[7]:  # lr=1 diverges within its first epoch: pruned at report 1
+        assert r["status"] == "pruned" and float(r["latest eval_loss"]) > 1.0, r
+        assert r["step"].endswith("/24") and int(r["step"].split("/")[0]) < 16, r
+        assert re.match(r"eval_loss \S+ at report 1 is outside the best 1/2 of \d trials at rung 1 \(cutoff 0\.\d+\)$", r["note"]), r
+    for r in rows:
+        if r["status"] == "done":
+            assert r["step"] == "24/24" and "note" not in r, r  # 3 epochs of 8 steps
+    # The best trial: starred, done, named with its parameters.
+    best = re.search(r"^best: trial (\d+) \(lr=(\S+), warmup_ratio=(\S+)\) eval_loss (\d\.\d{4})$", text, re.M)
+    assert best, text
+    best_id = int(best.group(1))
+    assert rows[best_id - 1]["trial"] == f"★ {best_id}" and rows[best_id - 1]["status"] == "done", text
+    assert text.count("★") == 1
+    assert re.search(rf"^succeeded · results in {re.escape(str(runs))}/sweep-bert-\S+$", text, re.M), text
+    assert 'class="trainbook-sweep-table"' in html and "<svg" in html and html.count("<tr") == 9
+    assert "× pruned" in html and "✓ done" in html and "● running" not in html and "○ pending" not in html
+
+    # The trials table: one row per trial, every column.
+    trials = cell_with(nb, "result.trials()")
+    assert re.search(r"^Succeeded after \d+ s; results in ", text_of(trials), re.M), text_of(trials)
+    table = [o for o in trials.outputs if o.output_type == "execute_result"]
+    assert len(table) == 1 and "text/html" in table[0].data, trials.outputs
+    t = table[0].data["text/plain"]
+    assert t.startswith("shape: (8, 11)"), t
+    for column in ("trial", "lr", "warmup_ratio", "status", "eval_loss", "best_eval_loss", "reports", "steps", "run_dir", "note"):
+        assert column in t.splitlines()[1], t
+
+    # The best trial's checkpoint predicts, without the workers.
+    predicted = text_of(cell_with(nb, "TextClassifier::load("))
+    assert f"best: trial {best_id} (lr={best.group(2)}, warmup_ratio={best.group(3)})" in predicted, predicted
+    assert re.search(r"^at its end: eval_loss \d\.\d{4}, eval_accuracy [01]\.\d{3}$", predicted, re.M), predicted
+    assert re.search(rf"^loaded {re.escape(str(runs))}/sweep-bert-\S+/trial-{best_id}/checkpoints/epoch-\d$", predicted, re.M), predicted
+    labels = re.findall(r"^(fresh|rotten) \(\d\.\d{3}\)  \S", predicted, re.M)
+    assert len(labels) == 2, predicted
+
+    # That trial's own dashboard, finished.
+    shown = cell_with(nb, "sweep.trial(best_id)?.show()?")
+    dashboards = [o for o in shown.outputs if o.output_type == "display_data"]
+    assert len(dashboards) == 1, [o.output_type for o in shown.outputs]
+    d = dashboards[0].data["text/plain"]
+    assert "succeeded" in d and "epoch 3/3 · step 24/24" in d, d
+    assert re.search(rf"^run directory: \S+/trial-{best_id}$", d, re.M), d
