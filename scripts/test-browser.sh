@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-browser test of the live dashboard: JupyterLab from .venv, the trainbook kernel, headless
+# Real-browser test of the live dashboard and the sweep view: JupyterLab from .venv, the trainbook kernel, headless
 # Debian Chromium driven by playwright-core (tests/browser/README.md). Checks what it needs and
 # says how to get it, installs the pinned node packages only when missing or stale, then runs
 # tests/browser/dashboard.test.mjs. Artifacts: $TRAINBOOK_ARTIFACTS (default
@@ -37,6 +37,7 @@ spec=.venv/share/jupyter/kernels/trainbook/kernel.json
 kernel=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["argv"][0])' "$spec")
 [ -x "$kernel" ] || fail "the kernelspec's $kernel is missing: run make build"
 [ -f notebooks/bert.ipynb ] || fail "notebooks/bert.ipynb not found"
+[ -f notebooks/sweep.ipynb ] || fail "notebooks/sweep.ipynb not found"
 [ -n "${TRAINBOOK_DATA:-}" ] || [ -f .data/datasets/rotten_tomatoes/reviews.csv ] ||
     fail "the notebook's data is missing (.data/datasets/rotten_tomatoes): run scripts/setup.sh"
 

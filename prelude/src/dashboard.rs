@@ -38,8 +38,14 @@ impl JobDashboard {
             (n, 0) => (world, format!(" ({n} nodes)")),
             (n, k) => (spec.workers, format!(" (node {k} of {n})")),
         };
+        // A named run (a sweep's trial-3, a resumable run) says its name.
+        let name = spec
+            .run_name
+            .as_ref()
+            .map(|n| format!(" · {n}"))
+            .unwrap_or_default();
         let title = format!(
-            "{} · {shown} worker{}{nodes} on {} · job {}",
+            "{} · {shown} worker{}{nodes} on {} · job {}{name}",
             spec.recipe,
             if shown == 1 { "" } else { "s" },
             job.device().name(),

@@ -204,7 +204,9 @@ def injected(path):
 
 
 def test_notebook_py_injects_the_cell_papermill_injects(tmp_path):
-    args = ["-p", "preset", "tiny", "-p", "epochs", "2", "-p", "train_rows", "None", "-r", "runs_root", "0.5"]
+    # -y first, then -p and -r over it (papermill's order): -p's preset and epochs win.
+    args = ["-y", '{"preset": "default", "epochs": 5}', "-p", "preset", "tiny", "-p", "epochs", "2",
+            "-p", "train_rows", "None", "-r", "runs_root", "0.5"]
     ours = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "notebook.py"), "params", str(BERT), str(tmp_path / "a.ipynb"), *args],
         capture_output=True, text=True, timeout=120,

@@ -266,7 +266,12 @@ impl SweepView {
     /// `best: trial 3 (lr=0.001, batch=32) eval_loss 0.5120`.
     pub fn best_line(&self) -> Option<String> {
         let t = self.best_trial()?;
-        let value = t.best_value(self.minimize).or(t.latest)?;
+        // A finished trial is ranked by its last value (what `best()` uses); a running one by
+        // its best so far.
+        let value = match t.state {
+            TrialState::Done => t.latest.or(t.best_value(self.minimize))?,
+            _ => t.best_value(self.minimize).or(t.latest)?,
+        };
         let params: Vec<String> = self
             .params
             .iter()
@@ -691,7 +696,7 @@ pub fn sweep_svg(view: &SweepView, width: u32, height: u32) -> String {
 }
 
 /// What the plot's caption says: which line is the best, what the markers mean.
-fn caption(view: &SweepView, lines: &[Line]) -> String {
+fn caption(view: &SweepView, lines: &[Line], (y0, y1): (f64, f64)) -> String {
     let mut parts = vec![format!(
         "{} per trial ({} is better)",
         view.metric,
@@ -706,6 +711,14 @@ fn caption(view: &SweepView, lines: &[Line]) -> String {
     }
     if drawn(TrialState::Running) {
         parts.push("● running".into());
+    }
+    let off: Vec<String> = lines
+        .iter()
+        .filter(|l| l.points.iter().any(|p| !(y0..=y1).contains(&p.1)))
+        .map(|l| format!("#{}", view.trials[l.index].id))
+        .collect();
+    if !off.is_empty() {
+        parts.push(format!("off the scale: {}", off.join(", ")));
     }
     let faint = lines.iter().filter(|l| !l.labelled).count();
     if faint > 0 {
@@ -736,7 +749,7 @@ fn draw(out: &mut String, view: &SweepView, width: u32, height: u32) -> Result<(
     let mut chart = ChartBuilder::on(&root)
         .margin(8)
         .margin_right(40)
-        .caption(caption(view, &lines), ("sans-serif", 12))
+        .caption(caption(view, &lines, (y0, y1)), ("sans-serif", 12))
         .x_label_area_size(34)
         .y_label_area_size(58)
         .build_cartesian_2d(0u64..x1, y0..y1)?;
@@ -815,9 +828,19 @@ fn draw(out: &mut String, view: &SweepView, width: u32, height: u32) -> Result<(
     let mut placed: Vec<(i32, i32, i32, i32)> = Vec::new();
     for l in lines.iter().rev().filter(|l| l.labelled) {
         let t = &view.trials[l.index];
-        let label = format!("#{}", t.id);
-        let last = *l.points.last().expect("lines have points");
-        let (px, py) = chart.backend_coord(&last);
+        let (lx, ly) = *l.points.last().expect("lines have points");
+        let off = !(y0..=y1).contains(&ly);
+        // A line that ends off the scale says where it went: "#4 ↑255".
+        let label = match off {
+            true => format!(
+                "#{} {}{}",
+                t.id,
+                if ly > y1 { "↑" } else { "↓" },
+                format_metric(ly)
+            ),
+            false => format!("#{}", t.id),
+        };
+        let (px, py) = chart.backend_coord(&(lx, ly.clamp(y0, y1)));
         let (w, h) = (6 * label.chars().count() as i32 + 4, LABEL_HEIGHT);
         let x = px + 6;
         let free = |y: i32| {

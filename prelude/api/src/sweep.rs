@@ -819,18 +819,24 @@ pub fn trials_table(trials: &[Trial], metric: &str, goal: Goal) -> Table {
             trials.iter().map(|t| Some(t.reports.len() as u64)),
         ),
         Column::uint("steps", trials.iter().map(|t| Some(t.step))),
-        Column::float("time", trials.iter().map(|t| Some(t.elapsed))),
-        Column::str(
-            "run_dir",
+        // Seconds, to the tenth: the table is read, the trials' results hold the exact times.
+        Column::float(
+            "time",
             trials
                 .iter()
-                .map(|t| t.run_dir.as_ref().map(|p| p.display().to_string())),
+                .map(|t| Some((t.elapsed * 10.0).round() / 10.0)),
         ),
         Column::str(
             "note",
             trials
                 .iter()
                 .map(|t| t.error.clone().or_else(|| t.note.clone())),
+        ),
+        Column::str(
+            "run_dir",
+            trials
+                .iter()
+                .map(|t| t.run_dir.as_ref().map(|p| p.display().to_string())),
         ),
     ]);
     Table::from_columns(columns).expect("trial columns have one value per trial")
@@ -1105,8 +1111,8 @@ mod tests {
                 "reports",
                 "steps",
                 "time",
-                "run_dir",
-                "note"
+                "note",
+                "run_dir"
             ]
         );
         assert_eq!(t.column("eval_loss").unwrap().f64s()[2], Some(0.55));
