@@ -5,4 +5,4 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/docker tests/kernel tests/notebooks tests/hpu tests/slurm "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/docker tests/kernel tests/notebooks tests/hpu tests/slurm tests/tracking "$@"

@@ -195,6 +195,9 @@ pub struct TrainArgs {
     /// restarts. 0: off.
     #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::spec::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
     pub hang_timeout: u64,
+    /// Do not write TensorBoard event files into the run directory.
+    #[arg(long)]
+    pub no_tensorboard: bool,
     /// Show every worker line instead of merging repeats across workers.
     #[arg(long)]
     pub no_dedup: bool,
@@ -426,6 +429,7 @@ impl TrainArgs {
         spec.max_failures = self.max_failures;
         spec.hang_timeout_secs = self.hang_timeout;
         spec.dedup.enabled = !self.no_dedup;
+        spec.tensorboard = !self.no_tensorboard;
         if !(self.dedup_window.is_finite() && self.dedup_window >= 0.0) {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");
         }

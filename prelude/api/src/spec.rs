@@ -265,6 +265,10 @@ fn one() -> usize {
     1
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// Seconds without progress before a worker counts as hung, by default: well under the
 /// collective timeout (300 s), well over any step of the recipes' presets.
 pub const DEFAULT_HANG_TIMEOUT_SECS: u64 = 60;
@@ -352,6 +356,9 @@ pub struct JobSpec {
     /// Whether a job continues its named run's newest checkpoint.
     #[serde(default)]
     pub resume: Resume,
+    /// Write TensorBoard event files into the run directory (default on).
+    #[serde(default = "yes")]
+    pub tensorboard: bool,
     #[serde(skip)]
     pub dedup: DedupConfig,
     /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
@@ -455,6 +462,12 @@ pub trait Configure: Sized {
         self.job_spec().resume = r;
         self
     }
+    /// Write TensorBoard event files into the run directory (default on): `tensorboard
+    /// --logdir trainbook_runs` shows the run's metrics, its options and its restarts.
+    fn tensorboard(mut self, on: bool) -> Self {
+        self.job_spec().tensorboard = on;
+        self
+    }
     /// Merge identical log lines across workers (default on).
     fn dedup(mut self, enabled: bool) -> Self {
         self.job_spec().dedup.enabled = enabled;
@@ -511,6 +524,7 @@ impl JobSpec {
             hang_timeout_secs: DEFAULT_HANG_TIMEOUT_SECS,
             run_name: None,
             resume: Resume::Never,
+            tensorboard: true,
             dedup: DedupConfig::default(),
             view: Default::default(),
         }

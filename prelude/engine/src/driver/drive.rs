@@ -22,6 +22,7 @@ use super::metrics;
 use super::processes::{Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use super::rendezvous::{self, StartInfo};
 use super::supervise::{self, Decision, Hangs, Hung, Policy, Signature};
+use super::tensorboard::TensorBoard;
 use crate::shared::checkpoint::{self, RunStatus, TrainerState};
 use crate::shared::env;
 use crate::shared::events::{Collector, Emitter, Event};
@@ -78,6 +79,8 @@ pub(super) struct Driver<'a> {
     dedup: Deduplicator,
     log_files: Vec<Option<File>>,
     dllog: Option<DlLog>,
+    /// TensorBoard's event file (node 0; `JobSpec::tensorboard`).
+    tensorboard: Option<TensorBoard>,
     /// On nodes other than 0: node 0's event stream, which gets this node's worker output and
     /// failures (their events go there directly).
     forward: Option<Emitter>,
@@ -168,6 +171,9 @@ impl Driver<'_> {
             } => {
                 if let (0, Some(log)) = (rank, &mut self.dllog) {
                     log.metric(epoch, step, &name, value, elapsed);
+                }
+                if let (0, Some(tb)) = (rank, &mut self.tensorboard) {
+                    tb.scalar(&name, step, value);
                 }
                 let row = MetricRow {
                     rank: rank as u32,
@@ -414,6 +420,15 @@ impl<'a> Driver<'a> {
             dedup: Deduplicator::new(job.spec.dedup),
             log_files,
             dllog: (!joined).then(|| DlLog::create(&job.run_dir, dllog_parameters(job))),
+            tensorboard: (!joined && job.spec.tensorboard).then(|| {
+                let mut tb = TensorBoard::create(&job.run_dir);
+                let options =
+                    serde_json::to_string_pretty(&dllog_parameters(job)).unwrap_or_default();
+                // Indented: markdown's code block, which TensorBoard's Text tab shows as is.
+                let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
+                tb.text("options", 0, &text);
+                tb
+            }),
             forward,
             remote_exits: Vec::new(),
             joined,
@@ -452,6 +467,9 @@ impl<'a> Driver<'a> {
 
     /// Takes in what arrives within `wait`, then whatever else is already queued.
     fn receive(&mut self, rx: &mpsc::Receiver<Incoming>, wait: Duration) {
+        if let Some(tb) = &mut self.tensorboard {
+            tb.tick();
+        }
         if let Ok(m) = rx.recv_timeout(wait) {
             self.incoming(m);
             while let Ok(m) = rx.try_recv() {
@@ -755,6 +773,9 @@ impl<'a> Driver<'a> {
                 if let Some(log) = &mut self.dllog {
                     log.restart(resumed_step, &restart.reason, restart.time);
                 }
+                if let Some(tb) = &mut self.tensorboard {
+                    tb.text("restarts", resumed_step, &restart.to_string());
+                }
                 job.lock().restarts.push(restart.clone());
                 self.job.publish(Update::Restart(restart));
                 let several = job.spec.nodes > 1;
@@ -1052,6 +1073,7 @@ mod tests {
             dedup: Deduplicator::new(job.spec.dedup),
             log_files: Vec::new(),
             dllog: None,
+            tensorboard: None,
             forward: None,
             remote_exits: Vec::new(),
             joined: false,

@@ -20,6 +20,7 @@ pub(crate) mod placement;
 pub(crate) mod processes;
 mod rendezvous;
 mod supervise;
+mod tensorboard;
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
