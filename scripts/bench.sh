@@ -38,6 +38,8 @@
 #    lr on 8 grid points, 2 concurrent trials of 1 worker / 1 CPU, ASHA (max_t 4, grace 1, factor
 #    2) on eval_loss; also trainbook without a scheduler, and one plain 4-epoch run of the same
 #    job at 1 thread (one epoch's time, for the compute floor); BENCH_SWEEP_ROUNDS (3) rounds
+# v: TensorBoard event files on vs off (--no-tensorboard): BERT default preset samples/s, 2
+#    workers x 1 thread, 1,000 rows, alternating BENCH_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -45,7 +47,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -73,6 +75,18 @@ if has r; then
   done
 fi
 has o && cargo bench -q -p trainbook $features --bench engine -- o | tee -a "$out"
+if has v; then
+  cargo build -q --release -p trainbook $features --bins
+  for round in $(seq "${BENCH_ROUNDS:-3}"); do
+    for tb in on off; do
+      flag=$([ $tb = off ] && echo --no-tensorboard || true)
+      target/release/trainbook train bert --device cpu --workers 2 --threads 1 --epochs 1 \
+        --train-rows 1000 --eval-rows 0 --runs-root "$(mktemp -d)" $flag --json 2>/dev/null | tail -n1 |
+        python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'bench': 'tensorboard', 'tensorboard': '$tb', 'round': $round, 'samples_per_second': r['samples_per_second'], 'elapsed_seconds': r['elapsed_seconds']}))" |
+        tee -a "$out"
+    done
+  done
+fi
 if has s; then
   bench/ray-venv.sh
   cargo build -q --release -p trainbook $features --bins
