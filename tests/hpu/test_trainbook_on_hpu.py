@@ -111,6 +111,20 @@ def test_bf16_autocast_on_hpu(hpu):
     assert s["status"] == "succeeded" and s["steps"] == 8, s
 
 
+def hpu_workers_of(parent):
+    """(pid, environment entries) of the HPU workers `parent` started, read from /proc."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PPid:\t{parent}\n" in status and b"TRAINBOOK_DEVICE=hpu" in environ:
+            yield int(pid), environ
+
+
 def test_killing_an_hpu_worker_fails_the_job_naming_its_rank(hpu):
     cli = subprocess.Popen(
         [str(TRAINBOOK), "train", "synthetic", "--device", "hpu", "--workers", "2",
@@ -121,17 +135,9 @@ def test_killing_an_hpu_worker_fails_the_job_naming_its_rank(hpu):
         victim = None
         deadline = time.time() + 120
         while victim is None and time.time() < deadline:
-            for pid in os.listdir("/proc"):
-                if not pid.isdigit():
-                    continue
-                try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if f"PPid:\t{cli.pid}\n" in status and b"RANK=1" in environ \
-                        and b"TRAINBOOK_DEVICE=hpu" in environ:
-                    victim = int(pid)
+            for pid, environ in hpu_workers_of(cli.pid):
+                if b"RANK=1" in environ:
+                    victim = pid
             time.sleep(0.2)
         assert victim is not None, "no rank-1 worker appeared"
         time.sleep(4)  # past the bridge import and into training
@@ -237,17 +243,9 @@ def test_a_sweep_gives_concurrent_trials_disjoint_hpus(hpu):
     seen = []  # for each poll, the modules of the trial workers alive
     while cli.poll() is None:
         modules = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"PPid:\t{cli.pid}\n" in status and b"TRAINBOOK_DEVICE=hpu" in environ:
-                vis = [v for v in environ if v.startswith(b"HABANA_VISIBLE_MODULES=")]
-                modules.append(vis[0].split(b"=")[1].decode() if vis else None)
+        for _, environ in hpu_workers_of(cli.pid):
+            vis = [v for v in environ if v.startswith(b"HABANA_VISIBLE_MODULES=")]
+            modules.append(vis[0].split(b"=")[1].decode() if vis else None)
         if modules:
             seen.append(sorted(modules, key=str))
         time.sleep(0.05)
