@@ -15,6 +15,11 @@ all reviews tokenized with special tokens, concatenated and cut into --max-lengt
 (the reference's group_texts), masked per batch by DataCollatorForLanguageModeling (0.15),
 AdamW (lr --lr, weight_decay 0.01).
 
+--device cuda (NCCL instead of gloo, one GPU per rank) with --precision bf16 (autocast, as
+trainbook's) is the GPU baseline of bench/cuda/device.sh; --fused-adamw uses PyTorch's fused
+AdamW kernel instead of its default (foreach) one. CUDA runs also report the peak of
+torch.cuda.max_memory_allocated.
+
 Rank 0 times the whole loop (barrier first; all --steps, the first included) and the steps
 after --warmup, and prints one JSON line on stdout (final_loss: last step's loss averaged over
 ranks); logs and warnings go to stderr.
@@ -47,7 +52,8 @@ def parse_args():
                    help="torch.set_num_threads per worker (default cpu_count // workers, >= 1)")
     p.add_argument("--model-dir", default=os.path.join(REPO, ".data/models/all-MiniLM-L6-v2"))
     p.add_argument("--data", default=os.path.join(REPO, ".data/datasets/rotten_tomatoes/reviews.csv"),
-                   help="CSV with columns text,label (label names mapped to ids in sorted order)")
+                   help="CSV with columns text,label (label names mapped to ids in sorted order); "
+                        "mlm also takes a .txt file, a text per line")
     p.add_argument("--max-length", type=int, default=64, help="tokens per sample (default 64)")
     p.add_argument("--global-batch-size", type=int, default=32, help="samples per step, all workers")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps (default 30)")
@@ -57,6 +63,10 @@ def parse_args():
     p.add_argument("--layers", type=int, default=4, help="mlm: transformer layers (default 4)")
     p.add_argument("--hidden", type=int, default=256, help="mlm: hidden size (default 256)")
     p.add_argument("--heads", type=int, default=4, help="mlm: attention heads (default 4)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo) or cuda (NCCL, GPU r for rank r)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast")
+    p.add_argument("--fused-adamw", action="store_true", help="torch.optim.AdamW(fused=True)")
     a = p.parse_args()
     if a.threads is None:
         a.threads = max(1, (os.cpu_count() or 1) // max(1, a.workers))
@@ -71,6 +81,10 @@ def parse_args():
 
 
 def load_reviews(path):
+    if path.endswith(".txt"):  # a text per line, as trainbook's bert-mlm reads .txt corpora
+        with open(path, encoding="utf-8") as f:
+            texts = [line.strip() for line in f if line.strip()]
+        return texts, [0] * len(texts)
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     ids = {name: i for i, name in enumerate(sorted({r["label"] for r in rows}))}  # fresh=0, rotten=1
@@ -84,10 +98,14 @@ def worker(rank, a, port):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(a.threads)
+    cuda = a.device == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
     if rank != 0:
         transformers.logging.set_verbosity_error()  # one copy of the load report is enough
         transformers.logging.disable_progress_bar()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
     W = a.workers
 
     # Tokenize everything up front: the clock must see training only.
@@ -112,8 +130,11 @@ def worker(rank, a, port):
         model = transformers.BertForSequenceClassification.from_pretrained(a.model_dir, num_labels=2)
         weight_decay = 0.0
     model.train()  # dropout 0.1 from config.json
-    model = DDP(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=weight_decay)
+    model = DDP(model.to(dev), device_ids=[rank] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=weight_decay,
+                            **({"fused": True} if a.fused_adamw else {}))
+    autocast = lambda: torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16")
+    put = lambda t: t.to(dev, non_blocking=True)
 
     # Seeded permutation, identical on all ranks; a fresh one per epoch if steps outrun the data.
     gen = torch.Generator().manual_seed(SEED)
@@ -128,9 +149,12 @@ def worker(rank, a, port):
         assert len(idx) == per
         if a.task == "mlm":
             batch = collate([{"input_ids": row} for row in ids[idx]])
-            out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+            with autocast():
+                out = model(input_ids=put(batch["input_ids"]), labels=put(batch["labels"]))
         else:
-            out = model(input_ids=ids[idx], attention_mask=mask[idx], token_type_ids=types[idx], labels=labels[idx])
+            with autocast():
+                out = model(input_ids=put(ids[idx]), attention_mask=put(mask[idx]),
+                            token_type_ids=put(types[idx]), labels=put(labels[idx]))
         opt.zero_grad()
         out.loss.backward()  # DDP allreduces gradients here
         opt.step()
@@ -140,8 +164,9 @@ def worker(rank, a, port):
     t1 = time.perf_counter()
 
     # Report the last step's loss averaged over ranks (each rank saw a different shard).
-    last = torch.tensor([loss], dtype=torch.float64)
+    last = torch.tensor([loss], dtype=torch.float64, device=dev)
     dist.all_reduce(last)
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else None
     dist.destroy_process_group()
     if rank == 0:
         timed = a.steps - a.warmup
@@ -152,6 +177,10 @@ def worker(rank, a, port):
             "samples_per_second": round(G * a.steps / (t1 - t0), 3),
             "samples_per_second_after_warmup": round(G * timed / (t1 - t_warm), 3) if timed > 0 else None,
             "final_loss": round(last.item() / W, 6),
+            "device": a.device, "precision": a.precision,
+            "optimizer": "adamw (fused)" if a.fused_adamw else "adamw (torch default)",
+            "cuda_max_memory_allocated": peak,
+            "gpu": torch.cuda.get_device_name(dev) if cuda else None,
             "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
         }), flush=True)
 

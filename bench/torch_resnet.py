@@ -15,6 +15,10 @@ too). --num-workers-loader 0 (the default) decodes in the training process itsel
 fair setting on a 2-core machine: extra loader processes would only compete with the training
 threads for the same cores. Raise it on bigger machines to overlap loading with compute.
 
+--arch resnet50 --image-size 224 --device cuda (NCCL, one GPU per rank, pinned host memory)
+--precision bf16 (autocast, as trainbook's) is the GPU baseline of bench/cuda/device.sh; raise
+--num-workers-loader there so decoding keeps up with the GPU.
+
 Rank 0 times the whole loop (barrier first; all --steps, the first included, loading included)
 and the steps after --warmup, and prints one JSON line on stdout (final_loss: last step's loss
 averaged over ranks); logs and warnings go to stderr. If --data is left at its default and that
@@ -57,6 +61,10 @@ def parse_args():
     p.add_argument("--num-workers-loader", type=int, default=0,
                    help="DataLoader worker processes per rank (default 0: decode in the training "
                         "process, the fair choice on a 2-core machine)")
+    p.add_argument("--arch", choices=("resnet18", "resnet34", "resnet50"), default="resnet18")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo) or cuda (NCCL, GPU r for rank r)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast")
     a = p.parse_args()
     if a.threads is None:
         a.threads = max(1, (os.cpu_count() or 1) // max(1, a.workers))
@@ -97,7 +105,11 @@ def worker(rank, a, port):
     from torchvision import transforms as T
 
     torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
+    cuda = a.device == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=a.workers)
     W = a.workers
     G, per = a.global_batch_size, a.global_batch_size // W
 
@@ -112,14 +124,15 @@ def worker(rank, a, port):
         raise SystemExit(f"torch_resnet.py: {a.data} has {len(data.classes)} class folders, expected {NUM_CLASSES}")
     sampler = DistributedSampler(data, num_replicas=W, rank=rank, shuffle=True, seed=SEED, drop_last=True)
     loader = DataLoader(data, batch_size=per, sampler=sampler, drop_last=True,
-                        num_workers=a.num_workers_loader, persistent_workers=a.num_workers_loader > 0)
+                        num_workers=a.num_workers_loader, persistent_workers=a.num_workers_loader > 0,
+                        pin_memory=cuda)
     if len(loader) == 0:
         raise SystemExit(f"torch_resnet.py: {len(data)} images is too few for {W} x {per} per step")
 
     torch.manual_seed(SEED)  # same init on every rank (DDP also broadcasts rank 0's)
-    model = torchvision.models.resnet18(weights=None, num_classes=NUM_CLASSES)
+    model = getattr(torchvision.models, a.arch)(weights=None, num_classes=NUM_CLASSES)
     model.train()
-    model = DDP(model)
+    model = DDP(model.to(dev), device_ids=[rank] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     loss_fn = torch.nn.CrossEntropyLoss()
     torch.manual_seed(SEED + rank)  # augmentation randomness differs per rank
@@ -131,8 +144,10 @@ def worker(rank, a, port):
     while step < a.steps:
         sampler.set_epoch(epoch)  # fresh shuffle each epoch, identical across ranks
         for images, targets in loader:
-            out = model(images)
-            loss_t = loss_fn(out, targets)
+            images, targets = images.to(dev, non_blocking=True), targets.to(dev, non_blocking=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                out = model(images)
+                loss_t = loss_fn(out, targets)
             opt.zero_grad()
             loss_t.backward()  # DDP allreduces gradients here
             opt.step()
@@ -146,8 +161,9 @@ def worker(rank, a, port):
     t1 = time.perf_counter()
 
     # Report the last step's loss averaged over ranks (each rank saw a different shard).
-    last = torch.tensor([loss], dtype=torch.float64)
+    last = torch.tensor([loss], dtype=torch.float64, device=dev)
     dist.all_reduce(last)
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else None
     dist.destroy_process_group()
     if rank == 0:
         timed = a.steps - a.warmup
@@ -158,6 +174,9 @@ def worker(rank, a, port):
             "samples_per_second": round(G * a.steps / (t1 - t0), 3),
             "samples_per_second_after_warmup": round(G * timed / (t1 - t_warm), 3) if timed > 0 else None,
             "final_loss": round(last.item() / W, 6),
+            "arch": a.arch, "device": a.device, "precision": a.precision,
+            "cuda_max_memory_allocated": peak,
+            "gpu": torch.cuda.get_device_name(dev) if cuda else None,
             "torch": torch.__version__.split("+")[0], "torchvision": torchvision.__version__.split("+")[0],
         }), flush=True)
 

@@ -626,18 +626,31 @@ mod tests {
         assert!((0..=12).all(|i| poly.at(i) == linear.at(i)));
     }
 
+    /// Where the optimizer tests run: the CPU, or with `TRAINBOOK_TEST_DEVICE=cuda` the first
+    /// GPU, so that the fused CUDA kernels are checked against libtorch's on a GPU machine
+    /// (bench/cuda/device.sh runs them there).
+    fn test_device() -> tch::Device {
+        match std::env::var("TRAINBOOK_TEST_DEVICE").as_deref() {
+            Ok("cuda") => tch::Device::Cuda(0),
+            _ => tch::Device::Cpu,
+        }
+    }
+
     /// A linear layer with fixed weights (tests run in parallel threads and share torch's
     /// global RNG, so seeding is not enough).
     fn fixed_linear() -> (tch::nn::VarStore, tch::nn::Linear) {
-        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let vs = tch::nn::VarStore::new(test_device());
         let mut lin = tch::nn::linear(vs.root(), 3, 2, Default::default());
         tch::no_grad(|| {
-            lin.ws
-                .copy_(&Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6]).view([2, 3]));
+            lin.ws.copy_(
+                &Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6])
+                    .view([2, 3])
+                    .to_device(test_device()),
+            );
             lin.bs
                 .as_mut()
                 .unwrap()
-                .copy_(&Tensor::from_slice(&[0.05f32, -0.05]));
+                .copy_(&Tensor::from_slice(&[0.05f32, -0.05]).to_device(test_device()));
         });
         (vs, lin)
     }
@@ -662,7 +675,9 @@ mod tests {
                 },
                 params,
             );
-            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
+            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0])
+                .view([2, 3])
+                .to_device(test_device());
             for _ in 0..5 {
                 opt.zero_grad();
                 lin.forward(&x).square().sum(Kind::Float).backward();
@@ -673,7 +688,9 @@ mod tests {
         let run_tch = || {
             let (vs, lin) = fixed_linear();
             let mut opt = tch_opt(&vs);
-            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
+            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0])
+                .view([2, 3])
+                .to_device(test_device());
             for _ in 0..5 {
                 opt.zero_grad();
                 lin.forward(&x).square().sum(Kind::Float).backward();
@@ -739,7 +756,9 @@ mod tests {
                 },
                 vs.variables().into_iter().collect(),
             );
-            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0]).view([2, 3]);
+            let x = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 0.3, 0.1, -1.0])
+                .view([2, 3])
+                .to_device(test_device());
             for _ in 0..5 {
                 opt.zero_grad();
                 lin.forward(&x).square().sum(Kind::Float).backward();
@@ -747,8 +766,8 @@ mod tests {
             }
             let want = &fixture[kind.to_string()];
             let got = [
-                Vec::<f32>::try_from(lin.ws.flatten(0, -1)).unwrap(),
-                Vec::<f32>::try_from(lin.bs.as_ref().unwrap()).unwrap(),
+                Vec::<f32>::try_from(lin.ws.flatten(0, -1).to_device(tch::Device::Cpu)).unwrap(),
+                Vec::<f32>::try_from(lin.bs.as_ref().unwrap().to_device(tch::Device::Cpu)).unwrap(),
             ];
             for (got, key) in got.iter().zip(["weight", "bias"]) {
                 let want: Vec<f64> = serde_json::from_value(want[key].clone()).unwrap();

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# trainbook's CUDA checks and benchmarks, in one run on a GPU machine (packed by
+# bench/cuda/pack.sh into .gpu/pack.tar.xz; the machine's python3 must hold the same torch):
+#   bash bench/cuda/device.sh [checks|bench|all]     (default all; results in $OUT or ./cuda-out)
+#
+# checks: NCCL collectives (`trainbook check`), the optimizer unit tests on the GPU (the fused
+#   CUDA AdamW/SGD kernels against libtorch's own optimizers), 1 worker on CUDA against 1 worker
+#   on the CPU step for step (fp32, dropout 0), ZeRO-1 against plain data parallelism on CUDA,
+#   a bf16 run, and a CUDA checkpoint resumed on the CPU.
+# bench: training throughput, trainbook against PyTorch eager (bench/torch_bert.py,
+#   bench/torch_resnet.py) on the same GPU, one after the other: BERT-base masked-LM from
+#   scratch at 128 tokens and ResNet-50 at 224 px, both bf16; samples/s after warm-up, the ratio,
+#   MFU, and each side's peak GPU memory. bench/cuda/summary.py writes summary.md.
+# One GPU holds one NCCL rank (NCCL refuses two ranks on one device), so every run has 1 worker.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+what=${1:-all}
+final=${OUT:-$root/cuda-out}
+work=/tmp/trainbook-cuda
+out=$work/results      # every result file; $final gets device.log, summary.md and results.tgz
+rm -rf "$work" && mkdir -p "$out" "$final"
+log=$final/device.log
+exec > >(tee -a "$log") 2>&1
+say() { printf '\n=== %s (%ss)\n' "$*" "$SECONDS"; }
+py=${PYTHON:-python3}
+
+say "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+
+say "bf16 matrix product, 8192^3 (the GPU's measured ceiling)"
+"$py" - <<'PY' | tee "$out/matmul.txt"
+import torch
+a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+for _ in range(3): a @ b
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(10): a @ b
+e.record(); torch.cuda.synchronize()
+print(f"{2 * 8192**3 * 10 / (s.elapsed_time(e) / 1e3) / 1e12:.0f} TFLOP/s")
+PY
+
+say "unpack"
+tar -C "$work" -xJf .gpu/pack.tar.xz || exit 1
+want=$(cat "$work/torch-version")
+have=$("$py" -c 'import torch; print(torch.__version__.split("+")[0])')
+[ "$want" = "$have" ] || { echo "error: packed for torch $want, this machine has $have: bench/cuda/pack.sh $have"; exit 1; }
+LIBTORCH=$(cat "$work/libtorch-path") TRAINBOOK_TORCH_PYTHON=$(command -v "$py") TRAINBOOK_CUDA=1 \
+  TRAINBOOK_HPU=0 scripts/libtorch-layout.sh || exit 1
+export PATH=$work/bin:$PATH TRAINBOOK_DATA=$work/data TRAINBOOK_RUNS=$work/runs
+tb=$work/bin/trainbook
+run() { # name, timeout, command...: the command's stdout's last line goes to $out/NAME.json
+  local name=$1 limit=$2; shift 2
+  say "$name: $*"
+  timeout "$limit" "$@" > "$work/$name.stdout"
+  local rc=$?
+  tail -n1 "$work/$name.stdout" > "$out/$name.json"
+  echo "[$name] exit $rc"
+  echo "$name $rc" >> "$out/exits.txt"
+  return $rc
+}
+: > "$out/exits.txt"
+tiny=(train synthetic --preset tiny --workers 1 --dropout 0 --seed 7 --max-steps 20 --json --log-level warn)
+
+if [ "$what" != bench ]; then
+  run check1 60 "$tb" check --device cuda --workers 1
+  # Two ranks on one GPU: NCCL's answer, recorded (expected: a clear error, not a hang).
+  run check2 60 "$tb" check --device cuda --workers 2
+  say "optimizer unit tests on the GPU"
+  TRAINBOOK_TEST_DEVICE=cuda timeout 120 "$work/bin/engine-unit-tests" --test-threads=1 \
+    optim::tests 2>&1 | tail -n 15
+  echo "unit $?" >> "$out/exits.txt"
+  run cpu_fp32 120 "$tb" "${tiny[@]}" --device cpu --threads 8
+  run cuda_fp32 120 "$tb" "${tiny[@]}" --device cuda
+  run cuda_zero1 120 "$tb" "${tiny[@]}" --device cuda --zero 1 --optimizer adamw
+  run cuda_zero0 120 "$tb" "${tiny[@]}" --device cuda --zero 0 --optimizer adamw
+  run cuda_bf16 120 "$tb" "${tiny[@]}" --device cuda --precision bf16 --max-steps 60
+  ckpt=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["last_checkpoint"] or "")' "$out/cuda_fp32.json" 2>/dev/null)
+  run resume_on_cpu 120 "$tb" train synthetic --preset tiny --workers 1 --dropout 0 --seed 7 \
+    --max-steps 30 --json --log-level warn --device cpu --threads 8 --resume-from "$ckpt"
+  for r in cpu_fp32 cuda_fp32 cuda_zero0 cuda_zero1 cuda_bf16; do
+    d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
+      && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
+  done
+fi
+
+if [ "$what" != checks ]; then
+  B=${BERT_BATCH:-256} R=${RESNET_BATCH:-256}
+  bert=(--workers 1 --max-length 128 --global-batch-size "$B")
+  run tb_bert 300 "$tb" train bert-mlm "${bert[@]}" --device cuda --precision bf16 --layers 12 \
+    --hidden-size 768 --heads 12 --max-steps "${BERT_STEPS:-80}" --optimizer adamw --lr 5e-5 \
+    --weight-decay 0.01 --schedule constant --eval-rows 0 --json --log-level warn
+  run torch_bert 300 "$py" bench/torch_bert.py --task mlm "${bert[@]}" --device cuda --precision bf16 \
+    --layers 12 --hidden 768 --heads 12 --steps "${BERT_STEPS:-80}" --warmup 20 \
+    --data "$TRAINBOOK_DATA/datasets/brown/brown.txt" --model-dir "$TRAINBOOK_DATA/models/all-MiniLM-L6-v2"
+  run tb_resnet 300 "$tb" train resnet --workers 1 --device cuda --precision bf16 --arch resnet50 \
+    --image-size 224 --global-batch-size "$R" --max-steps "${RESNET_STEPS:-60}" --optimizer adamw \
+    --lr 1e-3 --weight-decay 0 --schedule constant --loader-threads 12 --eval-rows 0 --json --log-level warn
+  run torch_resnet 300 "$py" bench/torch_resnet.py --workers 1 --device cuda --precision bf16 \
+    --arch resnet50 --image-size 224 --global-batch-size "$R" --steps "${RESNET_STEPS:-60}" \
+    --warmup 20 --num-workers-loader 12 --data "$TRAINBOOK_DATA/datasets/digits/train"
+  for r in tb_bert tb_resnet; do
+    d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
+      && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
+  done
+fi
+
+say "summary"
+"$py" bench/cuda/summary.py "$out" | tee "$final/summary.md"
+tar -C "$work" -czf "$final/results.tgz" results
+cat "$out/exits.txt"

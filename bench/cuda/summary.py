@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Reads the results directory bench/cuda/device.sh fills and prints a markdown summary: the
+checks (pass/fail with the numbers behind them) and the throughput table (samples/s after
+warm-up, trainbook / PyTorch, MFU, peak GPU memory).
+
+  python3 bench/cuda/summary.py RESULTS_DIR
+
+trainbook's samples/s come from its metrics.parquet: the per-step loss events' times after
+WARMUP steps, the same warm-up PyTorch's scripts leave out. MFU counts the model's FLOPs
+(3x the forward's matrix products: BERT's layers, attention and the masked-LM head over the
+predicted positions only; ResNet-50's 4.09 GMAC forward at 224 px) against the dense bf16 peak
+of an H100/H200 SXM, 989.4 TFLOP/s, and against the matrix product measured on the machine.
+"""
+import json
+import math
+import os
+import sys
+
+import pyarrow.parquet as pq
+
+WARMUP = 20
+PEAK_BF16 = 989.4e12
+
+
+def load(res, name):
+    try:
+        with open(os.path.join(res, name + ".json")) as f:
+            return json.loads(f.read().strip() or "null")
+    except (OSError, ValueError):
+        return None
+
+
+def losses(res, name):
+    path = os.path.join(res, name + ".parquet")
+    if not os.path.exists(path):
+        return {}
+    t = pq.read_table(path).to_pylist()
+    return {r["step"]: (r["value"], r["time"]) for r in t if r["name"] == "loss" and r["rank"] == 0}
+
+
+def steady_rate(res, name, batch):
+    steps = losses(res, name)
+    if len(steps) <= WARMUP + 1:
+        return None
+    ks = sorted(steps)
+    a, b = ks[WARMUP - 1], ks[-1]
+    return batch * (b - a) / (steps[b][1] - steps[a][1])
+
+
+def bert_flops_per_sequence(layers=12, hidden=768, seq=128, vocab=30522, predicted=0.15):
+    per_layer = 24 * seq * hidden**2 + 4 * seq**2 * hidden
+    head = predicted * seq * (2 * hidden**2 + 2 * hidden * vocab)
+    return 3 * (layers * per_layer + head)
+
+
+RESNET50_FLOPS_PER_IMAGE = 3 * 2 * 4.09e9
+
+
+def main():
+    res = sys.argv[1]
+    exits = {}
+    if os.path.exists(os.path.join(res, "exits.txt")):
+        for line in open(os.path.join(res, "exits.txt")):
+            k, _, v = line.strip().partition(" ")
+            exits[k] = v
+    measured = None
+    if os.path.exists(os.path.join(res, "matmul.txt")):
+        try:
+            measured = float(open(os.path.join(res, "matmul.txt")).read().split()[0]) * 1e12
+        except (ValueError, IndexError):
+            pass
+    print("## Checks\n")
+    print("| check | result | detail |")
+    print("| --- | --- | --- |")
+
+    def row(name, ok, detail):
+        print(f"| {name} | {'pass' if ok else 'FAIL'} | {detail} |")
+
+    for k in ("check1", "check2"):
+        j = load(res, k)
+        if k in exits:
+            row(f"trainbook check, {k[-1]} worker(s)", exits[k] == "0", f"exit {exits[k]}" + (f": {json.dumps(j)[:200]}" if j else ""))
+    if "unit" in exits:
+        row("optimizer unit tests on the GPU (fused CUDA AdamW/SGD vs libtorch, LAMB/LANS vs PyTorch, 1e-6)", exits["unit"] == "0", f"exit {exits['unit']}")
+    cpu, cuda = losses(res, "cpu_fp32"), losses(res, "cuda_fp32")
+    if cpu and cuda:
+        common = sorted(set(cpu) & set(cuda))
+        diff = max(abs(cpu[s][0] - cuda[s][0]) / max(abs(cpu[s][0]), 1e-12) for s in common)
+        jc, jg = load(res, "cpu_fp32") or {}, load(res, "cuda_fp32") or {}
+        pd = abs(jc.get("param_l2", math.nan) - jg.get("param_l2", math.nan)) / max(abs(jc.get("param_l2", 1.0)), 1e-12)
+        row("1 worker CUDA vs CPU, fp32, dropout 0, 20 steps", diff <= 1e-4 and pd <= 1e-4,
+            f"{len(common)} steps, max relative loss difference {diff:.2e}, parameter L2 {pd:.2e}")
+    z0, z1 = losses(res, "cuda_zero0"), losses(res, "cuda_zero1")
+    if z0 and z1:
+        common = sorted(set(z0) & set(z1))
+        diff = max(abs(z0[s][0] - z1[s][0]) for s in common)
+        j0, j1 = load(res, "cuda_zero0") or {}, load(res, "cuda_zero1") or {}
+        pd = abs(j0.get("param_sum", math.nan) - j1.get("param_sum", math.nan))
+        row("ZeRO-1 vs plain, AdamW, CUDA (1 rank: the NCCL reduce-scatter/all-gather path)", diff <= 1e-5 and pd <= 1e-3,
+            f"max loss difference {diff:.2e}, parameter-sum difference {pd:.2e}")
+    bf = losses(res, "cuda_bf16")
+    if bf:
+        ks = sorted(bf)
+        vals = [bf[k][0] for k in ks]
+        ok = all(math.isfinite(v) for v in vals)
+        row("bf16 autocast on CUDA, 60 steps", ok, f"loss {vals[0]:.4f} -> {vals[-1]:.4f}")
+    r = load(res, "resume_on_cpu")
+    if r is not None or "resume_on_cpu" in exits:
+        row("a CUDA checkpoint resumed on the CPU", exits.get("resume_on_cpu") == "0" and (r or {}).get("status") == "succeeded",
+            f"exit {exits.get('resume_on_cpu')}, steps {(r or {}).get('steps')}")
+
+    print("\n## Throughput (1 worker, one GPU, bf16)\n")
+    print("| model | batch | trainbook samples/s | PyTorch samples/s | ratio | trainbook MFU | PyTorch MFU | trainbook peak GiB | PyTorch peak GiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    gib = lambda b: f"{b / 2**30:.1f}" if b else "-"
+    for model, tb, pt, flops in (("BERT-base MLM, 128 tokens", "tb_bert", "torch_bert", bert_flops_per_sequence()),
+                                 ("ResNet-50, 224 px", "tb_resnet", "torch_resnet", RESNET50_FLOPS_PER_IMAGE)):
+        jt, jp = load(res, tb), load(res, pt)
+        if not jt and not jp:
+            continue
+        batch = (jp or {}).get("global_batch_size") or 0
+        rt = steady_rate(res, tb, batch) if batch else None
+        rp = (jp or {}).get("samples_per_second_after_warmup")
+        mem_t = ((jt or {}).get("memory") or [{}])[0].get("peak")
+        mem_p = (jp or {}).get("cuda_max_memory_allocated")
+        mfu = lambda r: f"{r * flops / PEAK_BF16:.1%}" + (f" ({r * flops / measured:.1%} of measured)" if measured else "") if r else "-"
+        ratio = f"{rt / rp:.2f}" if rt and rp else "-"
+        print(f"| {model} | {batch} | {rt or 0:.0f} | {rp or 0:.0f} | {ratio} | {mfu(rt)} | {mfu(rp)} | {gib(mem_t)} | {gib(mem_p)} |")
+    if measured:
+        print(f"\nMeasured bf16 matrix product (8192^3): {measured / 1e12:.0f} TFLOP/s; datasheet peak {PEAK_BF16 / 1e12:.0f}.")
+
+
+if __name__ == "__main__":
+    main()
