@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import api_pb2 as hp_api
+from tensorboard.plugins.hparams import metadata as hp_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINBOOK = ROOT / "target" / "release" / "trainbook"
@@ -94,3 +96,69 @@ def test_a_live_reader_sees_the_steps_grow_and_no_tensorboard_writes_none():
         cli.communicate(timeout=60)
     r = train("synthetic", "--preset", "tiny", "--workers", "1", "--max-steps", "5", "--no-tensorboard")
     assert not list(Path(r["run_dir"]).glob("*tfevents*"))
+
+
+def test_a_sweeps_trials_compare_in_tensorboards_hparams_tab():
+    """The trials of a sweep are HParams sessions: a real `tensorboard` server's hparams plugin
+    lists one session per trial with the trial's options and the run's metrics."""
+    p = subprocess.run(
+        [str(TRAINBOOK), "sweep", "synthetic", "--preset", "tiny", "--workers", "1", "--max-steps", "4",
+         "--grid", "lr=0.001,0.01", "--runs-root", RUNS, "--name", "hp-sweep", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    sweep_dir = Path(RUNS) / "hp-sweep"
+    trials = sorted(d for d in sweep_dir.iterdir() if list(d.glob("events.out.tfevents.*")))
+    assert len(trials) == 2, list(sweep_dir.iterdir())
+    # Each file: a session start with the options, a session end with the outcome.
+    for t in trials:
+        content = accumulator(t).PluginTagToContent("hparams")
+        start = hp_metadata.parse_session_start_info_plugin_data(content["_hparams_/session_start_info"])
+        end = hp_metadata.parse_session_end_info_plugin_data(content["_hparams_/session_end_info"])
+        assert start.hparams["recipe"].string_value == "synthetic" and start.hparams["workers"].number_value == 1
+        assert end.status == hp_api.STATUS_SUCCESS
+    # TensorBoard itself, as a user opens it.
+    port = free_port()
+    server = subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "tensorboard"), "--logdir", str(sweep_dir), "--port", str(port),
+         "--host", "127.0.0.1", "--load_fast=false", "--reload_interval=1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        groups = None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            try:
+                groups = post_json(f"http://127.0.0.1:{port}/data/plugin/hparams/session_groups",
+                                   {"startIndex": 0, "sliceSize": 100, "allowedStatuses": [
+                                       "STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+                                    "colParams": []})
+            except OSError:
+                continue
+            if len(groups.get("sessionGroups", [])) == 2:
+                break
+        assert groups and len(groups["sessionGroups"]) == 2, groups
+        lrs = sorted(g["hparams"]["lr"] for g in groups["sessionGroups"])
+        assert lrs == [0.001, 0.01], groups
+        experiment = post_json(f"http://127.0.0.1:{port}/data/plugin/hparams/experiment", {"experimentName": ""})
+        metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
+        assert {"train/loss", "eval/loss"} <= metrics, metrics
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post_json(url, body):
+    import urllib.request
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())

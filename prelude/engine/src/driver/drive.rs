@@ -422,11 +422,13 @@ impl<'a> Driver<'a> {
             dllog: (!joined).then(|| DlLog::create(&job.run_dir, dllog_parameters(job))),
             tensorboard: (!joined && job.spec.tensorboard).then(|| {
                 let mut tb = TensorBoard::create(&job.run_dir);
-                let options =
-                    serde_json::to_string_pretty(&dllog_parameters(job)).unwrap_or_default();
+                let parameters = dllog_parameters(job);
+                let options = serde_json::to_string_pretty(&parameters).unwrap_or_default();
                 // Indented: markdown's code block, which TensorBoard's Text tab shows as is.
                 let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
                 tb.text("options", 0, &text);
+                let name = job.run_dir.file_name().unwrap_or_default();
+                tb.hparams(&parameters, &name.to_string_lossy());
                 tb
             }),
             forward,
@@ -995,7 +997,7 @@ impl<'a> Driver<'a> {
     }
 
     /// Records how the job ended, writes `metrics.parquet` and tells subscribers.
-    fn finish(self, dropped_events: u64, stopped_by_user: bool) {
+    fn finish(mut self, dropped_events: u64, stopped_by_user: bool) {
         let job = self.job;
         let rows = {
             let mut st = job.lock();
@@ -1037,6 +1039,9 @@ impl<'a> Driver<'a> {
             }
         }
         let status = job.lock().status;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.session_end(status == JobStatus::Succeeded);
+        }
         job.publish(Update::Finished(status));
         job.finished.notify_all();
     }

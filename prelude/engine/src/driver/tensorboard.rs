@@ -7,11 +7,17 @@
 //! `event.proto`, `summary.proto`, `tensor.proto` and `tensor_shape.proto`, with their field
 //! numbers, encoded by prost.
 //!
+//! The resolved options are also an HParams session (the hparams plugin's `plugin_data.proto`:
+//! a session-start record with the options, a session-end record with the outcome), so the
+//! trials of a sweep line up in TensorBoard's HParams tab, one row per trial, with the scalars
+//! as their metrics.
+//!
 //! Like `dllogger.json`, the driver feeds it from the event stream it already reads (rank 0's
 //! metrics under stable tags, the options and restarts as text), flushes it every few seconds
 //! so a live TensorBoard follows the job, and a file that cannot be written costs the file,
 //! never the job.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -93,6 +99,90 @@ struct TensorProto {
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct TensorShapeProto {}
+
+/// `HParamsPluginData` of the hparams plugin (`plugin_data.proto`): version 0, one of the
+/// session's start or end.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HParamsPluginData {
+    #[prost(int32, tag = "1")]
+    version: i32,
+    #[prost(oneof = "Session", tags = "3, 4")]
+    data: Option<Session>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum Session {
+    #[prost(message, tag = "3")]
+    Start(SessionStartInfo),
+    #[prost(message, tag = "4")]
+    End(SessionEndInfo),
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct SessionStartInfo {
+    #[prost(btree_map = "string, message", tag = "1")]
+    hparams: BTreeMap<String, ProtoValue>,
+    #[prost(string, tag = "4")]
+    group_name: String,
+    #[prost(double, tag = "5")]
+    start_time_secs: f64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct SessionEndInfo {
+    /// `tensorboard.hparams.Status`: 1 success, 2 failure.
+    #[prost(int32, tag = "1")]
+    status: i32,
+    #[prost(double, tag = "2")]
+    end_time_secs: f64,
+}
+
+/// `google.protobuf.Value`: the kinds an option's value takes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoValue {
+    #[prost(oneof = "ValueKind", tags = "2, 3, 4")]
+    kind: Option<ValueKind>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum ValueKind {
+    #[prost(double, tag = "2")]
+    Number(f64),
+    #[prost(string, tag = "3")]
+    Text(String),
+    #[prost(bool, tag = "4")]
+    Bool(bool),
+}
+
+/// Flattens options into HParams values: nested objects as `a.b`, lists as their JSON text,
+/// unset (null) options left out, so that every trial of a sweep shows the same columns.
+fn hparam_values(options: &serde_json::Value) -> BTreeMap<String, ProtoValue> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, ProtoValue>) {
+        use serde_json::Value as J;
+        let kind = match v {
+            J::Null => return,
+            J::Bool(b) => ValueKind::Bool(*b),
+            J::Number(n) => ValueKind::Number(n.as_f64().unwrap_or(f64::NAN)),
+            J::String(s) => ValueKind::Text(s.clone()),
+            J::Array(_) => ValueKind::Text(v.to_string()),
+            J::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+                return;
+            }
+        };
+        out.insert(prefix.to_string(), ProtoValue { kind: Some(kind) });
+    }
+    let mut out = BTreeMap::new();
+    walk("", options, &mut out);
+    out
+}
 
 /// TensorBoard's masked CRC-32C (a CRC of data that holds CRCs is weak, so it is rotated and
 /// offset).
@@ -226,6 +316,56 @@ impl TensorBoard {
         );
     }
 
+    /// A record of the hparams plugin (its content is in the metadata; the tensor is empty).
+    fn hparams_record(&mut self, tag: &str, data: Session) {
+        let content = prost::Message::encode_to_vec(&HParamsPluginData {
+            version: 0,
+            data: Some(data),
+        });
+        self.summary(
+            0,
+            Value {
+                tag: tag.into(),
+                metadata: Some(SummaryMetadata {
+                    plugin_data: Some(PluginData {
+                        plugin_name: "hparams".into(),
+                        content,
+                    }),
+                }),
+                kind: Some(Kind::Tensor(TensorProto {
+                    dtype: DT_STRING,
+                    tensor_shape: Some(TensorShapeProto {}),
+                    string_val: Vec::new(),
+                })),
+            },
+        );
+    }
+
+    /// The run's options as an HParams session (TensorBoard's HParams tab; a sweep's trials
+    /// compare there). `group` names the session's group: the run's own name.
+    pub(super) fn hparams(&mut self, options: &serde_json::Value, group: &str) {
+        self.hparams_record(
+            "_hparams_/session_start_info",
+            Session::Start(SessionStartInfo {
+                hparams: hparam_values(options),
+                group_name: group.into(),
+                start_time_secs: now(),
+            }),
+        );
+    }
+
+    /// Ends the HParams session: succeeded or not.
+    pub(super) fn session_end(&mut self, succeeded: bool) {
+        self.hparams_record(
+            "_hparams_/session_end_info",
+            Session::End(SessionEndInfo {
+                status: if succeeded { 1 } else { 2 },
+                end_time_secs: now(),
+            }),
+        );
+        self.flush();
+    }
+
     /// Writes what is buffered to the file (a live TensorBoard reads it from there).
     pub(super) fn flush(&mut self) {
         if let Some(out) = &mut self.out {
@@ -262,6 +402,23 @@ mod tests {
         assert_eq!(tag("epoch_train_accuracy"), "train/epoch_accuracy");
         assert_eq!(tag("samples_per_second"), "throughput/samples_per_second");
         assert_eq!(tag("margin"), "train/margin");
+    }
+
+    #[test]
+    fn options_flatten_into_hparams_without_unset_ones() {
+        let v = hparam_values(&serde_json::json!({
+            "lr": 0.001, "optimizer": "adamw", "grad_clip": null, "bf16": false,
+            "options": {"max_length": 64}, "betas": [0.9, 0.999]
+        }));
+        let keys: Vec<&str> = v.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            ["betas", "bf16", "lr", "optimizer", "options.max_length"]
+        );
+        assert_eq!(v["lr"].kind, Some(ValueKind::Number(0.001)));
+        assert_eq!(v["optimizer"].kind, Some(ValueKind::Text("adamw".into())));
+        assert_eq!(v["betas"].kind, Some(ValueKind::Text("[0.9,0.999]".into())));
+        assert_eq!(v["options.max_length"].kind, Some(ValueKind::Number(64.0)));
     }
 
     #[test]
