@@ -43,7 +43,7 @@ LIBTORCH="$build/libtorch" TRAINBOOK_VENV="$build/venv" TRAINBOOK_CUDA=1 TRAINBO
 
 say "building with the cuda feature against torch $torch (tch $tch)"
 export LIBTORCH="$build/libtorch"
-(cd "$build/tree" && cargo build --release --features trainbook/cuda --bins \
+(cd "$build/tree" && cargo build --release --features trainbook/cuda -p trainbook -p trainbook-recipes --bins \
   && cargo test --release -p trainbook-engine --features cuda --lib --no-run)
 test_bin=$(ls -t "$build"/tree/target/release/deps/trainbook_engine-* | grep -v '\.d$' | head -n1)
 
