@@ -198,6 +198,12 @@ pub struct TrainArgs {
     /// Do not write TensorBoard event files into the run directory.
     #[arg(long)]
     pub no_tensorboard: bool,
+    /// Log the run to this MLflow tracking server (e.g. http://127.0.0.1:5000): options as
+    /// params, metrics by step, tags, status, the last checkpoint as an artifact. Default:
+    /// $MLFLOW_TRACKING_URI when it names an HTTP server; a server that is down never stops
+    /// the training.
+    #[arg(long, value_name = "URI")]
+    pub mlflow: Option<String>,
     /// Show every worker line instead of merging repeats across workers.
     #[arg(long)]
     pub no_dedup: bool,
@@ -430,6 +436,7 @@ impl TrainArgs {
         spec.hang_timeout_secs = self.hang_timeout;
         spec.dedup.enabled = !self.no_dedup;
         spec.tensorboard = !self.no_tensorboard;
+        spec.mlflow = self.mlflow.clone();
         if !(self.dedup_window.is_finite() && self.dedup_window >= 0.0) {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");
         }
@@ -605,6 +612,9 @@ fn train(args: &TrainArgs) -> Result<i32> {
         );
     } else {
         eprintln!("{}", view.dashboard().summary_text());
+    }
+    for w in &summary.warnings {
+        eprintln!("warning: {w}");
     }
     if let (Err(e), None) = (&result, &summary.error) {
         eprintln!("error: {e:#}");

@@ -133,6 +133,9 @@ impl NotebookDisplay for TrainResult {
         if let Some(e) = &self.error {
             pairs.push(("error", e.clone()));
         }
+        for w in &self.warnings {
+            pairs.push(("warning", w.clone()));
+        }
         summary("trainbook-result", pairs).bundle()
     }
 }

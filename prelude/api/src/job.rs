@@ -208,6 +208,9 @@ pub struct TrainResult {
     pub memory: Vec<MemoryUse>,
     /// The job's restarts after failures, in order (see `max_failures`).
     pub restarts: Vec<Restart>,
+    /// What went wrong beside the training, e.g. an MLflow server that was down (the metrics
+    /// it did not get are named).
+    pub warnings: Vec<String>,
 }
 
 impl TrainResult {
@@ -264,6 +267,7 @@ impl TrainResult {
             "error": self.error,
             "memory": self.memory,
             "restarts": self.restarts,
+            "warnings": self.warnings,
         })
     }
 }

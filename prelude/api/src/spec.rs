@@ -359,11 +359,31 @@ pub struct JobSpec {
     /// Write TensorBoard event files into the run directory (default on).
     #[serde(default = "yes")]
     pub tensorboard: bool,
+    /// An MLflow tracking server (`http(s)://host:port`) the run is logged to; `None`: the one
+    /// `MLFLOW_TRACKING_URI` names, if any.
+    #[serde(default)]
+    pub mlflow: Option<String>,
     #[serde(skip)]
     pub dedup: DedupConfig,
     /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
     #[serde(skip)]
     pub view: crate::run::ViewOptions,
+}
+
+/// An MLflow tracking URI trainbook can log to: an HTTP(S) tracking server (trainbook speaks
+/// MLflow's REST API; a `file:` or database URI is read by MLflow's own Python client only).
+pub fn check_mlflow_uri(uri: &str) -> Result<()> {
+    let rest = uri
+        .strip_prefix("http://")
+        .or_else(|| uri.strip_prefix("https://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.starts_with('/') => Ok(()),
+        _ => bail!(
+            "MLflow tracking URI '{uri}' is not an HTTP tracking server: trainbook logs over \
+             MLflow's REST API, so give the server's address, e.g. http://127.0.0.1:5000 (start \
+             one with `mlflow server --host 127.0.0.1 --port 5000`)"
+        ),
+    }
 }
 
 /// The builder methods of how a job runs (workers, device, ports, logs): `JobSpec`,
@@ -468,6 +488,15 @@ pub trait Configure: Sized {
         self.job_spec().tensorboard = on;
         self
     }
+    /// Log the run to an MLflow tracking server (`http://host:5000`, as `mlflow server`
+    /// prints): its options as params, every metric with its step, tags, the final status and
+    /// the last checkpoint as an artifact. Without this, `MLFLOW_TRACKING_URI` is used when
+    /// set. A server that is down never fails or slows the training: what could not be
+    /// logged is named in one warning at the end.
+    fn mlflow(mut self, uri: impl Into<String>) -> Self {
+        self.job_spec().mlflow = Some(uri.into());
+        self
+    }
     /// Merge identical log lines across workers (default on).
     fn dedup(mut self, enabled: bool) -> Self {
         self.job_spec().dedup.enabled = enabled;
@@ -525,6 +554,7 @@ impl JobSpec {
             run_name: None,
             resume: Resume::Never,
             tensorboard: true,
+            mlflow: None,
             dedup: DedupConfig::default(),
             view: Default::default(),
         }
@@ -693,6 +723,9 @@ impl JobSpec {
         }
         if self.collective_timeout_secs == 0 {
             bail!("collective timeout must be at least 1 s");
+        }
+        if let Some(uri) = &self.mlflow {
+            check_mlflow_uri(uri)?;
         }
         if let Some(m) = t.checkpoint_every_minutes {
             if !(m.is_finite() && m > 0.0) {

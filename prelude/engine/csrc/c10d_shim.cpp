@@ -261,6 +261,19 @@ tb_work* tb_pg_allreduce_start(tb_pg* p, void* tensor, int op, char* err, size_t
   return out;
 }
 
+// torch 2.12 renamed ProcessGroup's flat collectives (`_reduce_scatter_base` and
+// `_allgather_base` stay as deprecated aliases there); trainbook also builds with torch 2.11.
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
+#if defined(TORCH_VERSION_MAJOR) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12))
+#define TB_REDUCE_SCATTER_FLAT reduce_scatter_single
+#define TB_ALLGATHER_FLAT all_gather_single
+#else
+#define TB_REDUCE_SCATTER_FLAT _reduce_scatter_base
+#define TB_ALLGATHER_FLAT _allgather_base
+#endif
+
 // ZeRO's two collectives, started like the all-reduce so buckets overlap. Both take one flat
 // tensor of world * shard elements and a shard-sized one; the process group's dispatcher picks
 // the backend from the tensors' device (gloo, nccl or a device plugin's, e.g. hccl).
@@ -270,7 +283,7 @@ tb_work* tb_pg_reduce_scatter_start(tb_pg* p, void* output, void* input, char* e
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
     o.timeout = p->timeout;
-    out = new tb_work{p->pg->reduce_scatter_single(*static_cast<at::Tensor*>(output),
+    out = new tb_work{p->pg->TB_REDUCE_SCATTER_FLAT(*static_cast<at::Tensor*>(output),
                                                    *static_cast<at::Tensor*>(input), o),
                       p->timeout};
   });
@@ -282,7 +295,7 @@ tb_work* tb_pg_allgather_start(tb_pg* p, void* output, void* input, char* err, s
   guarded(err, errlen, [&] {
     c10d::AllgatherOptions o;
     o.timeout = p->timeout;
-    out = new tb_work{p->pg->all_gather_single(*static_cast<at::Tensor*>(output),
+    out = new tb_work{p->pg->TB_ALLGATHER_FLAT(*static_cast<at::Tensor*>(output),
                                                *static_cast<at::Tensor*>(input), o),
                       p->timeout};
   });

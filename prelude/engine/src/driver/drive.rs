@@ -5,6 +5,7 @@
 //! may restart, in which case the same thread starts the workers again from the run's newest
 //! checkpoint ([`supervise`](super::supervise) decides) and goes on watching.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,10 +20,11 @@ use super::dedup::Deduplicator;
 use super::dllog::DlLog;
 use super::handle::JobState;
 use super::metrics;
+use super::mlflow::{Mlflow, RunInfo};
 use super::processes::{Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use super::rendezvous::{self, StartInfo};
 use super::supervise::{self, Decision, Hangs, Hung, Policy, Signature};
-use super::tensorboard::TensorBoard;
+use super::tensorboard::{self, TensorBoard};
 use crate::shared::checkpoint::{self, RunStatus, TrainerState};
 use crate::shared::env;
 use crate::shared::events::{Collector, Emitter, Event};
@@ -81,6 +83,8 @@ pub(super) struct Driver<'a> {
     dllog: Option<DlLog>,
     /// TensorBoard's event file (node 0; `JobSpec::tensorboard`).
     tensorboard: Option<TensorBoard>,
+    /// The run's MLflow logging (node 0; `JobSpec::mlflow` or `MLFLOW_TRACKING_URI`).
+    mlflow: Option<Mlflow>,
     /// On nodes other than 0: node 0's event stream, which gets this node's worker output and
     /// failures (their events go there directly).
     forward: Option<Emitter>,
@@ -174,6 +178,9 @@ impl Driver<'_> {
                 }
                 if let (0, Some(tb)) = (rank, &mut self.tensorboard) {
                     tb.scalar(&name, step, value);
+                }
+                if let (0, Some(m)) = (rank, &self.mlflow) {
+                    m.metric(tensorboard::tag(&name), step, value);
                 }
                 let row = MetricRow {
                     rank: rank as u32,
@@ -428,9 +435,10 @@ impl<'a> Driver<'a> {
                 let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
                 tb.text("options", 0, &text);
                 let name = job.run_dir.file_name().unwrap_or_default();
-                tb.hparams(&parameters, &name.to_string_lossy());
+                tb.hparams(&flat_options(&parameters), &name.to_string_lossy());
                 tb
             }),
+            mlflow: if joined { None } else { start_mlflow(job) },
             forward,
             remote_exits: Vec::new(),
             joined,
@@ -1042,9 +1050,94 @@ impl<'a> Driver<'a> {
         if let Some(tb) = &mut self.tensorboard {
             tb.session_end(status == JobStatus::Succeeded);
         }
+        if let Some(m) = self.mlflow.take() {
+            let mlflow_status = match status {
+                JobStatus::Succeeded => "FINISHED",
+                JobStatus::Stopped => "KILLED",
+                _ => "FAILED",
+            };
+            let checkpoint = job.lock().checkpoints.last().map(|(_, p)| p.clone());
+            if let Some(w) = m.finish(mlflow_status, checkpoint) {
+                job.lock().warnings.push(w);
+            }
+        }
         job.publish(Update::Finished(status));
         job.finished.notify_all();
     }
+}
+
+/// The MLflow run of this job, when a tracking server is named (`JobSpec::mlflow`, else an
+/// HTTP `MLFLOW_TRACKING_URI`; another kind of URI there is a warning, not an error: it is
+/// the environment's, for MLflow's Python client).
+fn start_mlflow(job: &JobState) -> Option<Mlflow> {
+    let uri = match &job.spec.mlflow {
+        Some(uri) => uri.clone(),
+        None => {
+            let uri = std::env::var("MLFLOW_TRACKING_URI")
+                .ok()
+                .filter(|u| !u.is_empty())?;
+            if let Err(e) = trainbook_api::spec::check_mlflow_uri(&uri) {
+                job.lock()
+                    .warnings
+                    .push(format!("MLFLOW_TRACKING_URI is set but not used: {e:#}"));
+                return None;
+            }
+            uri
+        }
+    };
+    let name = job
+        .run_dir
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let tag = |k: &str, v: String| (k.to_string(), v);
+    let mut tags = vec![
+        tag("mlflow.runName", name.clone()),
+        tag("mlflow.source.name", "trainbook".into()),
+        tag("mlflow.source.type", "JOB".into()),
+        tag("trainbook.recipe", job.spec.recipe.clone()),
+        tag("trainbook.workers", job.spec.world_size().to_string()),
+        tag("trainbook.device", job.device.name().to_string()),
+        tag("trainbook.version", env!("CARGO_PKG_VERSION").to_string()),
+        tag("trainbook.run_dir", job.run_dir.display().to_string()),
+    ];
+    if let Ok(user) = std::env::var("USER") {
+        tags.push(tag("mlflow.user", user));
+    }
+    Some(Mlflow::start(RunInfo {
+        uri,
+        run_name: name,
+        params: flat_options(&dllog_parameters(job)),
+        tags,
+    }))
+}
+
+/// Options as one level of `name = value` (TensorBoard's HParams, MLflow's params): nested
+/// objects as `a.b`, unset (null) options left out, so every trial of a sweep has the same
+/// names.
+fn flat_options(options: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+        match v {
+            serde_json::Value::Null => {}
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            leaf => {
+                out.insert(prefix.to_string(), leaf.clone());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", options, &mut out);
+    out
 }
 
 /// The resolved hyper-parameters, as config.json records them, head the dllogger file.
@@ -1078,6 +1171,7 @@ mod tests {
             dedup: Deduplicator::new(job.spec.dedup),
             log_files: Vec::new(),
             dllog: None,
+            mlflow: None,
             tensorboard: None,
             forward: None,
             remote_exits: Vec::new(),

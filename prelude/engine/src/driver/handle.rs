@@ -35,6 +35,8 @@ pub(super) struct State {
     pub(super) restarts: Vec<Restart>,
     pub(super) elapsed: f64,
     pub(super) dropped_events: u64,
+    /// What went wrong beside the training (an MLflow server that was down), for the result.
+    pub(super) warnings: Vec<String>,
 }
 
 /// One job as its driver thread updates it and its handles read it.
@@ -85,6 +87,7 @@ impl JobState {
                 restarts: Vec::new(),
                 elapsed: 0.0,
                 dropped_events: 0,
+                warnings: Vec::new(),
             }),
             finished: Condvar::new(),
             stop_requested: AtomicBool::new(false),
@@ -359,6 +362,7 @@ impl JobControl for JobHandle {
             param_l2: s0.param_l2,
             memory: summaries.iter().map(|s| s.memory.clone()).collect(),
             restarts: st.restarts.clone(),
+            warnings: st.warnings.clone(),
             elapsed: if st.status.is_finished() {
                 st.elapsed
             } else {

@@ -16,6 +16,7 @@ mod dllog;
 mod drive;
 mod handle;
 pub(crate) mod metrics;
+mod mlflow;
 pub(crate) mod placement;
 pub(crate) mod processes;
 mod rendezvous;

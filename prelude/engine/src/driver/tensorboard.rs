@@ -154,34 +154,26 @@ enum ValueKind {
     Bool(bool),
 }
 
-/// Flattens options into HParams values: nested objects as `a.b`, lists as their JSON text,
-/// unset (null) options left out, so that every trial of a sweep shows the same columns.
-fn hparam_values(options: &serde_json::Value) -> BTreeMap<String, ProtoValue> {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, ProtoValue>) {
-        use serde_json::Value as J;
-        let kind = match v {
-            J::Null => return,
-            J::Bool(b) => ValueKind::Bool(*b),
-            J::Number(n) => ValueKind::Number(n.as_f64().unwrap_or(f64::NAN)),
-            J::String(s) => ValueKind::Text(s.clone()),
-            J::Array(_) => ValueKind::Text(v.to_string()),
-            J::Object(m) => {
-                for (k, v) in m {
-                    let key = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    walk(&key, v, out);
-                }
-                return;
-            }
-        };
-        out.insert(prefix.to_string(), ProtoValue { kind: Some(kind) });
-    }
-    let mut out = BTreeMap::new();
-    walk("", options, &mut out);
-    out
+/// Options (flattened, see `drive::flat_options`) as HParams values; lists as their JSON text.
+fn hparam_values(options: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, ProtoValue> {
+    use serde_json::Value as J;
+    let value = |v: &J| match v {
+        J::Bool(b) => ValueKind::Bool(*b),
+        J::Number(n) => ValueKind::Number(n.as_f64().unwrap_or(f64::NAN)),
+        J::String(s) => ValueKind::Text(s.clone()),
+        other => ValueKind::Text(other.to_string()),
+    };
+    options
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                ProtoValue {
+                    kind: Some(value(v)),
+                },
+            )
+        })
+        .collect()
 }
 
 /// TensorBoard's masked CRC-32C (a CRC of data that holds CRCs is weak, so it is rotated and
@@ -343,7 +335,7 @@ impl TensorBoard {
 
     /// The run's options as an HParams session (TensorBoard's HParams tab; a sweep's trials
     /// compare there). `group` names the session's group: the run's own name.
-    pub(super) fn hparams(&mut self, options: &serde_json::Value, group: &str) {
+    pub(super) fn hparams(&mut self, options: &BTreeMap<String, serde_json::Value>, group: &str) {
         self.hparams_record(
             "_hparams_/session_start_info",
             Session::Start(SessionStartInfo {
@@ -405,20 +397,20 @@ mod tests {
     }
 
     #[test]
-    fn options_flatten_into_hparams_without_unset_ones() {
-        let v = hparam_values(&serde_json::json!({
-            "lr": 0.001, "optimizer": "adamw", "grad_clip": null, "bf16": false,
-            "options": {"max_length": 64}, "betas": [0.9, 0.999]
-        }));
-        let keys: Vec<&str> = v.keys().map(String::as_str).collect();
-        assert_eq!(
-            keys,
-            ["betas", "bf16", "lr", "optimizer", "options.max_length"]
-        );
+    fn options_become_hparams_values_of_their_kind() {
+        let flat: BTreeMap<String, serde_json::Value> = [
+            ("lr".to_string(), serde_json::json!(0.001)),
+            ("optimizer".to_string(), serde_json::json!("adamw")),
+            ("bf16".to_string(), serde_json::json!(false)),
+            ("betas".to_string(), serde_json::json!([0.9, 0.999])),
+        ]
+        .into_iter()
+        .collect();
+        let v = hparam_values(&flat);
         assert_eq!(v["lr"].kind, Some(ValueKind::Number(0.001)));
         assert_eq!(v["optimizer"].kind, Some(ValueKind::Text("adamw".into())));
+        assert_eq!(v["bf16"].kind, Some(ValueKind::Bool(false)));
         assert_eq!(v["betas"].kind, Some(ValueKind::Text("[0.9,0.999]".into())));
-        assert_eq!(v["options.max_length"].kind, Some(ValueKind::Number(64.0)));
     }
 
     #[test]
