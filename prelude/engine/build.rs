@@ -94,6 +94,8 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch_cuda");
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
+        // The shim's CUDA memory query (CUDACachingAllocator) lives in libc10_cuda.
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     // errors.h, for the C++ of packages that extend the engine (trainbook-hpu).
