@@ -151,6 +151,14 @@ impl Engine {
     }
 }
 
+/// What a cell that uses polars gets: `*_df()`, `DataFrame`, `polars` (`trainbook::frames`).
+const FRAMES_IMPORT: &str = "use trainbook_torch::frames::*;";
+
+/// Whether a cell uses polars: a `*_df()` method, the `DataFrame` type or the crate.
+fn uses_polars(code: &str) -> bool {
+    code.contains("_df(") || code.contains("DataFrame") || code.contains("polars")
+}
+
 fn engine_gone() -> Outcome {
     Outcome::Error {
         ename: "KernelError".into(),
@@ -228,6 +236,7 @@ fn run(
 
     let mut next_id = 1u64;
     let mut question_marks = false;
+    let mut frames_pending = true;
     for req in first.into_iter().chain(rx) {
         if prelude_pending && !matches!(req, Request::Execute { .. }) {
             init(&mut ctx, &publisher, "");
@@ -256,6 +265,13 @@ fn run(
                     // retry would, and nothing at start-up.
                     let _ = ctx.execute("Ok::<(), std::fmt::Error>(())?;");
                     question_marks = true;
+                }
+                if frames_pending && uses_polars(&code) {
+                    // The DataFrame methods and types live in the prelude library itself
+                    // (`trainbook_torch`), which a cell that names it compiles against in full:
+                    // imported once, for the first cell that wants them, so the others keep
+                    // the light compile.
+                    frames_pending = ctx.execute(FRAMES_IMPORT).is_err();
                 }
                 state.executing.store(id, Ordering::SeqCst);
                 let result = if merged {
@@ -288,6 +304,7 @@ fn run(
                 if restarted {
                     // evcxr has started a fresh process; give it the prelude and kernel link.
                     init(&mut ctx, &publisher, "");
+                    frames_pending = true;
                     drains.flush();
                 }
                 let _ = reply.send(outcome);

@@ -25,6 +25,21 @@ pub mod sweep_view;
 /// `Table` ⇄ polars `DataFrame`.
 pub mod table;
 
+/// polars for notebook cells: `result.history_df()?` and the other `*_df()` methods, the
+/// `DataFrame` type, the comparison and aggregation traits a filter and a mean need (`df.filter(&df.column("name")?
+/// .str()?.equal("loss"))?`) and the `polars` crate itself (`polars::prelude::*`; not glob-
+/// imported here, since its `Column` would clash with trainbook's). The kernel imports
+/// this (`use trainbook_torch::frames::*;`) for the first cell that uses polars; programs
+/// `use trainbook::frames::*;`.
+pub mod frames {
+    pub use crate::table::{from_polars, to_polars, JobFrames, ResultFrames, SweepFrames};
+    pub use polars;
+    pub use polars::prelude::{
+        ChunkAgg, ChunkCompareEq, ChunkCompareIneq, DataFrame, DataType, NamedFrom, PolarsResult,
+        Series,
+    };
+}
+
 /// The notebook-facing layer: everything re-exported at the top level and in [`prelude`].
 pub use trainbook_api as api;
 /// The engine beneath: `launch` and the driver's other entry points, the `Recipe` contract and

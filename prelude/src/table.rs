@@ -1,10 +1,66 @@
 //! `trainbook_api::Table` ⇄ polars `DataFrame`, for programs that want polars (notebook cells
-//! get `Table`s: see `trainbook_api::table` for why).
+//! get `Table`s: see `trainbook_api::table` for why), and a run's tables as DataFrames
+//! directly: `result.history_df()?`, `job.history_df()?`, `sweep.trials_df()?` (in a notebook
+//! the kernel imports [`crate::frames`] for the first cell that uses polars).
 
 // polars' prelude has its own `Context`; anyhow's is called by path.
 use anyhow::Result;
 use polars::prelude::*;
+use trainbook_api::job::metrics_table;
 use trainbook_api::table::{Column as TableColumn, Table, Values};
+use trainbook_api::{Job, SweepJob, SweepResult, TrainResult};
+
+/// A finished run's tables as polars DataFrames.
+pub trait ResultFrames {
+    /// Every metric reported: rank, step, epoch, name, value, time (`history()` as a
+    /// DataFrame).
+    fn history_df(&self) -> Result<DataFrame>;
+    /// One row per epoch (`epochs()` as a DataFrame).
+    fn epochs_df(&self) -> Result<DataFrame>;
+    /// One row per rank: parameters, gradients, optimizer state, buffers, peak (MiB).
+    fn memory_df(&self) -> Result<DataFrame>;
+}
+
+impl ResultFrames for TrainResult {
+    fn history_df(&self) -> Result<DataFrame> {
+        to_polars(&self.history())
+    }
+    fn epochs_df(&self) -> Result<DataFrame> {
+        to_polars(&self.epochs()?)
+    }
+    fn memory_df(&self) -> Result<DataFrame> {
+        to_polars(&self.memory_table())
+    }
+}
+
+/// A running (or finished) job's metrics so far, as a polars DataFrame.
+pub trait JobFrames {
+    /// Every metric reported so far: rank, step, epoch, name, value, time.
+    fn history_df(&self) -> Result<DataFrame>;
+}
+
+impl JobFrames for Job {
+    fn history_df(&self) -> Result<DataFrame> {
+        to_polars(&metrics_table(&self.metric_rows()))
+    }
+}
+
+/// A sweep's trials as a polars DataFrame: one row per trial (`trials()`).
+pub trait SweepFrames {
+    fn trials_df(&self) -> Result<DataFrame>;
+}
+
+impl SweepFrames for SweepResult {
+    fn trials_df(&self) -> Result<DataFrame> {
+        to_polars(&self.trials())
+    }
+}
+
+impl SweepFrames for SweepJob {
+    fn trials_df(&self) -> Result<DataFrame> {
+        to_polars(&self.trials())
+    }
+}
 
 /// The table as a polars DataFrame (same names, values and missing values).
 pub fn to_polars(table: &Table) -> Result<DataFrame> {

@@ -206,6 +206,32 @@ def test_tables_and_results_render_as_html(kernel):
     assert "synthetic" in data["text/plain"]
 
 
+def test_a_runs_metrics_are_a_polars_dataframe_in_a_cell_without_imports(kernel):
+    _, kc = kernel
+    reply, msgs = run(kc, SHORT_JOB + "\nlet pr: TrainResult = job.wait()?;")
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, "let df = pr.history_df()?;")
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, "(df.height(), pr.history().height())")
+    assert reply["status"] == "ok", reply
+    height, rows = map(int, result_text(msgs).strip("()").split(","))
+    assert height == rows > 0, msgs
+    # polars on it in the next cell: rank 0's loss rows and their mean, against the result's
+    # own rows.
+    reply, msgs = run(kc, 'let loss = df.filter(&(df.column("name")?.str()?.equal("loss") '
+                          '& df.column("rank")?.u64()?.equal(0)))?;\n'
+                          '(loss.height(), loss.column("value")?.f64()?.mean().unwrap())')
+    assert reply["status"] == "ok", reply
+    n, mean = result_text(msgs).strip("()").split(",")
+    reply, msgs = run(kc, 'let l: Vec<f64> = pr.metric_rows.iter().filter(|m| m.name == "loss" && m.rank == 0)'
+                          '.map(|m| m.value).collect();\n(l.len(), l.iter().sum::<f64>() / l.len() as f64)')
+    assert reply["status"] == "ok", reply
+    n2, mean2 = result_text(msgs).strip("()").split(",")
+    assert int(n) == int(n2) > 0 and abs(float(mean) - float(mean2)) < 1e-9, (n, mean, n2, mean2)
+    reply, msgs = run(kc, "let e = pr.epochs_df()?; let m = pr.memory_df()?; (e.height(), m.height())")
+    assert reply["status"] == "ok", reply
+
+
 def test_variables_without_types_are_typed(kernel):
     _, kc = kernel
     # A std type trainbook returns, named as the compiler names it (`PathBuf`).
