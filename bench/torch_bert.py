@@ -144,6 +144,7 @@ def worker(rank, a, port):
     dist.barrier()  # start together, so rank 0's clock does not include the others' loading
     t0 = time.perf_counter()
     t_warm = t0 if a.warmup == 0 else None
+    stamps = [t0]  # after each step (loss.item() waits for the device)
     for step in range(a.steps):
         idx = order[step * G + rank:(step + 1) * G:W]  # positions rank, rank+W, ... of this batch
         assert len(idx) == per
@@ -159,6 +160,7 @@ def worker(rank, a, port):
         out.loss.backward()  # DDP allreduces gradients here
         opt.step()
         loss = out.loss.item()
+        stamps.append(time.perf_counter())
         if step + 1 == a.warmup:
             t_warm = time.perf_counter()
     t1 = time.perf_counter()
@@ -176,6 +178,7 @@ def worker(rank, a, port):
             "seconds": round(t1 - t0, 4),
             "samples_per_second": round(G * a.steps / (t1 - t0), 3),
             "samples_per_second_after_warmup": round(G * timed / (t1 - t_warm), 3) if timed > 0 else None,
+            "samples_per_second_median_step": median_rate(stamps[a.warmup:], G),
             "final_loss": round(last.item() / W, 6),
             "device": a.device, "precision": a.precision,
             "optimizer": "adamw (fused)" if a.fused_adamw else "adamw (torch default)",
@@ -183,6 +186,12 @@ def worker(rank, a, port):
             "gpu": torch.cuda.get_device_name(dev) if cuda else None,
             "torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
         }), flush=True)
+
+
+def median_rate(stamps, batch):
+    """Samples/s of the median step among consecutive stamps (None with fewer than two)."""
+    steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+    return round(batch / steps[len(steps) // 2], 3) if steps else None
 
 
 def free_port():

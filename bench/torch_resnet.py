@@ -140,6 +140,7 @@ def worker(rank, a, port):
     dist.barrier()  # start together, so rank 0's clock does not include the others' setup
     t0 = time.perf_counter()
     t_warm = t0 if a.warmup == 0 else None
+    stamps = [t0]  # after each step (loss.item() waits for the device)
     step, epoch = 0, 0
     while step < a.steps:
         sampler.set_epoch(epoch)  # fresh shuffle each epoch, identical across ranks
@@ -152,6 +153,7 @@ def worker(rank, a, port):
             loss_t.backward()  # DDP allreduces gradients here
             opt.step()
             loss = loss_t.item()
+            stamps.append(time.perf_counter())
             step += 1
             if step == a.warmup:
                 t_warm = time.perf_counter()
@@ -173,12 +175,19 @@ def worker(rank, a, port):
             "seconds": round(t1 - t0, 4),
             "samples_per_second": round(G * a.steps / (t1 - t0), 3),
             "samples_per_second_after_warmup": round(G * timed / (t1 - t_warm), 3) if timed > 0 else None,
+            "samples_per_second_median_step": median_rate(stamps[a.warmup:], G),
             "final_loss": round(last.item() / W, 6),
             "arch": a.arch, "device": a.device, "precision": a.precision,
             "cuda_max_memory_allocated": peak,
             "gpu": torch.cuda.get_device_name(dev) if cuda else None,
             "torch": torch.__version__.split("+")[0], "torchvision": torchvision.__version__.split("+")[0],
         }), flush=True)
+
+
+def median_rate(stamps, batch):
+    """Samples/s of the median step among consecutive stamps (None with fewer than two)."""
+    steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+    return round(batch / steps[len(steps) // 2], 3) if steps else None
 
 
 def free_port():

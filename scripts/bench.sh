@@ -38,8 +38,9 @@
 #    lr on 8 grid points, 2 concurrent trials of 1 worker / 1 CPU, ASHA (max_t 4, grace 1, factor
 #    2) on eval_loss; also trainbook without a scheduler, and one plain 4-epoch run of the same
 #    job at 1 thread (one epoch's time, for the compute floor); BENCH_SWEEP_ROUNDS (3) rounds
-# v: TensorBoard event files on vs off (--no-tensorboard): BERT default preset samples/s, 2
-#    workers x 1 thread, 1,000 rows, alternating BENCH_ROUNDS (3) times
+# v: tracking on vs off: TensorBoard event files plus MLflow logging to a local `mlflow server`
+#    vs --no-tensorboard and no MLflow: BERT default preset samples/s, 2 workers x 1 thread,
+#    BENCH_TRACKING_ROWS (1,000) rows, alternating BENCH_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -77,15 +78,22 @@ fi
 has o && cargo bench -q -p trainbook $features --bench engine -- o | tee -a "$out"
 if has v; then
   cargo build -q --release -p trainbook $features --bins
+  # A local MLflow server (SQLite store, artifacts in a temporary directory), as a team's would be.
+  mlruns=$(mktemp -d); mlport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  setsid .venv/bin/mlflow server --host 127.0.0.1 --port "$mlport" --workers 1 \
+    --backend-store-uri "sqlite:///$mlruns/mlflow.db" --artifacts-destination "$mlruns/artifacts" >/dev/null 2>&1 &
+  mlpid=$!
+  for _ in $(seq 120); do curl -sf "http://127.0.0.1:$mlport/health" >/dev/null && break; sleep 1; done
   for round in $(seq "${BENCH_ROUNDS:-3}"); do
-    for tb in on off; do
-      flag=$([ $tb = off ] && echo --no-tensorboard || true)
+    for tracking in both off; do
+      flags=$([ $tracking = off ] && echo --no-tensorboard || echo --mlflow "http://127.0.0.1:$mlport")
       target/release/trainbook train bert --device cpu --workers 2 --threads 1 --epochs 1 \
-        --train-rows 1000 --eval-rows 0 --runs-root "$(mktemp -d)" $flag --json 2>/dev/null | tail -n1 |
-        python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'bench': 'tensorboard', 'tensorboard': '$tb', 'round': $round, 'samples_per_second': r['samples_per_second'], 'elapsed_seconds': r['elapsed_seconds']}))" |
+        --train-rows "${BENCH_TRACKING_ROWS:-1000}" --eval-rows 0 --runs-root "$(mktemp -d)" $flags --json 2>/dev/null | tail -n1 |
+        python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'bench': 'tracking', 'tensorboard_and_mlflow': '$tracking', 'round': $round, 'samples_per_second': r['samples_per_second'], 'elapsed_seconds': r['elapsed_seconds'], 'warnings': r['warnings']}))" |
         tee -a "$out"
     done
   done
+  kill -- -"$mlpid" 2>/dev/null || kill "$mlpid" 2>/dev/null || true
 fi
 if has s; then
   bench/ray-venv.sh

@@ -5,8 +5,9 @@ warm-up, trainbook / PyTorch, MFU, peak GPU memory).
 
   python3 bench/cuda/summary.py RESULTS_DIR
 
-trainbook's samples/s come from its metrics.parquet: the per-step loss events' times after
-WARMUP steps, the same warm-up PyTorch's scripts leave out. MFU counts the model's FLOPs
+Both sides' samples/s are the batch over the median step time after WARMUP steps (trainbook's
+from the loss events' times in its metrics.parquet, PyTorch's from its own per-step stamps),
+so epoch-end checkpoint writes do not count; PyTorch's mean after warm-up is also printed. MFU counts the model's FLOPs
 (3x the forward's matrix products: BERT's layers, attention and the masked-LM head over the
 predicted positions only; ResNet-50's 4.09 GMAC forward at 224 px) against the dense bf16 peak
 of an H100/H200 SXM, 989.4 TFLOP/s, and against the matrix product measured on the machine.
@@ -39,12 +40,12 @@ def losses(res, name):
 
 
 def steady_rate(res, name, batch):
+    """Samples/s of the median step after WARMUP (consecutive loss events' times): robust to
+    the epoch-end checkpoint writes inside the timed steps."""
     steps = losses(res, name)
-    if len(steps) <= WARMUP + 1:
-        return None
-    ks = sorted(steps)
-    a, b = ks[WARMUP - 1], ks[-1]
-    return batch * (b - a) / (steps[b][1] - steps[a][1])
+    ks = sorted(steps)[WARMUP - 1:]
+    gaps = sorted((steps[b][1] - steps[a][1]) / (b - a) for a, b in zip(ks, ks[1:]))
+    return batch / gaps[len(gaps) // 2] if gaps else None
 
 
 def bert_flops_per_sequence(layers=12, hidden=768, seq=128, vocab=30522, predicted=0.15):
@@ -110,7 +111,7 @@ def main():
             f"exit {exits.get('resume_on_cpu')}, steps {(r or {}).get('steps')}")
 
     print("\n## Throughput (1 worker, one GPU, bf16)\n")
-    print("| model | batch | trainbook samples/s | PyTorch samples/s | ratio | trainbook MFU | PyTorch MFU | trainbook peak GiB | PyTorch peak GiB |")
+    print("| model | batch | trainbook samples/s | PyTorch samples/s (mean) | ratio | trainbook MFU | PyTorch MFU | trainbook peak GiB | PyTorch peak GiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     gib = lambda b: f"{b / 2**30:.1f}" if b else "-"
     for model, tb, pt, flops in (("BERT-base MLM, 128 tokens", "tb_bert", "torch_bert", bert_flops_per_sequence()),
@@ -120,12 +121,13 @@ def main():
             continue
         batch = (jp or {}).get("global_batch_size") or 0
         rt = steady_rate(res, tb, batch) if batch else None
-        rp = (jp or {}).get("samples_per_second_after_warmup")
+        rp = (jp or {}).get("samples_per_second_median_step")
         mem_t = ((jt or {}).get("memory") or [{}])[0].get("peak")
         mem_p = (jp or {}).get("cuda_max_memory_allocated")
         mfu = lambda r: f"{r * flops / PEAK_BF16:.1%}" + (f" ({r * flops / measured:.1%} of measured)" if measured else "") if r else "-"
         ratio = f"{rt / rp:.2f}" if rt and rp else "-"
-        print(f"| {model} | {batch} | {rt or 0:.0f} | {rp or 0:.0f} | {ratio} | {mfu(rt)} | {mfu(rp)} | {gib(mem_t)} | {gib(mem_p)} |")
+        mean = (jp or {}).get("samples_per_second_after_warmup") or 0
+        print(f"| {model} | {batch} | {rt or 0:.0f} | {rp or 0:.0f} ({mean:.0f}) | {ratio} | {mfu(rt)} | {mfu(rp)} | {gib(mem_t)} | {gib(mem_p)} |")
     if measured:
         print(f"\nMeasured bf16 matrix product (8192^3): {measured / 1e12:.0f} TFLOP/s; datasheet peak {PEAK_BF16 / 1e12:.0f}.")
 
