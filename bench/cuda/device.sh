@@ -61,7 +61,7 @@ run() { # name, timeout, command...: the command's stdout's last line goes to $o
   return $rc
 }
 : > "$out/exits.txt"
-tiny=(train synthetic --preset tiny --workers 1 --dropout 0 --seed 7 --max-steps 20 --json --log-level warn)
+tiny=(train synthetic --preset tiny --workers 1 --dropout 0 --seed 7 --json --log-level warn)
 
 if [ "$what" != bench ]; then
   run check1 60 "$tb" check --device cuda --workers 1
@@ -71,10 +71,10 @@ if [ "$what" != bench ]; then
   TRAINBOOK_TEST_DEVICE=cuda timeout 120 "$work/bin/engine-unit-tests" --test-threads=1 \
     optim::tests 2>&1 | tail -n 15
   echo "unit $?" >> "$out/exits.txt"
-  run cpu_fp32 120 "$tb" "${tiny[@]}" --device cpu --threads 8
-  run cuda_fp32 120 "$tb" "${tiny[@]}" --device cuda
-  run cuda_zero1 120 "$tb" "${tiny[@]}" --device cuda --zero 1 --optimizer adamw
-  run cuda_zero0 120 "$tb" "${tiny[@]}" --device cuda --zero 0 --optimizer adamw
+  run cpu_fp32 120 "$tb" "${tiny[@]}" --max-steps 20 --device cpu --threads 8
+  run cuda_fp32 120 "$tb" "${tiny[@]}" --max-steps 20 --device cuda
+  run cuda_zero1 120 "$tb" "${tiny[@]}" --max-steps 20 --device cuda --zero 1 --optimizer adamw
+  run cuda_zero0 120 "$tb" "${tiny[@]}" --max-steps 20 --device cuda --zero 0 --optimizer adamw
   run cuda_bf16 120 "$tb" "${tiny[@]}" --device cuda --precision bf16 --max-steps 60
   ckpt=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["last_checkpoint"] or "")' "$out/cuda_fp32.json" 2>/dev/null)
   run resume_on_cpu 120 "$tb" train synthetic --preset tiny --workers 1 --dropout 0 --seed 7 \
