@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # trainbook's CUDA checks and benchmarks, in one run on a GPU machine (packed by
 # bench/cuda/pack.sh into .gpu/pack.tar.xz; the machine's python3 must hold the same torch):
-#   bash bench/cuda/device.sh [checks|bench|all]     (default all; results in $OUT or ./cuda-out)
+#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling]
+#                                    (default all; results in $OUT or ./cuda-out)
 #
 # checks: NCCL collectives (`trainbook check`), the optimizer unit tests on the GPU (the fused
 #   CUDA AdamW/SGD kernels against libtorch's own optimizers), 1 worker on CUDA against 1 worker
@@ -11,6 +12,7 @@
 #   bench/torch_resnet.py) on the same GPU, one after the other: BERT-base masked-LM from
 #   scratch at 128 tokens and ResNet-50 at 224 px, both bf16; samples/s after warm-up, the ratio,
 #   MFU, and each side's peak GPU memory. bench/cuda/summary.py writes summary.md.
+# scaling: ResNet-50 with 4 and 14 loader threads (is the GPU fed?), BERT at batch 512.
 # One GPU holds one NCCL rank (NCCL refuses two ranks on one device), so every run has 1 worker.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -63,7 +65,7 @@ run() { # name, timeout, command...: the command's stdout's last line goes to $o
 : > "$out/exits.txt"
 tiny=(train synthetic --preset tiny --workers 1 --dropout 0 --seed 7 --json --log-level warn)
 
-if [ "$what" != bench ]; then
+if [ "$what" = all ] || [ "${what%%+*}" = checks ]; then
   run check1 60 "$tb" check --device cuda --workers 1
   # Two ranks on one GPU: NCCL's answer, recorded (expected: a clear error, not a hang).
   run check2 60 "$tb" check --device cuda --workers 2
@@ -85,7 +87,7 @@ if [ "$what" != bench ]; then
   done
 fi
 
-if [ "$what" != checks ]; then
+if [ "$what" = all ] || [ "$what" = bench ]; then
   B=${BERT_BATCH:-256} R=${RESNET_BATCH:-256}
   bert=(--workers 1 --max-length 128 --global-batch-size "$B")
   run tb_bert 300 "$tb" train bert-mlm "${bert[@]}" --device cuda --precision bf16 --layers 12 \
@@ -101,6 +103,27 @@ if [ "$what" != checks ]; then
     --arch resnet50 --image-size 224 --global-batch-size "$R" --steps "${RESNET_STEPS:-60}" \
     --warmup 20 --num-workers-loader 12 --data "$TRAINBOOK_DATA/datasets/digits/train"
   for r in tb_bert tb_resnet; do
+    d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
+      && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
+  done
+fi
+
+if [ "$what" = scaling ] || [ "$what" = checks+scaling ]; then
+  # Is ResNet-50 fed fast enough? The same job with 4 and 14 loader threads; and BERT at twice
+  # the batch on both sides.
+  for t in 4 14; do
+    run "scale_resnet_loader$t" 300 "$tb" train resnet --workers 1 --device cuda --precision bf16 \
+      --arch resnet50 --image-size 224 --global-batch-size 256 --max-steps 60 --optimizer adamw \
+      --lr 1e-3 --weight-decay 0 --schedule constant --loader-threads "$t" --eval-rows 0 --json --log-level warn
+  done
+  run scale_tb_bert512 300 "$tb" train bert-mlm --workers 1 --max-length 128 --global-batch-size 512 \
+    --device cuda --precision bf16 --layers 12 --hidden-size 768 --heads 12 --max-steps 60 \
+    --optimizer adamw --lr 5e-5 --weight-decay 0.01 --schedule constant --eval-rows 0 --json --log-level warn
+  run scale_torch_bert512 300 "$py" bench/torch_bert.py --task mlm --workers 1 --max-length 128 \
+    --global-batch-size 512 --device cuda --precision bf16 --layers 12 --hidden 768 --heads 12 \
+    --steps 60 --warmup 20 --data "$TRAINBOOK_DATA/datasets/brown/brown.txt" \
+    --model-dir "$TRAINBOOK_DATA/models/all-MiniLM-L6-v2"
+  for r in scale_resnet_loader4 scale_resnet_loader14 scale_tb_bert512; do
     d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
       && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
   done

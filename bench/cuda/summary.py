@@ -77,10 +77,11 @@ def main():
     def row(name, ok, detail):
         print(f"| {name} | {'pass' if ok else 'FAIL'} | {detail} |")
 
-    for k in ("check1", "check2"):
-        j = load(res, k)
-        if k in exits:
-            row(f"trainbook check, {k[-1]} worker(s)", exits[k] == "0", f"exit {exits[k]}" + (f": {json.dumps(j)[:200]}" if j else ""))
+    if "check1" in exits:
+        row("trainbook check, 1 worker (NCCL allreduce, broadcast, barrier)", exits["check1"] == "0", f"exit {exits['check1']}")
+    if "check2" in exits:
+        # One GPU: 2 workers must be refused before any process starts, not hang in NCCL.
+        row("trainbook check, 2 workers on 1 GPU: refused up front", exits["check2"] == "1", f"exit {exits['check2']}")
     if "unit" in exits:
         row("optimizer unit tests on the GPU (fused CUDA AdamW/SGD vs libtorch, LAMB/LANS vs PyTorch, 1e-6)", exits["unit"] == "0", f"exit {exits['unit']}")
     cpu, cuda = losses(res, "cpu_fp32"), losses(res, "cuda_fp32")
@@ -128,6 +129,18 @@ def main():
         ratio = f"{rt / rp:.2f}" if rt and rp else "-"
         mean = (jp or {}).get("samples_per_second_after_warmup") or 0
         print(f"| {model} | {batch} | {rt or 0:.0f} | {rp or 0:.0f} ({mean:.0f}) | {ratio} | {mfu(rt)} | {mfu(rp)} | {gib(mem_t)} | {gib(mem_p)} |")
+    scaled = [(n, load(res, n)) for n in ("scale_resnet_loader4", "scale_resnet_loader14", "scale_tb_bert512", "scale_torch_bert512")]
+    if any(j for _, j in scaled):
+        print("\n## Scaling runs\n")
+        print("| run | samples/s (median step) | peak GiB |")
+        print("| --- | --- | --- |")
+        for name, j in scaled:
+            if not j:
+                continue
+            batch = 512 if "bert512" in name else 256
+            rate = j.get("samples_per_second_median_step") if name.startswith("scale_torch") else steady_rate(res, name, batch)
+            peak = j.get("cuda_max_memory_allocated") or ((j.get("memory") or [{}])[0].get("peak"))
+            print(f"| {name} | {rate or 0:.0f} | {gib(peak)} |")
     if measured:
         print(f"\nMeasured bf16 matrix product (8192^3): {measured / 1e12:.0f} TFLOP/s; datasheet peak {PEAK_BF16 / 1e12:.0f}.")
 

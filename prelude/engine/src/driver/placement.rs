@@ -156,7 +156,14 @@ pub fn resolve(req: DeviceRequest, workers: usize) -> Result<DeviceKind> {
                 );
             }
             if n < workers {
-                bail!("{workers} workers need one CUDA device each, but only {n} are visible: use --workers {n} or fewer");
+                // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so this is
+                // said here, before any process starts.
+                let visible = if n == 1 {
+                    "1 is".to_string()
+                } else {
+                    format!("{n} are")
+                };
+                bail!("{workers} workers need one CUDA device each (NCCL runs one rank per GPU), but only {visible} visible: use --workers {n} or fewer");
             }
             if !crate::worker::dist::have_nccl() {
                 bail!("this trainbook build links CUDA but not NCCL: rebuild with `make setup` on the GPU machine");

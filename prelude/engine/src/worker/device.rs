@@ -98,11 +98,14 @@ impl Device {
         self.c10().0
     }
 
-    /// A variable store to build a model in. tch creates variables on the store's device,
-    /// which cannot be an HPU: HPU models are built on the CPU and moved by [`Self::place_vars`]
-    /// once their weights are loaded (one copy, as `model.to("hpu")` in PyTorch).
+    /// A variable store to build a model in: always on the CPU, and moved by
+    /// [`Self::place_vars`] once the weights are initialised or loaded (one copy, as
+    /// `model.to(device)` in PyTorch). Initialising on the CPU draws from the CPU generator on
+    /// every device, so a seed gives the same weights on CPU, CUDA and HPU (a CUDA store would
+    /// draw from the GPU's generator: another model, and runs that do not compare); an HPU
+    /// store cannot be made by tch at all.
     pub fn var_store(self) -> nn::VarStore {
-        nn::VarStore::new(self.tch().unwrap_or(tch::Device::Cpu))
+        nn::VarStore::new(tch::Device::Cpu)
     }
 
     /// Moves every variable of `vs` to this device in place (the variables keep their identity,
