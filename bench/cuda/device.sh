@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trainbook's CUDA checks and benchmarks, in one run on a GPU machine (packed by
 # bench/cuda/pack.sh into .gpu/pack.tar.xz; the machine's python3 must hold the same torch):
-#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling]
+#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet]
 #                                    (default all; results in $OUT or ./cuda-out)
 #
 # checks: NCCL collectives (`trainbook check`), the optimizer unit tests on the GPU (the fused
@@ -87,13 +87,13 @@ if [ "$what" = all ] || [ "${what%%+*}" = checks ]; then
   done
 fi
 
-if [ "$what" = all ] || [ "$what" = bench ]; then
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = resnet ]; then
   B=${BERT_BATCH:-256} R=${RESNET_BATCH:-256}
   bert=(--workers 1 --max-length 128 --global-batch-size "$B")
-  run tb_bert 300 "$tb" train bert-mlm "${bert[@]}" --device cuda --precision bf16 --layers 12 \
+  [ "$what" = resnet ] || run tb_bert 300 "$tb" train bert-mlm "${bert[@]}" --device cuda --precision bf16 --layers 12 \
     --hidden-size 768 --heads 12 --max-steps "${BERT_STEPS:-80}" --optimizer adamw --lr 5e-5 \
     --weight-decay 0.01 --schedule constant --eval-rows 0 --json --log-level warn
-  run torch_bert 300 "$py" bench/torch_bert.py --task mlm "${bert[@]}" --device cuda --precision bf16 \
+  [ "$what" = resnet ] || run torch_bert 300 "$py" bench/torch_bert.py --task mlm "${bert[@]}" --device cuda --precision bf16 \
     --layers 12 --hidden 768 --heads 12 --steps "${BERT_STEPS:-80}" --warmup 20 \
     --data "$TRAINBOOK_DATA/datasets/brown/brown.txt" --model-dir "$TRAINBOOK_DATA/models/all-MiniLM-L6-v2"
   run tb_resnet 300 "$tb" train resnet --workers 1 --device cuda --precision bf16 --arch resnet50 \

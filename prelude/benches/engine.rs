@@ -251,6 +251,7 @@ fn pipeline(threads: usize, batches: usize) {
         transforms::Normalize::IMAGENET,
         threads,
         4,
+        trainbook::engine::Device::Cpu,
     );
     let mut n = 0;
     while let Some(b) = p.next_batch() {

@@ -278,6 +278,7 @@ impl Recipe for ResnetRecipe {
             IMAGENET,
             self.loader_threads,
             4,
+            self.device,
         );
         let mut g = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         g[s] = Some(pipeline); // drops (stops) the previous pass's pipeline

@@ -127,6 +127,13 @@ impl Device {
     /// `t` on this device (a copy unless it is already there).
     pub fn put(self, t: &Tensor) -> Result<Tensor> {
         if let Some(d) = self.tch() {
+            // From page-locked memory the copy is queued and the host goes on to queue the
+            // forward pass; from pageable memory the host waits for the whole copy.
+            if let Some(pinned) = self.pin_target() {
+                if t.device() == tch::Device::Cpu && t.is_pinned(pinned) {
+                    return Ok(t.to_device_(d, t.kind(), true, false));
+                }
+            }
             return Ok(t.to_device(d));
         }
         let (ty, index) = self.c10();
@@ -134,6 +141,25 @@ impl Device {
         wrap(&format!("moving a tensor to {self}"), |err, len| unsafe {
             tb_to_device(t.as_ptr(), ty, index, err, len)
         })
+    }
+
+    /// The device whose copies page-locked host memory speeds up (CUDA), for input pipelines
+    /// that prepare batches ahead ([`Self::pin`]).
+    pub fn pin_target(self) -> Option<tch::Device> {
+        match self {
+            Device::Cuda(i) => Some(tch::Device::Cuda(i)),
+            _ => None,
+        }
+    }
+
+    /// `t` in page-locked host memory when this is a CUDA device (PyTorch's DataLoader
+    /// `pin_memory=True`), so [`Self::put`] copies it without the host waiting; otherwise, or
+    /// if pinning fails, `t` itself.
+    pub fn pin(self, t: Tensor) -> Tensor {
+        match self.pin_target() {
+            Some(d) => t.f_pin_memory(d).unwrap_or(t),
+            None => t,
+        }
     }
 
     /// Whether `t` lives on this device (checked by c10 device type and index, which sees an

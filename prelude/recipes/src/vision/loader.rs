@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result};
 use rand::SeedableRng;
 use tch::Tensor;
+use trainbook_engine::Device;
 
 use super::folder::ImageFolder;
 use super::transforms::{eval_transform, train_transform, Augment, Normalize};
@@ -94,7 +95,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Starts `threads` threads; thread t prepares batches t, t+threads, ... and may run
-    /// `depth` batches ahead.
+    /// `depth` batches ahead, in page-locked memory when `device` is a GPU.
     pub fn start(
         folder: Arc<ImageFolder>,
         batches: Vec<Vec<usize>>,
@@ -103,6 +104,7 @@ impl Pipeline {
         norm: Normalize,
         threads: usize,
         depth: usize,
+        device: Device,
     ) -> Self {
         let threads = threads.max(1);
         let stop = Arc::new(AtomicBool::new(false));
@@ -118,7 +120,11 @@ impl Pipeline {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    let out = batch(&folder, &batches[b], size, mode, &norm);
+                    // Pinned here, off the training loop's path, when the batch goes to a GPU.
+                    let out = batch(&folder, &batches[b], size, mode, &norm).map(|mut b| {
+                        b.images = device.pin(b.images);
+                        b
+                    });
                     if tx.send(out).is_err() {
                         return;
                     }
