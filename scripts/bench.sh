@@ -39,8 +39,8 @@
 #    2) on eval_loss; also trainbook without a scheduler, and one plain 4-epoch run of the same
 #    job at 1 thread (one epoch's time, for the compute floor); BENCH_SWEEP_ROUNDS (3) rounds
 # v: tracking on vs off: TensorBoard event files plus MLflow logging to a local `mlflow server`
-#    vs --no-tensorboard and no MLflow: BERT default preset samples/s, 2 workers x 1 thread,
-#    BENCH_TRACKING_ROWS (1,000) rows, alternating BENCH_ROUNDS (3) times
+#    vs --no-tensorboard and no MLflow: BERT default preset samples/s, BENCH_TRACKING_WORKERS (2)
+#    workers x 1 thread, BENCH_TRACKING_ROWS (1,000) rows, alternating BENCH_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -87,7 +87,7 @@ if has v; then
   for round in $(seq "${BENCH_ROUNDS:-3}"); do
     for tracking in both off; do
       flags=$([ $tracking = off ] && echo --no-tensorboard || echo --mlflow "http://127.0.0.1:$mlport")
-      target/release/trainbook train bert --device cpu --workers 2 --threads 1 --epochs 1 \
+      target/release/trainbook train bert --device cpu --workers "${BENCH_TRACKING_WORKERS:-2}" --threads 1 --epochs 1 \
         --train-rows "${BENCH_TRACKING_ROWS:-1000}" --eval-rows 0 --runs-root "$(mktemp -d)" $flags --json 2>/dev/null | tail -n1 |
         python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'bench': 'tracking', 'tensorboard_and_mlflow': '$tracking', 'round': $round, 'samples_per_second': r['samples_per_second'], 'elapsed_seconds': r['elapsed_seconds'], 'warnings': r['warnings']}))" |
         tee -a "$out"
