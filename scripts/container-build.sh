@@ -21,6 +21,9 @@ say() { printf '\033[1;34m[container]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[container]\033[0m %s\n' "$*" >&2; exit 1; }
 
 NOTEBOOK=notebook==7.6.5
+# papermill at the version `make setup` installs (headless runs in the container, as outside it);
+# trainbook's translator for it is installed by `build`, once the sources are in the image.
+PAPERMILL=$(grep -m1 '^papermill==' scripts/requirements.txt) || PAPERMILL=papermill
 check=0 step="" py=${TRAINBOOK_PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -94,14 +97,15 @@ preflight() {
 jupyter() {
   if [ "$check" = 1 ]; then
     "$py" -m pip --version >/dev/null || die "$py has no pip to install $NOTEBOOK with"
-    say "would run: $py -m pip install $NOTEBOOK"
+    say "would run: $py -m pip install $NOTEBOOK $PAPERMILL"
     return 0
   fi
-  say "installing $NOTEBOOK into $py"
+  say "installing $NOTEBOOK and $PAPERMILL into $py"
   # PEP 668 images (Ubuntu 24.04 variants) mark the system Python as externally managed; the
   # image is that Python's only user, so installing into it is intended.
-  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install --no-cache-dir --disable-pip-version-check -q "$NOTEBOOK"
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install --no-cache-dir --disable-pip-version-check -q "$NOTEBOOK" "$PAPERMILL"
   "$py" -m jupyter notebook --version >/dev/null
+  "$py" -m papermill --version >/dev/null
 }
 
 # Where the image's Jupyter looks for kernelspecs: <sys.prefix>/share/jupyter.
@@ -119,6 +123,7 @@ build() {
     scripts/use-tch.sh "$tch_use" --check
     say "would run: ${env}scripts/setup.sh && ${env}make build"
     say "would run: target/release/trainbook-kernel install --prefix $prefix"
+    say "would run: $py -m pip install --no-deps ./python/trainbook-papermill"
     say "would run: target/release/trainbook check --workers 2"
     say "check passed ($mode)"
     return 0
@@ -145,6 +150,11 @@ build() {
   if "$py" -c 'import jupyter_client' 2>/dev/null; then
     "$py" -m jupyter kernelspec list | grep -q '^ *trainbook ' || die "jupyter kernelspec list does not show trainbook"
   fi
+  # papermill's translator for the trainbook kernel, so `papermill notebooks/bert.ipynb OUT -p ...`
+  # writes Rust parameter cells in the image too.
+  say "installing trainbook's papermill translator into $py"
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install --no-cache-dir --disable-pip-version-check -q --no-deps ./python/trainbook-papermill
+  "$py" -c 'import trainbook_papermill' || die "trainbook's papermill translator did not install into $py"
   # The built binaries against the libraries they will run with: two workers, one allreduce, on
   # the device `auto` picks (HPUs when the image runs on Gaudi; at build time, where no device
   # is attached, CPU with one warning that says why).
