@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # On a machine with Intel Gaudi cards (in the Gaudi container, after `make build`): checks
 # trainbook's HPU path end to end and prints a Markdown report to paste into an issue.
-#   scripts/gaudi-check.sh [--workers N] [--steps S]
+#   scripts/gaudi-check.sh [--workers N] [--steps S] [--env-only]
+# 0. the environment the bridge and trainbook must agree on: torch's version, its C++ ABI
+#    (_GLIBCXX_USE_CXX11_ABI), its pybind11 internals tag (compiler type, standard library,
+#    build ABI), the torch version the bridge was built for (its required_version.txt) and
+#    PT_HPU_LAZY_MODE; --env-only stops after this;
 # 1. the bridge as a worker loads it (versions, module, device count);
 # 2. every collective on HPU tensors through hccl (`trainbook check --device hpu`);
 # 3. HPU vs CPU: 20 SGD steps of the synthetic BERT on N workers each, parameters compared (1e-5;
@@ -10,12 +14,13 @@
 #    default) for S steps in fp32 and bf16, the first steps excluded as the reference does.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-workers=2 steps=60
+workers=2 steps=60 env_only=0
 while [ $# -gt 0 ]; do
   case $1 in
+    --env-only) env_only=1; shift ;;
     --workers) workers=${2:?}; shift 2 ;;
     --steps) steps=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gaudi-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -35,6 +40,37 @@ echo "- trainbook: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo u
 echo "- host: $(uname -srm), $(nproc) cores"
 command -v hl-smi >/dev/null && echo "- hl-smi: $(hl-smi -v 2>/dev/null | head -n1)"
 echo "- libtorch: $(cat "$root/.libtorch/build-version" 2>/dev/null), hpu build: $([ -s "$root/.libtorch/hpu-python" ] && echo yes || echo no)"
+
+section "0. Environment"
+# The Python whose torch trainbook links (the hpu build embeds it), else python3.
+torch_py=$(cat "$root/.libtorch/hpu-python" 2>/dev/null || echo python3)
+"$torch_py" - <<'PY' 2>&1 | fenced
+import importlib.util, os
+import torch
+C = torch._C
+print("torch:", torch.__version__)
+print("_GLIBCXX_USE_CXX11_ABI:", int(C._GLIBCXX_USE_CXX11_ABI))
+# What pybind11 compares before two libraries may share objects (see docs/gaudi.md).
+if hasattr(C, "_PYBIND11_COMPILER_TYPE"):
+    print("pybind11 internals tag:", "compiler", C._PYBIND11_COMPILER_TYPE, "stdlib", C._PYBIND11_STDLIB,
+          "build ABI", C._PYBIND11_BUILD_ABI)
+else:  # torch >= 2.12 no longer exports it (its pybind11 keeps the tag in the interpreter's state)
+    print("pybind11 internals tag: not exported by this torch")
+spec = importlib.util.find_spec("habana_frameworks.torch")
+if spec is None or not spec.submodule_search_locations:
+    print("bridge: habana_frameworks.torch is not installed for this Python")
+else:
+    req = os.path.join(list(spec.submodule_search_locations)[0], "required_version.txt")
+    if os.path.exists(req):
+        want = open(req).read().strip()
+        same = want.split(".")[:2] == torch.__version__.split("+")[0].split(".")[:2]
+        print("bridge built for torch:", want, "(matches)" if same else "(DIFFERS: the bridge refuses to load)")
+    else:
+        print("bridge built for torch: no required_version.txt in", os.path.dirname(req))
+print("PT_HPU_LAZY_MODE:", os.environ.get("PT_HPU_LAZY_MODE", "unset (the bridge's default)"))
+PY
+[ "${PIPESTATUS[0]}" = 0 ] || failed=1
+if [ "$env_only" = 1 ]; then exit "$failed"; fi
 
 section "1. Bridge"
 "$worker" --probe-hpu 2>&1 | tail -n 1 | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("error: "+d["error"] if d["error"] else "\n".join(d["facts"]))' | fenced

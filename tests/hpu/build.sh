@@ -71,6 +71,10 @@ emit_env() {
     fi
 }
 
+# The torch release the "bridge" was built for, where the real one keeps it
+# (habana_frameworks/torch/required_version.txt); its __init__ checks it as the bridge does.
+echo "${torch_version%%+*}" > "$pkg_root/habana_frameworks/torch/required_version.txt"
+
 if [[ $force == 0 && -f $stamp && $(cat "$stamp") == "$key" && -f $lib/$plugin && -f $lib/$hccl ]]; then
     emit_env
     exit 0

@@ -257,3 +257,30 @@ def test_a_sweep_gives_concurrent_trials_disjoint_hpus(hpu):
     assert all(len(set(m)) == len(m) and None not in m for m in seen), seen
     assert all(len(m) <= 2 for m in seen), "more trials than HPUs at once"
     assert "2 at a time (4 asked; 2 hpu devices, 1 per trial)" in err, err[-2000:]
+
+
+def test_gaudi_check_reports_what_the_bridge_and_trainbook_must_agree_on(hpu, tmp_path):
+    """`scripts/gaudi-check.sh --env-only` against the stand-in: torch's version and C++ ABI, its
+    pybind11 internals tag, the torch the bridge was built for (its required_version.txt) and
+    the lazy-mode setting; a bridge built for another torch is called out."""
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gaudi-check.sh"), "--env-only"],
+                       env={**hpu, "PT_HPU_LAZY_MODE": "0"}, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    # The venv's torch (the one the hpu build embeds), read without importing it.
+    version = (ROOT / ".libtorch" / "build-version").read_text().strip()
+    assert f"torch: {version}" in out, out
+    assert "_GLIBCXX_USE_CXX11_ABI: 1" in out, out
+    # torch 2.13 no longer exports pybind11's tag; older ones print compiler, stdlib, build ABI.
+    assert "pybind11 internals tag: " in out, out
+    assert f"bridge built for torch: {version} (matches)" in out, out
+    assert "PT_HPU_LAZY_MODE: 0" in out, out
+    # A bridge built for another torch release, as a mismatched container would have.
+    pkg = tmp_path / "habana_frameworks" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "habana_frameworks" / "__init__.py").write_text("")
+    (pkg / "required_version.txt").write_text("2.5.1")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gaudi-check.sh"), "--env-only"],
+                       env={**hpu, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=300)
+    assert "bridge built for torch: 2.5.1 (DIFFERS: the bridge refuses to load)" in p.stdout, p.stdout

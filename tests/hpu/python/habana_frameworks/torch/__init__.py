@@ -32,6 +32,13 @@ if not is_lazy() and not _torch_was_imported:
 import torch  # noqa: E402
 
 _run_time_ver = torch.__version__
+
+# As the bridge: it was built for one torch release (required_version.txt beside this file,
+# written by build.sh) and refuses another major.minor.
+with open(os.path.join(os.path.dirname(__file__), "required_version.txt")) as _f:
+    _built_for = _f.read().strip()
+if _built_for.split(".")[:2] != _run_time_ver.split("+")[0].split(".")[:2]:
+    raise AssertionError(f"habana_frameworks (stand-in) was built for torch {_built_for}, not {_run_time_ver}")
 _local = _run_time_ver.split("+", 1)[1] if "+" in _run_time_ver else ""
 is_torch_fork = _local.startswith(("git", "hpu"))
 
