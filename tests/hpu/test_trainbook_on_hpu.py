@@ -284,3 +284,19 @@ def test_gaudi_check_reports_what_the_bridge_and_trainbook_must_agree_on(hpu, tm
     p = subprocess.run(["bash", str(ROOT / "scripts" / "gaudi-check.sh"), "--env-only"],
                        env={**hpu, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True, timeout=300)
     assert "bridge built for torch: 2.5.1 (DIFFERS: the bridge refuses to load)" in p.stdout, p.stdout
+
+
+def test_a_rank_stuck_in_its_teardown_after_success_is_killed_and_the_job_succeeds(hpu):
+    """The bridge tears down at exit with an untimed barrier; the stand-in's rank 1 hangs there
+    (TRAINBOOK_STANDIN_HANG_AT_EXIT=1) after its work is done. The driver kills it hang_timeout
+    later and the job succeeds with one warning, instead of never ending."""
+    t0 = time.monotonic()
+    p = trainbook(hpu, "train", "synthetic", *SGD, "--max-steps", "4", "--device", "hpu",
+                  "--hang-timeout", "5", extra={"TRAINBOOK_STANDIN_HANG_AT_EXIT": "1"}, timeout=180)
+    wall = time.monotonic() - t0
+    r = summary(p)
+    assert r["status"] == "succeeded", r
+    (warning,) = r["warnings"]
+    assert warning.startswith("rank 1 finished its work but had not exited 5 s later"), warning
+    assert f"warning: {warning}" in p.stderr
+    assert wall < r["elapsed_seconds"] + 30, (wall, r["elapsed_seconds"])

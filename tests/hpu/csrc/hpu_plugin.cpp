@@ -43,9 +43,11 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace trainbook_standin {
 
@@ -75,6 +77,23 @@ void acquire_device() {
       "synStatus=20 [Device already acquired] Device acquire failed.");
   g_acquired.store(true, std::memory_order_release);
 }
+
+// The real bridge tears down at process exit (a static ~HPURegistrar, the process group's
+// destructor with its untimed store barrier); a peer that is gone leaves a finished rank hanging
+// there. TRAINBOOK_STANDIN_HANG_AT_EXIT=<rank> makes that rank's exit hang the same way, after
+// its work is done, so the driver's bound on teardown can be tested.
+struct ExitTeardown {
+  ~ExitTeardown() {
+    const char* rank = std::getenv("RANK");
+    const char* which = std::getenv("TRAINBOOK_STANDIN_HANG_AT_EXIT");
+    if (g_acquired.load() && rank != nullptr && which != nullptr && std::strcmp(rank, which) == 0) {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
+  }
+};
+ExitTeardown g_exit_teardown;
 
 // ---------------------------------------------------------------------------------------------
 // Allocator: host memory that reports device hpu:0.

@@ -94,6 +94,9 @@ pub(super) struct Driver<'a> {
     joined: bool,
     /// Every rank's pulse, for hang detection.
     hangs: Hangs,
+    /// When each rank reported `done`: a worker that has not exited `hang_timeout` later is
+    /// stuck in its teardown (on Gaudi, the hccl process group's untimed destructor barrier).
+    done_at: Vec<Option<Instant>>,
     /// The steps each rank had taken when it reported an error.
     error_steps: Vec<Option<u64>>,
     /// The restart budget.
@@ -233,6 +236,10 @@ impl Driver<'_> {
                 self.line(rank, Stream::Stderr, format!("error: {message}"));
             }
             Event::Done { rank, summary } => {
+                if let Some(at) = self.done_at.get_mut(rank) {
+                    at.get_or_insert_with(Instant::now);
+                }
+                self.hangs.finished(rank);
                 if let (0, Some(log)) = (rank, &mut self.dllog) {
                     log.finish(&summary, elapsed);
                 }
@@ -443,6 +450,7 @@ impl<'a> Driver<'a> {
             remote_exits: Vec::new(),
             joined,
             hangs: Hangs::new(world, job.spec.hang_timeout_secs),
+            done_at: vec![None; world],
             error_steps: vec![None; world],
             policy: Policy::new(job.spec.max_failures),
             attempt: 0,
@@ -528,6 +536,9 @@ impl<'a> Driver<'a> {
                     continue;
                 }
             }
+            if !stopped_by_user {
+                self.kill_stuck_after_done(workers);
+            }
             let exits = workers.poll();
             let remote = std::mem::take(&mut self.remote_exits);
             if stopped_by_user || (exits.is_empty() && remote.is_empty()) {
@@ -541,6 +552,36 @@ impl<'a> Driver<'a> {
             }
         }
         stopped_by_user
+    }
+
+    /// Kills the workers that reported `done` (their steps, metrics and checkpoints complete)
+    /// but have not exited `hang_timeout` later, and says so in the job's warnings: the run
+    /// succeeded, only its teardown hung. Without this a peer gone from an untimed teardown
+    /// barrier would keep the job from ending at all.
+    fn kill_stuck_after_done(&mut self, workers: &mut Workers) {
+        let limit = self.job.spec.hang_timeout_secs;
+        if limit == 0 {
+            return;
+        }
+        let stuck: Vec<usize> = self
+            .done_at
+            .iter()
+            .enumerate()
+            .filter(|(_, at)| at.is_some_and(|t| t.elapsed() >= Duration::from_secs(limit)))
+            .map(|(rank, _)| rank)
+            .filter(|&rank| workers.pid_of(rank).is_some())
+            .collect();
+        for rank in stuck {
+            if workers.kill_rank(rank).is_some() {
+                let note = format!(
+                    "rank {rank} finished its work but had not exited {limit} s later (stuck in \
+                     its teardown; on Gaudi, typically the hccl process group's destructor \
+                     barrier): it was killed. Its metrics and checkpoints were complete."
+                );
+                self.line(rank, Stream::Stderr, format!("warning: {note}"));
+                self.job.lock().warnings.push(note);
+            }
+        }
     }
 
     /// The exits that count as failures: a crash, or a clean exit without its `done` event
@@ -945,6 +986,7 @@ impl<'a> Driver<'a> {
     /// the metric rows of the steps it will redo are dropped (the replayed rows replace them).
     fn forget_attempt(&mut self, resumed_step: u64) {
         self.hangs.reset();
+        self.done_at.iter_mut().for_each(|d| *d = None);
         self.error_steps.iter_mut().for_each(|s| *s = None);
         self.remote_exits.clear();
         let mut st = self.job.lock();
@@ -1177,6 +1219,7 @@ mod tests {
             remote_exits: Vec::new(),
             joined: false,
             hangs: Hangs::new(job.spec.world_size(), 0),
+            done_at: vec![None; job.spec.world_size()],
             error_steps: vec![None; job.spec.world_size()],
             policy: Policy::new(0),
             attempt: 0,

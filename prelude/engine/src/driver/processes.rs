@@ -228,6 +228,18 @@ impl Workers {
         exits
     }
 
+    /// SIGKILLs one rank's worker and reaps it (a rank stuck after its work is done).
+    pub(crate) fn kill_rank(&mut self, rank: usize) -> Option<Exit> {
+        let (_, slot) = self
+            .ranks
+            .iter()
+            .zip(self.children.iter_mut())
+            .find(|(r, c)| **r == rank && c.is_some())?;
+        let mut child = slot.take()?;
+        let _ = child.kill();
+        child.wait().ok().map(|s| Exit::from_status(rank, s))
+    }
+
     pub(crate) fn all_exited(&self) -> bool {
         self.children.iter().all(|c| c.is_none())
     }

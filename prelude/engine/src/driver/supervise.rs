@@ -36,6 +36,9 @@ struct Pulse {
     moved: Option<Instant>,
     heard: Option<Instant>,
     slowest: Duration,
+    /// The rank reported `done`: its teardown is the driver's exit deadline's business, not a
+    /// hang of the training.
+    done: bool,
 }
 
 /// A rank declared hung.
@@ -106,6 +109,13 @@ impl Hangs {
         p.work = p.work.max(work);
     }
 
+    /// `rank` reported `done`: no longer watched for hangs.
+    pub(super) fn finished(&mut self, rank: usize) {
+        if let Some(p) = self.ranks.get_mut(rank) {
+            p.done = true;
+        }
+    }
+
     /// The steps `rank` had taken when last heard.
     pub(super) fn step_of(&self, rank: usize) -> Option<u64> {
         self.ranks
@@ -138,6 +148,7 @@ impl Hangs {
             .ranks
             .iter()
             .enumerate()
+            .filter(|(_, p)| !p.done)
             .filter_map(|(rank, p)| {
                 let heard = p.heard?;
                 let h = Hung {
