@@ -164,6 +164,24 @@ impl Driver<'_> {
         }
     }
 
+    /// A metric: rank 0's go to the run's trackers (dllogger, TensorBoard, MLflow); every
+    /// rank's to the job and its subscribers.
+    fn metric(&mut self, row: MetricRow) {
+        if row.rank == 0 {
+            if let Some(log) = &mut self.dllog {
+                log.metric(row.epoch, row.step, &row.name, row.value, row.time);
+            }
+            if let Some(tb) = &mut self.tensorboard {
+                tb.scalar(&row.name, row.step, row.value);
+            }
+            if let Some(m) = &self.mlflow {
+                m.metric(tensorboard::tag(&row.name), row.step, row.value);
+            }
+        }
+        self.job.lock().metrics.push(row.clone());
+        self.job.publish(Update::Metric(row));
+    }
+
     fn event(&mut self, ev: Event) {
         let elapsed = self.elapsed();
         match ev {
@@ -175,27 +193,14 @@ impl Driver<'_> {
                 name,
                 value,
                 ..
-            } => {
-                if let (0, Some(log)) = (rank, &mut self.dllog) {
-                    log.metric(epoch, step, &name, value, elapsed);
-                }
-                if let (0, Some(tb)) = (rank, &mut self.tensorboard) {
-                    tb.scalar(&name, step, value);
-                }
-                if let (0, Some(m)) = (rank, &self.mlflow) {
-                    m.metric(tensorboard::tag(&name), step, value);
-                }
-                let row = MetricRow {
-                    rank: rank as u32,
-                    step,
-                    epoch,
-                    name,
-                    value,
-                    time: elapsed,
-                };
-                self.job.lock().metrics.push(row.clone());
-                self.job.publish(Update::Metric(row));
-            }
+            } => self.metric(MetricRow {
+                rank: rank as u32,
+                step,
+                epoch,
+                name,
+                value,
+                time: elapsed,
+            }),
             Event::Progress {
                 step,
                 total_steps,
@@ -575,8 +580,8 @@ impl<'a> Driver<'a> {
             if workers.kill_rank(rank).is_some() {
                 let note = format!(
                     "rank {rank} finished its work but had not exited {limit} s later (stuck in \
-                     its teardown; on Gaudi, typically the hccl process group's destructor \
-                     barrier): it was killed. Its metrics and checkpoints were complete."
+                     its teardown; on Gaudi, typically the destructor barrier of the hccl \
+                     process group): it was killed. Its metrics and checkpoints were complete."
                 );
                 self.line(rank, Stream::Stderr, format!("warning: {note}"));
                 self.job.lock().warnings.push(note);
