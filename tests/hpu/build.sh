@@ -3,6 +3,9 @@
 # tests/hpu/python/habana_frameworks/torch/lib/:
 #   libhabana_pytorch2_plugin.so            (+ link libhabana_pytorch2_plugin.upstream.so)
 #   _hccl_eager_C<ext suffix>               (pybind11 module)
+# and tests/hpu/build/handover_foreign.so: trainbook's own hand-over helper
+# (prelude/hpu/csrc/backend_from_python.cpp) compiled to a pybind11 internals tag torch does not
+# use, as a build with another compiler family would be (test_trainbook_on_hpu.py loads it).
 # and, when the torch wheel cannot be imported for lack of CUDA libraries (trainbook's .venv has
 # the CUDA wheel without its nvidia-* dependencies), stub CUDA libraries into tests/hpu/build/cuda-stubs.
 #
@@ -55,9 +58,12 @@ flags=(-std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -DUSE_DISTRIBUTED -
        -I"$torch_dir/include" -I"$torch_dir/include/torch/csrc/api/include")
 plugin=libhabana_pytorch2_plugin.so
 hccl=_hccl_eager_C$ext_suffix
+handover_src=$repo/prelude/hpu/csrc/backend_from_python.cpp
+foreign=handover_foreign.so
 
 key=$( {
-    cat "$here/csrc/hpu_plugin.cpp" "$here/csrc/hccl_eager.cpp" "$here/csrc/host_view.h" "$here/cuda_stubs.py" "$0"
+    cat "$here/csrc/hpu_plugin.cpp" "$here/csrc/hccl_eager.cpp" "$here/csrc/host_view.h" "$here/cuda_stubs.py" "$0" \
+        "$handover_src"
     echo "$torch_dir $torch_version $torch_git $py_inc $ext_suffix ${flags[*]}"
     "$cxx" --version | head -1
 } | sha256sum | cut -d' ' -f1)
@@ -75,7 +81,7 @@ emit_env() {
 # (habana_frameworks/torch/required_version.txt); its __init__ checks it as the bridge does.
 echo "${torch_version%%+*}" > "$pkg_root/habana_frameworks/torch/required_version.txt"
 
-if [[ $force == 0 && -f $stamp && $(cat "$stamp") == "$key" && -f $lib/$plugin && -f $lib/$hccl ]]; then
+if [[ $force == 0 && -f $stamp && $(cat "$stamp") == "$key" && -f $lib/$plugin && -f $lib/$hccl && -f $build/$foreign ]]; then
     emit_env
     exit 0
 fi
@@ -90,22 +96,27 @@ rm -rf "$stubs"
 
 tmp=$(mktemp -d "$build/tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-# Both translation units at once (~15 s and ~25 s alone on one core).
+# The translation units at once (~15 s, ~25 s and ~20 s alone on one core).
 "$cxx" "${flags[@]}" "$here/csrc/hpu_plugin.cpp" -o "$tmp/$plugin" -Wl,-soname,$plugin \
     -L"$tlib" -ltorch_cpu -lc10 -Wl,-rpath,"$tlib" &
 p1=$!
 "$cxx" "${flags[@]}" -fvisibility=hidden -I"$py_inc" "$here/csrc/hccl_eager.cpp" -o "$tmp/$hccl" \
     -L"$tlib" -ltorch_python -ltorch_cpu -lc10 -Wl,-rpath,"$tlib" &
 p2=$!
+"$cxx" "${flags[@]}" '-DPYBIND11_COMPILER_TYPE="_foreign"' -I"$py_inc" -I"$repo/prelude/engine/csrc" \
+    "$handover_src" -o "$tmp/$foreign" -L"$tlib" -ltorch_cpu -lc10 -Wl,-rpath,"$tlib" &
+p3=$!
 rc=0
 wait $p1 || rc=1
 wait $p2 || rc=1
+wait $p3 || rc=1
 if [[ $rc != 0 ]]; then
     echo "build.sh: compiling the HPU stand-in failed" >&2
     exit 1
 fi
 mv -f "$tmp/$plugin" "$lib/$plugin"
 mv -f "$tmp/$hccl" "$lib/$hccl"
+mv -f "$tmp/$foreign" "$build/$foreign"
 ln -sfn "$plugin" "$lib/libhabana_pytorch2_plugin.upstream.so"
 echo "$key" >"$stamp"
 echo "build.sh: HPU stand-in built for torch $torch_version in $((SECONDS - start))s" >&2

@@ -7,8 +7,9 @@ TIMEOUT_S. Prints one JSON line with the results on stdout.
   CHECK=registry     create the backend the way torch.distributed does (Backend._plugins,
                      extended API) and attach it to a bare c10d ProcessGroup for HPU: the path
                      trainbook's worker takes from C++
-  CHECK=kill         rank 1 dies (SIGKILL) after a first all_reduce; rank 0's next one must fail
-  CHECK=hang         rank 1 stops (SIGSTOP) instead; rank 0's next one must time out
+  CHECK=kill         rank 1 dies (SIGKILL) after a first all_reduce; rank 0's next one waits
+                     forever (HCCL has no timeout: the stand-in turns gloo's error into a wait)
+  CHECK=hang         rank 1 stops (SIGSTOP) instead; rank 0's next one waits forever
 """
 import habana_frameworks.torch.core  # noqa: F401  (before torch: see habana_frameworks/torch/__init__.py)
 

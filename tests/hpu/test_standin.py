@@ -275,17 +275,11 @@ def test_backend_from_registry_on_bare_process_group(env):
 
 
 @pytest.mark.parametrize("check", ["kill", "hang"])
-def test_dead_or_stuck_peer_fails_within_timeout(env, check):
-    start = time.monotonic()
-    results = run_ranks(env, check, timeout_s=3, limit=60, grace=15 if check == "kill" else 0.5)
-    if check == "hang":
-        assert results[1][0] == -9  # still stopped until run_ranks killed it
+def test_a_dead_or_stuck_peer_leaves_the_survivor_waiting_past_its_timeout(env, check):
+    # As HCCL: the group's 2 s timeout is ignored, so rank 0's all_reduce neither returns nor
+    # raises; only killing it (run_ranks after `limit`) ends it. A dead peer is reported once.
+    results = run_ranks(env, check, timeout_s=2, limit=8, grace=0.5)
     rc, out, err = results[0]
-    assert rc == 0, out + err
-    r = json.loads(out.strip().splitlines()[-1])
-    assert r["error"] and r["error"].startswith("RuntimeError"), r
-    assert r["seconds"] < 10, r
-    if check == "hang":
-        assert "Timed out" in r["error"], r
-        assert r["seconds"] >= 2.5, r
-    assert time.monotonic() - start < 60
+    assert rc == -9 and out == "", (rc, out, err)
+    if check == "kill":
+        assert "HCCL has no timeout, so this rank waits forever" in err, err

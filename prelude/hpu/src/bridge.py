@@ -82,11 +82,22 @@ def load():
     }
 
 
-def create_hccl(host, port, rank, world, timeout_ms, prefix):
+# Process groups this worker registered by name, kept until shutdown() drops them.
+_GROUPS = {}
+
+
+def create_hccl(host, port, rank, world, timeout_ms, prefix, handover):
     """The hccl backend on the job's rendezvous store, created by the constructor the bridge
-    registered with torch.distributed (what init_process_group("hccl") would call)."""
+    registered with torch.distributed (what init_process_group("hccl") would call).
+
+    With handover "registry" (the default) the backend is wrapped in a torch ProcessGroup the way
+    init_process_group does and registered in torch's group registry; returns (None, name) and
+    the worker resolves the name in C++. Only torch's own bindings touch the bridge's object, so
+    trainbook's build need not share pybind11's internals with torch and the bridge. With
+    "cast", returns (backend, None) for the worker to cast through pybind11 itself."""
     from datetime import timedelta
 
+    import torch
     import torch.distributed as dist
 
     timeout = timedelta(milliseconds=timeout_ms)
@@ -102,8 +113,46 @@ def create_hccl(host, port, rank, world, timeout_ms, prefix):
         opts = dist.distributed_c10d._DistributedBackendOptions()
         opts.store, opts.group_rank, opts.group_size, opts.timeout = store, rank, world, timeout
         opts.group_id, opts.global_ranks_in_group = "0", list(range(world))
-        return plugin.creator_fn(opts, None)
-    return plugin.creator_fn(store, rank, world, timeout)
+        backend = plugin.creator_fn(opts, None)
+    else:
+        backend = plugin.creator_fn(store, rank, world, timeout)
+    if handover == "cast":
+        return backend, None
+    register = getattr(torch._C._distributed_c10d, "_register_process_group", None)
+    if register is None:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no process-group registry (torch 2.3 and later "
+            "have one), so the hccl group cannot be handed over by name: set "
+            "TRAINBOOK_HPU_HANDOVER=cast to take it through pybind11 instead"
+        )
+    pg = dist.ProcessGroup(store, rank, world)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    if hasattr(pg, "_set_default_backend"):
+        pg._set_default_backend(custom)
+    pg._register_backend(torch.device("hpu"), custom, backend)
+    name = f"trainbook:{prefix}"
+    register(name, pg)
+    _GROUPS[name] = pg
+    return None, name
+
+
+def shutdown():
+    """What the end of a Python program would do, before this (non-Python) process exits: drop
+    the hccl group (its destructor meets the peers' in a barrier), then run the exit handlers
+    the bridge registered (its device and process-group cleanup). Without this the bridge's
+    static destructors do that cleanup at exit and import Python without the GIL."""
+    import atexit
+    import gc
+
+    import torch
+
+    unregister = getattr(torch._C._distributed_c10d, "_unregister_process_group", None)
+    for name in list(_GROUPS):
+        if unregister is not None:
+            unregister(name)
+        del _GROUPS[name]
+    gc.collect()
+    atexit._run_exitfuncs()
 
 
 def peak_memory():

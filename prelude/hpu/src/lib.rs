@@ -27,8 +27,29 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> *mut c_void;
+    fn tb_backend_from_registry(
+        name: *const c_char,
+        device_type: c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut c_void;
     fn tb_backend_free(holder: *mut c_void);
 }
+
+/// How the hccl group reaches the worker: by name through torch's group registry (the default),
+/// or `TRAINBOOK_HPU_HANDOVER=cast` through pybind11 (needs equal pybind11 internals tags).
+fn handover() -> Result<&'static str> {
+    match std::env::var("TRAINBOOK_HPU_HANDOVER").as_deref() {
+        Err(_) | Ok("") | Ok("registry") => Ok("registry"),
+        Ok("cast") => Ok("cast"),
+        Ok(other) => {
+            bail!("TRAINBOOK_HPU_HANDOVER={other} is not known: use registry (the default) or cast")
+        }
+    }
+}
+
+/// Set once the bridge is loaded: only then is there a bridge teardown to run or skip.
+static LOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The Python side, kept as one readable file.
 const BRIDGE_PY: &CStr = c"bridge.py";
@@ -137,7 +158,26 @@ impl HpuBridge for GaudiBridge {
         if !Device::Hpu(0).holds(&probe) {
             bail!("the Gaudi bridge loaded, but a tensor moved to HPU did not land there: the bridge registered no HPU device in this libtorch");
         }
+        LOADED.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(facts)
+    }
+
+    fn loaded(&self) -> bool {
+        LOADED.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        if !self.loaded() {
+            return Ok(());
+        }
+        Python::attach(|py| {
+            let m = bridge_module(py).map_err(|e| py_error(py, e))?;
+            m.getattr("shutdown")
+                .and_then(|f| f.call0())
+                .map_err(|e| py_error(py, e))
+                .context("closing the hccl group and running the Gaudi bridge's exit handlers")?;
+            Ok(())
+        })
     }
 
     fn peak_memory(&self) -> Option<u64> {
@@ -153,9 +193,10 @@ impl HpuBridge for GaudiBridge {
     }
 
     fn hccl_backend(&self, init: &InitOptions, prefix: &str) -> Result<BackendHandle> {
+        let handover = handover()?;
         Python::attach(|py| -> Result<BackendHandle> {
             let m = bridge_module(py).map_err(|e| py_error(py, e))?;
-            let backend = m
+            let created = m
                 .getattr("create_hccl")
                 .and_then(|f| {
                     f.call1((
@@ -165,14 +206,30 @@ impl HpuBridge for GaudiBridge {
                         init.world_size,
                         init.timeout.as_millis() as u64,
                         prefix,
+                        handover,
                     ))
                 })
                 .map_err(|e| py_error(py, e))
                 .context("creating the hccl backend")?;
-            // SAFETY: the GIL is held (inside `attach`) and `backend` is a live object.
-            let holder = ffi::call_ptr("taking the hccl backend from Python", |err, len| unsafe {
-                tb_backend_from_python(backend.as_ptr(), Device::Hpu(0).c10_type(), err, len)
-            })?;
+            let (backend, name): (Bound<'_, PyAny>, Option<String>) =
+                created.extract().map_err(|e| py_error(py, e))?;
+            let device = Device::Hpu(0).c10_type();
+            let holder = match name {
+                Some(name) => {
+                    let name = std::ffi::CString::new(name)?;
+                    ffi::call_ptr(
+                        "taking the hccl group from torch's registry",
+                        |err, len| unsafe {
+                            // SAFETY: `name` is a live NUL-terminated string.
+                            tb_backend_from_registry(name.as_ptr(), device, err, len)
+                        },
+                    )?
+                }
+                // SAFETY: the GIL is held (inside `attach`) and `backend` is a live object.
+                None => ffi::call_ptr("taking the hccl backend from Python", |err, len| unsafe {
+                    tb_backend_from_python(backend.as_ptr(), device, err, len)
+                })?,
+            };
             // SAFETY: `holder` is a fresh `c10::intrusive_ptr<c10d::Backend>*`, freed once.
             Ok(unsafe { BackendHandle::from_raw(holder, tb_backend_free) })
         })

@@ -7,8 +7,14 @@
 // device, its own PrefixStore over the store it was given). The stand-in's HPU memory is host
 // memory, so HPU tensors are handed to gloo as CPU tensors over the same memory (no copy);
 // non-contiguous tensors go through a contiguous copy that is written back when the work is
-// waited on. gloo's timeout is the backend's timeout, and a peer that dies makes the pending
-// collective fail (wait() throws) instead of hanging.
+// waited on.
+//
+// As unkind as the bridge's ProcessGroupEagerHCCL (process_group_eager_hccl.cpp, v1.19): no
+// collective times out (the timeout given to the constructor, setTimeout() and wait() are
+// ignored), a peer that dies leaves the others waiting forever (gloo's "connection closed" is
+// turned into a hang), abort() is not supported (it throws, as the bridge's assert does), and
+// the destructor waits in an untimed barrier on the store for every rank to destroy its group
+// too; after the store is gone, that barrier's exception ends the process (std::terminate).
 // Used only by tests: see tests/hpu/README.md.
 
 #include "host_view.h"
@@ -22,7 +28,10 @@
 
 #include <pybind11/chrono.h>
 
+#include <chrono>
+#include <cstdio>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +80,16 @@ struct Staging {
   }
 };
 
+// What HCCL does when a peer is gone: nothing more. The process waits until it is killed.
+[[noreturn]] void hang_forever(const char* why) {
+  std::fprintf(stderr,
+               "hccl (trainbook stand-in): a collective failed (%s); HCCL has no timeout, so this "
+               "rank waits forever, as on a Gaudi\n",
+               why);
+  std::fflush(stderr);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 // Wraps gloo's work: result() gives the HPU tensors; wait() also performs the write-backs.
 class HostWork : public c10d::Work {
  public:
@@ -96,15 +115,23 @@ class HostWork : public c10d::Work {
   void synchronize() override {
     inner_->synchronize();
   }
-  bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override {
-    bool ok = inner_->wait(timeout);
+  // The timeout is ignored, as the bridge's WorkEager::wait does; a failed collective (a peer
+  // gone) never returns, as with HCCL.
+  bool wait(std::chrono::milliseconds /* timeout */ = ::kNoTimeout) override {
+    bool ok = false;
+    try {
+      ok = inner_->wait(::kNoTimeout);
+    } catch (const std::exception& e) {
+      hang_forever(e.what());
+    }
     std::call_once(copied_, [this] {
       for (auto& [dst, src] : copy_back_) host_view(dst).copy_(src);
     });
     return ok;
   }
   void abort() override {
-    inner_->abort();
+    TORCH_INTERNAL_ASSERT(false, "hccl (trainbook stand-in): abort() is not supported by the "
+                          "eager HCCL work, as in the Gaudi bridge");
   }
   // The future's values are gloo's host tensors (they share memory with the HPU tensors).
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
@@ -138,21 +165,29 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& ts) {
 class ProcessGroupEagerHCCL : public c10d::Backend {
  public:
   ProcessGroupEagerHCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                        std::string group_name, std::chrono::milliseconds timeout)
+                        std::string group_name, std::chrono::milliseconds /* ignored */)
       : c10d::Backend(rank, size) {
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    // A day: longer than any test, i.e. no timeout.
+    auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::hours(24));
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     opts->group_name = group_name;
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("hccl_standin", store);
-    gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
+    store_ = c10::make_intrusive<c10d::PrefixStore>("hccl_standin", store);
+    gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
+  }
+
+  // The bridge's destructor: hostBarrier(), every rank marks the store and polls it until all
+  // have, without a timeout. Exceptions (the store is gone) escape a noexcept destructor.
+  ~ProcessGroupEagerHCCL() override {
+    store_->add("teardown", 1);
+    while (store_->add("teardown", 0) < getSize()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
 
   const std::string getBackendName() const override {
     return "hccl";
   }
-  void setTimeout(std::chrono::milliseconds timeout) override {
-    gloo_->setTimeout(timeout);
-  }
+  void setTimeout(std::chrono::milliseconds /* ignored, as by the bridge */) override {}
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
@@ -296,6 +331,7 @@ class ProcessGroupEagerHCCL : public c10d::Backend {
   }
 
  private:
+  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo_;
 };
 

@@ -42,7 +42,10 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/library.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -78,10 +81,18 @@ void acquire_device() {
   g_acquired.store(true, std::memory_order_release);
 }
 
-// The real bridge tears down at process exit (a static ~HPURegistrar, the process group's
-// destructor with its untimed store barrier); a peer that is gone leaves a finished rank hanging
-// there. TRAINBOOK_STANDIN_HANG_AT_EXIT=<rank> makes that rank's exit hang the same way, after
-// its work is done, so the driver's bound on teardown can be tested.
+// Exit, as the bridge does it (backend/habana_device/hpu_cached_devices.cpp, v1.19): when Python
+// is initialised it registers its cleanup on Python's atexit (here habana_frameworks.torch's
+// __init__ registers tb_standin_exit_cleanup); a process that never runs Python's exit handlers
+// (one that embeds Python and does not finalise it) gets the static-destructor fallback instead,
+// whose process-group cleanup imports torch.distributed without taking the GIL. The real one then
+// crashes somewhere inside Python; the stand-in aborts there, with a message, every time.
+//
+// TRAINBOOK_STANDIN_HANG_AT_EXIT=<rank> makes that rank's exit hang after its work is done, as a
+// rank does in the bridge's teardown barrier when a peer never arrives, so the driver's bound on
+// teardown can be tested.
+std::atomic<bool> g_exit_cleanup_ran{false};
+
 struct ExitTeardown {
   ~ExitTeardown() {
     const char* rank = std::getenv("RANK");
@@ -91,9 +102,33 @@ struct ExitTeardown {
         std::this_thread::sleep_for(std::chrono::seconds(1));
       }
     }
+    if (!g_acquired.load() || g_exit_cleanup_ran.load()) {
+      return;
+    }
+    using Probe = int (*)();
+    auto initialized = reinterpret_cast<Probe>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+    auto holds_gil = reinterpret_cast<Probe>(dlsym(RTLD_DEFAULT, "PyGILState_Check"));
+    if (initialized != nullptr && holds_gil != nullptr && initialized() != 0 && holds_gil() == 0) {
+      std::fprintf(stderr,
+                   "habana (trainbook stand-in): process exit without Python's exit handlers: the "
+                   "bridge's static cleanup imports torch.distributed without the GIL here "
+                   "(~HPURegistrar -> ProcessGroupHCCLRegistry::cleanup); aborting as the real "
+                   "bridge would crash\n");
+      std::fflush(stderr);
+      std::abort();
+    }
   }
 };
 ExitTeardown g_exit_teardown;
+
+}  // namespace trainbook_standin
+
+// The cleanup habana_frameworks.torch registers on Python's atexit.
+extern "C" __attribute__((visibility("default"))) void tb_standin_exit_cleanup() {
+  trainbook_standin::g_exit_cleanup_ran.store(true);
+}
+
+namespace trainbook_standin {
 
 // ---------------------------------------------------------------------------------------------
 // Allocator: host memory that reports device hpu:0.

@@ -80,6 +80,40 @@ pub trait HpuBridge: Sync {
     fn peak_memory(&self) -> Option<u64> {
         None
     }
+    /// Whether [`load`](Self::load) succeeded in this process.
+    fn loaded(&self) -> bool {
+        false
+    }
+    /// Runs the bridge's teardown (closes the hccl group, runs its exit handlers) while this
+    /// process can still do it properly; called after a rank succeeded, before it exits.
+    fn shutdown(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// How a worker process ends. After success, Gaudi's bridge is torn down first: left to the
+/// process's exit, its static destructors enter Python without the GIL (a crash after a good
+/// run). After a failure, the bridge's teardown would wait in a barrier for peers that are not
+/// coming, so the process leaves without running exit handlers or static destructors (the
+/// driver already has the error, and every event and log line is flushed).
+fn finish(code: i32, hpu: Hpu, events: &Emitter) -> i32 {
+    let Some(bridge) = hpu.filter(|b| b.loaded()) else {
+        return code;
+    };
+    if code == 0 {
+        if let Err(e) = bridge.shutdown() {
+            events.log(format!(
+                "warning: the Gaudi bridge's teardown failed: {e:#}"
+            ));
+            events.flush(Duration::from_secs(5));
+        }
+        return code;
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: ends the process at once; nothing after this runs.
+    unsafe { libc::_exit(code) }
 }
 
 /// The HPU bridge a worker binary built with the `hpu` feature injects.
@@ -96,7 +130,12 @@ fn no_hpu_build() -> anyhow::Error {
 
 /// `trainbook-worker --probe-hpu`: load the bridge, acquire a device, say what happened.
 fn probe(hpu: Hpu) -> i32 {
-    let result = hpu.ok_or_else(no_hpu_build).and_then(|b| b.load());
+    // Torn down before exiting, as after training (see `finish`).
+    let result = hpu.ok_or_else(no_hpu_build).and_then(|b| {
+        let facts = b.load()?;
+        b.shutdown()?;
+        Ok(facts)
+    });
     let answer = match result {
         Ok(facts) => {
             let device_count = facts
@@ -136,7 +175,7 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
             return 2;
         }
     };
-    match run_rank(rank, &events, recipes, hpu) {
+    let code = match run_rank(rank, &events, recipes, hpu) {
         Ok(()) => {
             events.flush(Duration::from_secs(5));
             0
@@ -153,7 +192,8 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
             events.flush(Duration::from_secs(5));
             1
         }
-    }
+    };
+    finish(code, hpu, &events)
 }
 
 fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Result<()> {

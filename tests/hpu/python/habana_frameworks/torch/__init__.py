@@ -12,6 +12,7 @@ CUDA-enabled torch wheel (trainbook's CI has one, without a GPU) that lets the p
 out of PyTorch's accelerator detection, so that HPU is the accelerator as on a Gaudi machine
 (see NoCUDAHooks in tests/hpu/csrc/hpu_plugin.cpp). Import this package before torch there.
 """
+import atexit
 import ctypes
 import os
 import sys
@@ -54,7 +55,11 @@ if is_lazy():
 # libhabana_pytorch2_plugin.upstream.so (stock torch); build.sh makes the second a link to the
 # first, so this is the library loaded above when it was.
 _plugin = "libhabana_pytorch2_plugin{}.so".format("" if is_torch_fork else ".upstream")
-ctypes.CDLL(os.path.join(_lib_dir, _plugin), ctypes.RTLD_GLOBAL)
+_plugin_lib = ctypes.CDLL(os.path.join(_lib_dir, _plugin), ctypes.RTLD_GLOBAL)
+
+# As the bridge: its device and process-group cleanup runs from Python's atexit when Python is
+# initialised (the plugin's static destructors are the fallback; see hpu_plugin.cpp).
+atexit.register(_plugin_lib.tb_standin_exit_cleanup)
 
 if _torch_was_imported and torch._C._get_accelerator().type != "hpu":
     warnings.warn(

@@ -7,7 +7,7 @@ backend name "hccl" for device "hpu" with the extended creator API:
     creator(backend_opts: torch._C._distributed_c10d._DistributedBackendOptions, pg_options)
 
 The real creator calls ProcessGroupHCCL(store, group_rank, group_size, group_id); the stand-in also
-passes backend_opts.timeout (its collectives run on gloo and honour the timeout).
+passes backend_opts.timeout, which its process group ignores as the bridge's does.
 """
 import os
 
