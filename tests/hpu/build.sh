@@ -63,7 +63,7 @@ foreign=handover_foreign.so
 
 key=$( {
     cat "$here/csrc/hpu_plugin.cpp" "$here/csrc/hccl_eager.cpp" "$here/csrc/host_view.h" "$here/cuda_stubs.py" "$0" \
-        "$handover_src"
+        "$handover_src" "$here/missing_ops_1.19.txt"
     echo "$torch_dir $torch_version $torch_git $py_inc $ext_suffix ${flags[*]}"
     "$cxx" --version | head -1
 } | sha256sum | cut -d' ' -f1)
@@ -81,7 +81,7 @@ emit_env() {
 # (habana_frameworks/torch/required_version.txt); its __init__ checks it as the bridge does.
 echo "${torch_version%%+*}" > "$pkg_root/habana_frameworks/torch/required_version.txt"
 
-if [[ $force == 0 && -f $stamp && $(cat "$stamp") == "$key" && -f $lib/$plugin && -f $lib/$hccl && -f $build/$foreign ]]; then
+if [[ $force == 0 && -f $stamp && $(cat "$stamp") == "$key" && -f $lib/$plugin && -f $lib/$hccl && -f $build/$foreign && -f $lib/missing_ops.txt ]]; then
     emit_env
     exit 0
 fi
@@ -117,6 +117,7 @@ fi
 mv -f "$tmp/$plugin" "$lib/$plugin"
 mv -f "$tmp/$hccl" "$lib/$hccl"
 mv -f "$tmp/$foreign" "$build/$foreign"
+cp -f "$here/missing_ops_1.19.txt" "$lib/missing_ops.txt"
 ln -sfn "$plugin" "$lib/libhabana_pytorch2_plugin.upstream.so"
 echo "$key" >"$stamp"
 echo "build.sh: HPU stand-in built for torch $torch_version in $((SECONDS - start))s" >&2

@@ -175,18 +175,29 @@ def test_mlp_training_step_matches_cpu(env):
         assert r["torch_adamw_diff"] <= 1e-6
 
 
-def test_autocast_bf16(env):
+def test_autocast_bf16_follows_the_bridges_op_lists_not_cudas(env):
     r = last_json(run_py(env, """
         import habana_frameworks.torch.core
         import json, torch
         lin = torch.nn.Linear(4, 3).to("hpu")
         x = torch.randn(2, 4, device="hpu")
+        table = torch.randn(5, 3, device="hpu").to(torch.bfloat16)
         with torch.autocast("hpu", dtype=torch.bfloat16):
             y = lin(x)
             n = torch.nn.functional.layer_norm(y, (3,))
-        print(json.dumps([str(y.dtype), y.device.type, str(n.dtype), str(lin(x).dtype)]))
+            e = torch.nn.functional.embedding(torch.tensor([1, 2], device="hpu"), table)
+            r = {"linear": y, "layer_norm": n, "softmax": y.float().softmax(-1), "exp": y.exp(),
+                 "div": y / 2, "embedding": e, "mul": x * x, "add": x + 1}
+        r = {k: str(v.dtype).replace("torch.", "") for k, v in r.items()}
+        r["outside"] = str(lin(x).dtype).replace("torch.", "")
+        r["device"] = y.device.type
+        print(json.dumps(r))
     """))
-    assert r == ["torch.bfloat16", "hpu", "torch.float32", "torch.float32"]
+    # bf16 on HPU where CUDA's lists keep fp32 (layer_norm, softmax, mul), fp32 where they do not
+    # list the op (div, embedding); add is on neither list.
+    assert r == {"linear": "bfloat16", "layer_norm": "bfloat16", "softmax": "bfloat16",
+                 "exp": "float32", "div": "float32", "embedding": "float32", "mul": "bfloat16",
+                 "add": "float32", "outside": "float32", "device": "hpu"}, r
 
 
 def test_lazy_mode_import_fails(env):

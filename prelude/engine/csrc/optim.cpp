@@ -1,12 +1,19 @@
 // PyTorch's fused optimizer kernels (`_fused_adamw_`, `_fused_sgd_`: one vectorised,
 // multi-threaded pass over each parameter instead of a chain of elementwise ops), which tch does
-// not expose. Tensors arrive as tch's `at::Tensor*`; errors come back as strings.
+// not expose; and on Intel Gaudi the bridge's own fused ops (`hpu::optimizer_adamw`,
+// `hpu::optimizer_sgd`, `hpu::optimizer_sgd_momentum`), since it has no kernel for PyTorch's
+// (they would run on the host every step). Tensors arrive as tch's `at::Tensor*`; errors come
+// back as strings.
 
 #include "errors.h"
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cmath>
+#include <string>
 
 #include <cstring>
 #include <exception>
@@ -21,6 +28,21 @@ std::vector<at::Tensor> list(void* const* ts, size_t n) {
   v.reserve(n);
   for (size_t i = 0; i < n; ++i) v.push_back(*static_cast<at::Tensor*>(ts[i]));
   return v;
+}
+
+// An operator the Gaudi bridge registers with the dispatcher, or a c10::Error naming it.
+c10::OperatorHandle bridge_op(const char* name) {
+  auto op = c10::Dispatcher::singleton().findSchema({name, ""});
+  TORCH_CHECK(op.has_value(), name,
+              " is not registered: the Gaudi bridge loaded without its fused optimizer ops (eager "
+              "mode, PT_HPU_LAZY_MODE=0, registers them; bridge 1.19 does)");
+  return *op;
+}
+
+// A one-element tensor of `value` with the dtype and device of `like` (as Habana's optimizers
+// pass their step sizes: a tensor, so a new value needs no new compiled graph).
+at::Tensor scalar_like(double value, const at::Tensor& like) {
+  return at::tensor({value}, at::kFloat).to(like.dtype()).to(like.device());
 }
 }  // namespace
 
@@ -57,6 +79,63 @@ int tb_fused_sgd(void* const* params, void* const* grads, void* const* momentum_
     return 0;
   } catch (const std::exception& e) {
     set_err(err, errlen, e.what());
+  }
+  return -1;
+}
+
+// AdamW through hpu::optimizer_adamw, with the arguments Habana's FusedAdamW passes in eager
+// mode: the bias corrections folded into the (negative) step size, decoupled weight decay as a
+// factor (1 - lr * wd) on the weights. The op adds eps to the uncorrected sqrt(v), so this is
+// torch's AdamW with eps scaled by sqrt(1 - beta2^step) (the paper's epsilon-hat form).
+int tb_hpu_adamw(void* const* params, void* const* grads, void* const* exp_avgs,
+                 void* const* exp_avg_sqs, size_t n, int64_t step, double lr, double beta1,
+                 double beta2, double weight_decay, double eps, char* err, size_t errlen) {
+  try {
+    c10::AutoGradMode no_grad(false);
+    static const c10::OperatorHandle op = bridge_op("hpu::optimizer_adamw");
+    auto w = list(params, n);
+    const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+    const double decay = 1.0 - weight_decay * lr;
+    torch::jit::Stack stack{c10::IValue(list(grads, n)), c10::IValue(w),
+                            c10::IValue(list(exp_avgs, n)), c10::IValue(list(exp_avg_sqs, n)),
+                            scalar_like(-lr * std::sqrt(bc2) / bc1, w[0]), beta1, beta2, eps,
+                            scalar_like(decay, w[0]), decay != 1.0, c10::IValue(), c10::IValue()};
+    op.callBoxed(&stack);
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, errlen, trim_what(e.what()));
+  }
+  return -1;
+}
+
+// SGD through hpu::optimizer_sgd (no momentum) or hpu::optimizer_sgd_momentum, as Habana's
+// FusedSGD calls them: the learning rate and momentum as float32 tensors, coupled weight decay,
+// no dampening, buffers that start at zero and the op's step input left at 0 (with dampening 0
+// its first update equals torch.optim.SGD's).
+int tb_hpu_sgd(void* const* params, void* const* grads, void* const* momentum_buffers, size_t n,
+               double lr, double momentum, double weight_decay, char* err, size_t errlen) {
+  try {
+    c10::AutoGradMode no_grad(false);
+    auto w = list(params, n);
+    const auto device = w[0].device();
+    const at::Tensor lr_t = at::tensor({lr}, at::kFloat).to(device);
+    torch::jit::Stack stack;
+    if (momentum == 0.0) {
+      static const c10::OperatorHandle op = bridge_op("hpu::optimizer_sgd");
+      stack = {c10::IValue(list(grads, n)), c10::IValue(w), lr_t, weight_decay, 0.0, 0.0, false};
+      op.callBoxed(&stack);
+    } else {
+      static const c10::OperatorHandle op = bridge_op("hpu::optimizer_sgd_momentum");
+      const at::Tensor step_t = at::zeros({1}, at::kInt).to(device);
+      const at::Tensor mom_t = at::scalar_tensor(momentum, at::kFloat).to(device);
+      stack = {c10::IValue(list(grads, n)), c10::IValue(w), c10::IValue(list(momentum_buffers, n)),
+               step_t, lr_t, mom_t, weight_decay, 0.0, false};
+      op.callBoxed(&stack);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, errlen, trim_what(e.what()));
   }
   return -1;
 }

@@ -36,7 +36,7 @@ pub fn stop_all() -> usize {
 }
 
 // What a recipe is, and what a worker gives it.
-pub use worker::device::{Device, OnDeviceOf};
+pub use worker::device::{on_hpu, Device, OnDeviceOf};
 pub use worker::dist::{BackendHandle, InitOptions};
 pub use worker::jobs::CHECK;
 pub use worker::recipe::{BuildFn, PresetFn, Recipe, RecipeEntry, Registry, Split, Step};

@@ -7,7 +7,8 @@
 //   - aten kernels for the HPU key: factories, copies, views, resize/set, fill/zero, item,
 //     convolution (forward and backward),
 //     plus a boxed CPU fallback for every other operator,
-//   - AutocastHPU kernels (PyTorch's own op lists) so torch.autocast("hpu") works,
+//   - AutocastHPU kernels with the bridge's own bf16/fp32 op lists, so torch.autocast("hpu") works
+//     as on a Gaudi,
 //   - on a CUDA-enabled torch wheel: do-nothing CUDA hooks, so that HPU is the accelerator (see
 //     NoCUDAHooks; needs the plugin loaded before `import torch`).
 // "Device memory" is ordinary host memory, so HPU tensors can be viewed as CPU tensors without
@@ -46,6 +47,10 @@
 
 #include <atomic>
 #include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <unordered_set>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +98,19 @@ void acquire_device() {
 // teardown can be tested.
 std::atomic<bool> g_exit_cleanup_ran{false};
 
+// Calls of the bridge's fused optimizer ops, printed at the exit cleanup when
+// TRAINBOOK_STANDIN_OP_COUNTS=1 (so tests can see which path a worker took).
+std::atomic<long> g_adamw_calls{0}, g_sgd_calls{0}, g_sgd_momentum_calls{0};
+
+void print_op_counts() {
+  if (!env_is("TRAINBOOK_STANDIN_OP_COUNTS", "1")) return;
+  std::fprintf(stderr,
+               "habana (trainbook stand-in): op calls: hpu::optimizer_adamw=%ld "
+               "hpu::optimizer_sgd=%ld hpu::optimizer_sgd_momentum=%ld\n",
+               g_adamw_calls.load(), g_sgd_calls.load(), g_sgd_momentum_calls.load());
+  std::fflush(stderr);
+}
+
 struct ExitTeardown {
   ~ExitTeardown() {
     const char* rank = std::getenv("RANK");
@@ -125,6 +143,7 @@ ExitTeardown g_exit_teardown;
 
 // The cleanup habana_frameworks.torch registers on Python's atexit.
 extern "C" __attribute__((visibility("default"))) void tb_standin_exit_cleanup() {
+  trainbook_standin::print_op_counts();
   trainbook_standin::g_exit_cleanup_ran.store(true);
 }
 
@@ -401,12 +420,77 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   return {to_hpu(grad_input), to_hpu(grad_weight), to_hpu(grad_bias)};
 }
 
+// Ops the real bridge has no HPU kernel for (tests/hpu/missing_ops_1.19.txt, copied beside this
+// library by build.sh): they run through its CPU fallback, which PT_HPU_PLACE_ON_CPU governs as in
+// habana_kernels/fallback_helper.cpp (v1.19): unset or empty, every op may fall back; "none", no op
+// may; otherwise only the ops it lists (comma-separated, as `aten::name.overload`). Every other op
+// "has a kernel" here and runs (on the host) whatever the variable says.
+struct Fallback {
+  std::unordered_set<std::string> missing;
+  std::unordered_set<std::string> allowed;
+  bool everything = true;
+
+  Fallback() {
+    Dl_info info{};
+    dladdr(reinterpret_cast<void*>(&acquire_device), &info);
+    std::string path = info.dli_fname != nullptr ? info.dli_fname : "";
+    path = path.substr(0, path.rfind('/') + 1) + "missing_ops.txt";
+    std::ifstream in(path);
+    TORCH_CHECK(in.good(), "HPU stand-in: cannot read ", path, " (run tests/hpu/build.sh)");
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line[0] != '#') missing.insert(line);
+    }
+    const char* place = std::getenv("PT_HPU_PLACE_ON_CPU");
+    if (place != nullptr && *place != '\0') {
+      everything = false;
+      std::stringstream list(place);
+      for (std::string op; std::getline(list, op, ',');) {
+        if (op != "none") allowed.insert(op);
+      }
+    }
+  }
+
+  void check(const c10::OperatorHandle& op) const {
+    const std::string name = c10::toString(op.operator_name());
+    if (missing.count(name) == 0) return;
+    TORCH_CHECK(everything || allowed.count(name) != 0, name, " is not yet supported on HPU.");
+  }
+};
+
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const Fallback fallback;
+  fallback.check(op);
   check_one_device(op, *stack);
   at::native::cpu_fallback(op, stack);
 }
 
+// layer_norm's backward with a bf16 input and fp32 weight and bias: what Gaudi's autocast makes
+// (it casts only the first argument of the norms) and its kernel accepts, where the CPU kernel
+// wants one dtype. Computed in fp32 on the host; each gradient gets its argument's dtype.
+void layer_norm_backward(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto n = op.schema().arguments().size();
+  std::vector<at::ScalarType> kinds;
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined()) {
+      kinds.push_back(v.toTensor().scalar_type());
+      v = host_view(v.toTensor()).to(at::kFloat);
+    } else {
+      kinds.push_back(at::kFloat);
+    }
+  }
+  op.callBoxed(stack);
+  // (grad_input, grad_weight, grad_bias) for arguments 1 (input), 5 (weight) and 6 (bias).
+  const size_t of[3] = {1, 5, 6};
+  for (size_t r = 0; r < 3; ++r) {
+    c10::IValue& v = (*stack)[stack->size() - 3 + r];
+    if (v.isTensor() && v.toTensor().defined()) v = v.toTensor().to(kinds[of[r]]).to(kDevice);
+  }
+}
+
 TORCH_LIBRARY_IMPL(aten, HPU, m) {
+  m.impl("native_layer_norm_backward",
+         torch::CppFunction::makeFromBoxedFunction<&layer_norm_backward>());
   m.impl("empty.memory_format", &empty_memory_format);
   m.impl("empty_strided", &empty_strided);
   m.impl("_copy_from", &copy_from);
@@ -437,19 +521,172 @@ TORCH_LIBRARY_IMPL(_, HPU, m) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Autocast: PyTorch knows the AutocastHPU key and torch.autocast("hpu") but registers no kernels
-// for it (the real bridge brings its own lists). Use PyTorch's shared CUDA/CPU op lists.
+// The bridge's fused optimizer ops, with the schemas of habana_eager/eager_custom_op_register.cpp
+// (v1.19, eager mode) and the arithmetic of its kernels: optimizer_adamw as
+// hpu_ops/backend/optimizer_adamw_gen.cpp composes it (eps added to the uncorrected sqrt(v), the
+// bias corrections folded by the caller into neg_step_t, weight decay as a factor on the weights);
+// optimizer_sgd(_momentum) as Synapse's optimizer_sgd_bwd reference (coupled weight decay; a
+// nonzero epoch_num marks the first step, whose buffer is the gradient).
 
-#define HPU_LOWER_PRECISION(...) KERNEL(c10::DeviceType::HPU, __VA_ARGS__, lower_precision_fp)
-#define HPU_FP32(...) KERNEL(c10::DeviceType::HPU, __VA_ARGS__, fp32)
+std::vector<at::Tensor> host_list(const c10::IValue& v) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : v.toTensorVector()) out.push_back(host_view(t));
+  return out;
+}
+
+float host_scalar(const c10::IValue& v) {
+  return host_view(v.toTensor()).to(at::kFloat).item<float>();
+}
+
+void optimizer_adamw(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto a = torch::jit::last(*stack, 12);
+  auto g = host_list(a[0]), w = host_list(a[1]), m = host_list(a[2]), v = host_list(a[3]);
+  const float neg_step = host_scalar(a[4]), wd = host_scalar(a[8]);
+  const double beta1 = a[5].toDouble(), beta2 = a[6].toDouble(), eps = a[7].toDouble();
+  const bool has_wd = a[9].toBool();
+  TORCH_CHECK(!w.empty(), "optimizer_adamw : can not process empty weight vector");
+  TORCH_CHECK(a[10].isNone() == a[11].isNone(), "optimizer_adamw : expects both or neighter scales to be set");
+  for (size_t i = 0; i < w.size(); ++i) {
+    m[i].mul_(beta1).add_(g[i], 1.0 - beta1);
+    v[i].mul_(beta2).addcmul_(g[i], g[i], 1.0 - beta2);
+    at::Tensor update = m[i] / (v[i].sqrt() + eps) * neg_step;
+    if (has_wd) w[i].mul_(wd);
+    w[i].add_(update);
+  }
+  torch::jit::drop(*stack, 12);
+  ++g_adamw_calls;
+}
+
+void sgd_update(std::vector<at::Tensor>& w, const std::vector<at::Tensor>& g,
+                std::vector<at::Tensor>* bufs, bool first, float lr, float mom, double wd,
+                double damp, bool nesterov) {
+  for (size_t i = 0; i < w.size(); ++i) {
+    at::Tensor d = g[i] + w[i] * wd;
+    if (bufs != nullptr) {
+      at::Tensor& b = (*bufs)[i];
+      if (first) b.copy_(d);
+      else b.mul_(mom).add_(d, 1.0 - damp);
+      d = nesterov ? d + b * mom : b.clone();
+    }
+    w[i].sub_(d * lr);
+  }
+}
+
+void optimizer_sgd(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto a = torch::jit::last(*stack, 7);
+  auto g = host_list(a[0]), w = host_list(a[1]);
+  sgd_update(w, g, nullptr, false, host_scalar(a[2]), 0.0f, a[3].toDouble(), a[5].toDouble(),
+             a[6].toBool());
+  torch::jit::drop(*stack, 7);
+  ++g_sgd_calls;
+}
+
+void optimizer_sgd_momentum(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto a = torch::jit::last(*stack, 9);
+  auto g = host_list(a[0]), w = host_list(a[1]), b = host_list(a[2]);
+  const bool first = host_view(a[3].toTensor()).item<int>() != 0;
+  sgd_update(w, g, &b, first, host_scalar(a[4]), host_scalar(a[5]), a[6].toDouble(),
+             a[7].toDouble(), a[8].toBool());
+  torch::jit::drop(*stack, 9);
+  ++g_sgd_momentum_calls;
+}
+
+TORCH_LIBRARY(hpu, m) {
+  m.def("optimizer_adamw(Tensor[] gradient_vec, Tensor(a!)[] weight_vec, Tensor(b!)[] exp_avg_vec, "
+        "Tensor(c!)[] exp_avg_sq_vec, Tensor neg_step_t, float beta1, float beta2, float epsilon, "
+        "Tensor weight_decay, bool has_weight_decay, Tensor(d!)[]? exp_avg_scales = None, "
+        "Tensor(e!)[]? exp_avg_sq_scales = None) -> ()");
+  m.def("optimizer_sgd(Tensor[] gradients, Tensor(a!)[] weights_in, Tensor(b!) learning_rate, "
+        "float wd, float mom, float damp, bool nesterov) -> ()");
+  m.def("optimizer_sgd_momentum(Tensor[] gradients, Tensor(a!)[] weights_in, Tensor(b!)[] "
+        "momentum_in, Tensor epoch_num, Tensor(c!) learning_rate, Tensor(d!) mom, float wd, "
+        "float damp, bool nesterov) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(hpu, HPU, m) {
+  m.impl("optimizer_adamw", torch::CppFunction::makeFromBoxedFunction<&optimizer_adamw>());
+  m.impl("optimizer_sgd", torch::CppFunction::makeFromBoxedFunction<&optimizer_sgd>());
+  m.impl("optimizer_sgd_momentum", torch::CppFunction::makeFromBoxedFunction<&optimizer_sgd_momentum>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autocast: PyTorch knows the AutocastHPU key and torch.autocast("hpu") but registers no kernels
+// for it; the bridge brings its own lists (hpu_ops/autocast_helpers.h, v1.19), which differ from
+// CUDA's: layer_norm, batch_norm, softmax, mean and mul run in bf16, embedding, div, exp and pow
+// in fp32. Every overload of a listed op (not its in-place or out= forms) gets a boxed kernel that
+// casts the floating HPU tensors among its arguments (only the first, for the norms) and calls
+// the op again below autocast. PT_HPU_AUTOCAST_*_OPS_LIST (files that replace the lists) are not
+// imitated.
+
+const std::unordered_set<std::string> kLowerOps = {
+    "addmm", "addbmm", "batch_norm", "baddbmm", "bmm", "conv1d", "conv2d", "conv3d",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "dot", "dropout",
+    "feature_dropout", "group_norm", "instance_norm", "layer_norm", "leaky_relu", "linear",
+    "matmul", "mean", "mm", "mul", "mv", "softmax", "log_softmax", "scaled_dot_product_attention"};
+const std::unordered_set<std::string> kLowerFirstOps = {"layer_norm", "group_norm",
+                                                        "instance_norm", "batch_norm"};
+const std::unordered_set<std::string> kFp32Ops = {
+    "acos", "addcdiv", "asin", "atan2", "bilinear", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "cdist", "cosh", "cosine_embedding_loss",
+    "cosine_similarity", "cross_entropy_loss", "dist", "div", "divide", "embedding",
+    "embedding_bag", "erfinv", "exp", "expm1", "hinge_embedding_loss", "huber_loss", "kl_div",
+    "l1_loss", "log", "log10", "log1p", "log2", "logsumexp", "margin_ranking_loss", "mse_loss",
+    "multi_margin_loss", "multilabel_margin_loss", "nll_loss", "pdist", "poisson_nll_loss", "pow",
+    "reciprocal", "renorm", "rsqrt", "sinh", "smooth_l1_loss", "soft_margin_loss", "softplus", "tan",
+    "topk", "triplet_margin_loss", "true_divide"};
+
+at::Tensor autocast_cast(const at::Tensor& t, at::ScalarType to) {
+  const bool eligible = t.defined() && t.device().type() == kHPU && t.is_floating_point() &&
+                        t.scalar_type() != at::kDouble && t.scalar_type() != to;
+  return eligible ? t.to(to) : t;
+}
+
+template <bool Lower>
+void autocast_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto n = op.schema().arguments().size();
+  const at::ScalarType to = Lower ? at::autocast::get_autocast_dtype(at::kHPU) : at::kFloat;
+  std::string base = op.schema().name();
+  base = base.substr(base.find("::") + 2);
+  const bool first_only = Lower && kLowerFirstOps.count(base) != 0;
+  bool cast_one = false;
+  for (size_t i = stack->size() - n; i < stack->size() && !(first_only && cast_one); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      v = autocast_cast(v.toTensor(), to);
+      cast_one = true;
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> ts = v.toTensorVector();
+      for (auto& t : ts) t = autocast_cast(t, to);
+      v = c10::IValue(ts);
+    }
+  }
+  c10::impl::ExcludeDispatchKeyGuard below(c10::DispatchKey::AutocastHPU);
+  op.callBoxed(stack);
+}
+
+// Registered when the plugin loads (after libtorch's own operators), for every overload.
+struct AutocastLists {
+  std::unique_ptr<torch::Library> lib;
+  AutocastLists() {
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                           c10::DispatchKey::AutocastHPU, __FILE__, __LINE__);
+    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0 || name.overload_name.find("out") != std::string::npos) {
+        continue;
+      }
+      const std::string base = name.name.substr(6);
+      const bool lower = kLowerOps.count(base) != 0, fp32 = kFp32Ops.count(base) != 0;
+      if (!lower && !fp32) continue;
+      const std::string full = name.overload_name.empty() ? base : base + "." + name.overload_name;
+      lib->impl(full.c_str(), lower ? torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<true>>()
+                                    : torch::CppFunction::makeFromBoxedFunction<&autocast_kernel<false>>());
+    }
+  }
+};
+AutocastLists g_autocast_lists;
 
 TORCH_LIBRARY_IMPL(_, AutocastHPU, m) {
   m.fallback(torch::CppFunction::makeFallthrough());
-}
-
-TORCH_LIBRARY_IMPL(aten, AutocastHPU, m) {
-  AT_FORALL_LOWER_PRECISION_FP(HPU_LOWER_PRECISION)
-  AT_FORALL_FP32(HPU_FP32)
 }
 
 }  // namespace trainbook_standin

@@ -189,6 +189,11 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// Whether `t` lives on an HPU (any index), for code that picks an HPU-friendly formulation.
+pub fn on_hpu(t: &Tensor) -> bool {
+    c10_device_of(t).0 == C10_HPU
+}
+
 /// The c10 device type and index of `t` (index -1 when it has none).
 fn c10_device_of(t: &Tensor) -> (c_int, c_int) {
     let (mut ty, mut index) = (0, -1);

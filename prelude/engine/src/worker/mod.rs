@@ -175,7 +175,18 @@ pub fn main(recipes: &Registry, hpu: Hpu) -> i32 {
             return 2;
         }
     };
-    let code = match run_rank(rank, &events, recipes, hpu) {
+    // A panic (a tch operation that failed) is an error like any other: reported, and the
+    // process ends through `finish`, not through unwinding past the bridge.
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_rank(rank, &events, recipes, hpu)
+    }))
+    .unwrap_or_else(|p| {
+        Err(anyhow!(
+            "the worker panicked: {}",
+            task::panic_text(p.as_ref())
+        ))
+    });
+    let code = match ran {
         Ok(()) => {
             events.flush(Duration::from_secs(5));
             0

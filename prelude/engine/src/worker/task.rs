@@ -192,11 +192,7 @@ fn catch_panic<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic with a non-text payload".into());
+            let message = panic_text(payload.as_ref());
             let place = LAST_PANIC
                 .with(|p| p.borrow_mut().take())
                 .map(|p| format!(" at {p}"))
@@ -204,6 +200,15 @@ fn catch_panic<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
             Err(anyhow!("the task panicked{place}: {message}"))
         }
     }
+}
+
+/// A panic's message.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-text payload".into())
 }
 
 thread_local! {

@@ -232,7 +232,11 @@ impl Layer {
         let k = split(self.key.forward(x));
         let v = split(self.value.forward(x));
         let p = if train { self.attn_dropout } else { 0.0 };
-        let ctx = Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, false, None, false);
+        let ctx = if trainbook_engine::on_hpu(&q) {
+            math_attention(&q, &k, &v, mask, p, train)
+        } else {
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, false, None, false)
+        };
         let ctx = ctx.transpose(1, 2).contiguous().view([b, s, h]);
         let attn = self
             .attn_norm
@@ -241,6 +245,45 @@ impl Layer {
         self.out_norm
             .forward(&(self.output.forward(&inter).dropout(self.dropout, train) + attn))
     }
+}
+
+/// The most negative finite value of a floating kind (`torch.finfo(kind).min`): what a padded
+/// position's mask holds. Hidden states are bf16 under Gaudi's autocast (its layer_norm runs in
+/// bf16), where f32's minimum does not fit.
+fn lowest(kind: Kind) -> f64 {
+    match kind {
+        Kind::BFloat16 => -3.389_531_389_251_535_5e38,
+        Kind::Half => -65504.0,
+        Kind::Double => f64::MIN,
+        _ => f64::from(f32::MIN),
+    }
+}
+
+/// softmax(q kᵀ / √d + mask) v, written out. On Gaudi this is what runs: torch's
+/// scaled_dot_product_attention first asks `aten::_fused_sdp_choice`, which the bridge has no
+/// kernel for (v1.19), so every call would copy q, k and v to the host for the CPU fallback
+/// (and fail outright with PT_HPU_PLACE_ON_CPU=none); matmul, softmax and dropout are native.
+fn math_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    p: f64,
+    train: bool,
+) -> Tensor {
+    let d = *q
+        .size()
+        .last()
+        .expect("attention inputs have a head dimension") as f64;
+    let scores = q.matmul(&k.transpose(-2, -1)) / d.sqrt();
+    let scores = match mask {
+        Some(m) => scores + m,
+        None => scores,
+    };
+    scores
+        .softmax(-1, scores.kind())
+        .dropout(p, train)
+        .matmul(v)
 }
 
 /// The encoder (`bert.embeddings`, `bert.encoder`), shared by the heads.
@@ -274,7 +317,7 @@ impl Encoder {
             let keep = m.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
             keep.zeros_like()
                 .to_kind(x.kind())
-                .masked_fill(&keep.logical_not(), f64::from(f32::MIN))
+                .masked_fill(&keep.logical_not(), lowest(x.kind()))
         });
         for l in &self.layers {
             x = l.forward(&x, mask.as_ref(), train);
