@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # On a machine with Intel Gaudi cards (in the Gaudi container, after `make build`): checks
 # trainbook's HPU path end to end and prints a Markdown report to paste into an issue.
-#   scripts/gaudi-check.sh [--workers N] [--steps S] [--env-only]
+#   scripts/gaudi-check.sh [--workers N] [--steps S] [--env-only] [--fallback-only]
 # 0. the environment the bridge and trainbook must agree on: torch's version, its C++ ABI
 #    (_GLIBCXX_USE_CXX11_ABI), its pybind11 internals tag (compiler type, standard library,
 #    build ABI), the torch version the bridge was built for (its required_version.txt) and
 #    PT_HPU_LAZY_MODE; --env-only stops after this;
 # 1. the bridge as a worker loads it (versions, module, device count);
+# 1b. no CPU fallback: two steps of each recipe trainbook ships (AdamW, LAMB and SGD, bf16 too)
+#    with PT_HPU_PLACE_ON_CPU=none, so an operator the bridge has no HPU kernel for fails and is
+#    named, instead of quietly running on the host every step; --fallback-only stops after this;
 # 2. every collective on HPU tensors through hccl (`trainbook check --device hpu`);
 # 3. HPU vs CPU: 20 SGD steps of the synthetic BERT on N workers each, parameters compared (1e-5;
 #    Gaudi's own kernels may round differently from the CPU's: the difference is reported);
@@ -14,13 +17,14 @@
 #    default) for S steps in fp32 and bf16, the first steps excluded as the reference does.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-workers=2 steps=60 env_only=0
+workers=2 steps=60 env_only=0 fallback_only=0
 while [ $# -gt 0 ]; do
   case $1 in
     --env-only) env_only=1; shift ;;
+    --fallback-only) fallback_only=1; shift ;;
     --workers) workers=${2:?}; shift 2 ;;
     --steps) steps=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gaudi-check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -71,6 +75,25 @@ print("PT_HPU_LAZY_MODE:", os.environ.get("PT_HPU_LAZY_MODE", "unset (the bridge
 PY
 [ "${PIPESTATUS[0]}" = 0 ] || failed=1
 if [ "$env_only" = 1 ]; then exit "$failed"; fi
+
+section "1b. No CPU fallback (PT_HPU_PLACE_ON_CPU=none), 2 steps each"
+( bad=0
+while IFS='|' read -r name args; do
+  err=$(PT_HPU_PLACE_ON_CPU=none "$tb" train $args --device hpu --workers 1 --max-steps 2 --json 2>&1 >/dev/null)
+  rc=$?
+  ops=$(echo "$err" | grep -o 'aten::[A-Za-z0-9_.]* is not yet supported on HPU' | sed 's/ is not.*//' | sort -u | paste -sd, -)
+  if [ "$rc" = 0 ]; then echo "$name: ok, every operator ran on the HPU"
+  elif [ -n "$ops" ]; then echo "$name: needs the CPU fallback for $ops"; bad=1
+  else echo "$name: failed: $(echo "$err" | grep -m1 '^error' | cut -c1-300)"; bad=1
+  fi
+done <<'JOBS'
+bert adamw bf16|bert --preset tiny --optimizer adamw --precision bf16
+bert-mlm lamb fp32|bert-mlm --preset tiny --optimizer lamb
+resnet sgd momentum 0.9 bf16|resnet --preset tiny --optimizer sgd --momentum 0.9 --precision bf16
+JOBS
+exit "$bad" ) | fenced
+[ "${PIPESTATUS[0]}" = 0 ] || failed=1
+if [ "$fallback_only" = 1 ]; then exit "$failed"; fi
 
 section "1. Bridge"
 "$worker" --probe-hpu 2>&1 | tail -n 1 | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("error: "+d["error"] if d["error"] else "\n".join(d["facts"]))' | fenced

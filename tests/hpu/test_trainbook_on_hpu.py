@@ -304,6 +304,28 @@ def test_gaudi_check_reports_what_the_bridge_and_trainbook_must_agree_on(hpu, tm
     assert "bridge built for torch: 2.5.1 (DIFFERS: the bridge refuses to load)" in p.stdout, p.stdout
 
 
+def test_gaudi_check_trains_every_recipe_without_the_cpu_fallback_and_names_an_op_that_needs_it(hpu):
+    check = ["bash", str(ROOT / "scripts" / "gaudi-check.sh"), "--fallback-only"]
+    p = subprocess.run(check, env=hpu, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    jobs = ("bert adamw bf16", "bert-mlm lamb fp32", "resnet sgd momentum 0.9 bf16")
+    for job in jobs:
+        assert f"{job}: ok, every operator ran on the HPU" in p.stdout, p.stdout
+    # An operator the bridge lacked (the stand-in is told addmm's is missing: linear layers need
+    # it) is named for every job.
+    p = subprocess.run(check, env={**hpu, "TRAINBOOK_STANDIN_MISSING": "aten::addmm.out"},
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0
+    for job in jobs:
+        assert f"{job}: needs the CPU fallback for aten::addmm.out" in p.stdout, p.stdout
+
+
+def test_masked_lm_with_lamb_trains_on_two_hpus(hpu):
+    s = summary(trainbook(hpu, "train", "bert-mlm", "--preset", "tiny", "--optimizer", "lamb",
+                          "--device", "hpu", "--workers", "2", "--max-steps", "4", "--json"))
+    assert s["device"] == "hpu" and s["status"] == "succeeded" and s["steps"] == 4, s
+
+
 def test_a_rank_stuck_in_its_teardown_after_success_is_killed_and_the_job_succeeds(hpu):
     """The bridge tears down at exit with an untimed barrier; the stand-in's rank 1 hangs there
     (TRAINBOOK_STANDIN_HANG_AT_EXIT=1) after its work is done. The driver kills it hang_timeout
