@@ -403,3 +403,64 @@ def test_the_pybind11_cast_hand_over_still_works_when_the_tags_agree(hpu):
                   extra={"TRAINBOOK_HPU_HANDOVER": "pickle"})
     assert p.returncode != 0
     assert "TRAINBOOK_HPU_HANDOVER=pickle is not known: use registry (the default) or cast" in p.stderr, p.stderr[-2000:]
+
+
+HPU_TASK = r"""
+use trainbook_torch::custom::*;
+
+#[derive(Serialize, Deserialize)]
+#[serde(crate = "trainbook_torch::custom::serde")]
+struct Halves { hidden: i64 }
+
+struct Net { net: nn::Sequential, x: Tensor, y: Tensor }
+
+impl Task for Halves {
+    type State = Net;
+    fn setup(&self, vars: &nn::Path, setup: &Setup) -> Result<Net> {
+        // 256 points, labelled by which half of the plane they lie in; kept on the device.
+        let x = Tensor::randn([256, 2], (Kind::Float, tch::Device::Cpu));
+        let y = x.select(1, 0).gt(0.0).to_kind(Kind::Int64);
+        let net = nn::seq()
+            .add(nn::linear(vars / "fc1", 2, self.hidden, Default::default()))
+            .add_fn(|t| t.relu())
+            .add(nn::linear(vars / "fc2", self.hidden, 2, Default::default()));
+        setup.log(format!("task on {}", setup.device));
+        Ok(Net { net, x: setup.device.put(&x)?, y: setup.device.put(&y)? })
+    }
+    fn len(&self, s: &Net, _split: Split) -> usize { s.y.size()[0] as usize }
+    fn step(&self, s: &Net, batch: &Batch) -> Result<Step> {
+        let idx: Vec<i64> = batch.indices.iter().map(|&i| i as i64).collect();
+        let idx = batch.device.put(&Tensor::from_slice(&idx))?;
+        let logits = s.net.forward(&s.x.index_select(0, &idx));
+        Ok(Step::classification(logits, s.y.index_select(0, &idx)))
+    }
+}
+"""
+
+
+def test_a_task_defined_in_notebook_cells_trains_on_two_hpus(hpu, tmp_path):
+    """The kernel's cell worker has the Gaudi bridge too: a task written in cells trains on HPU,
+    strict (no CPU fallback), with AdamW through the bridge's fused op."""
+    import jupyter_client
+
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="trainbook", startup_timeout=120,
+                                                     env={**hpu, "TRAINBOOK_STANDIN_OP_COUNTS": "1"})
+    try:
+        reply = kc.execute_interactive(HPU_TASK, timeout=300, output_hook=lambda m: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        out = []
+        fit = ("let r = Trainer::new(Halves { hidden: 16 }).workers(2).device(DeviceRequest::Hpu)"
+               ".global_batch_size(32).max_steps(6).optimizer(OptimizerKind::Adamw)"
+               f'.runs_root("{tmp_path}").show_plot(false).fit()?;\n'
+               'println!("{} {} {} {}", r.status, r.device, r.steps, r.run_dir.display());')
+        reply = kc.execute_interactive(fit, timeout=300, output_hook=out.append)
+        text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+        text += "".join("\n".join(m["content"].get("traceback", [])) for m in out if m["msg_type"] == "error")
+        assert reply["content"]["status"] == "ok", (reply["content"], text[-3000:])
+        status, device, steps, run_dir = text.strip().splitlines()[-1].split()
+        assert (status, device, steps) == ("succeeded", "hpu", "6"), text[-2000:]
+        log = (Path(run_dir) / "logs" / "rank1.log").read_text()
+        assert "task on hpu:0" in log and "op calls: hpu::optimizer_adamw=12 " in log, log[-2000:]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
