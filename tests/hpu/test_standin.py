@@ -287,9 +287,9 @@ def test_backend_from_registry_on_bare_process_group(env):
 
 @pytest.mark.parametrize("check", ["kill", "hang"])
 def test_a_dead_or_stuck_peer_leaves_the_survivor_waiting_past_its_timeout(env, check):
-    # As HCCL: the group's 2 s timeout is ignored, so rank 0's all_reduce neither returns nor
+    # As HCCL: the group's 1 s timeout is ignored, so rank 0's all_reduce neither returns nor
     # raises; only killing it (run_ranks after `limit`) ends it. A dead peer is reported once.
-    results = run_ranks(env, check, timeout_s=2, limit=8, grace=0.5)
+    results = run_ranks(env, check, timeout_s=1, limit=5, grace=0.5)
     rc, out, err = results[0]
     assert rc == -9 and out == "", (rc, out, err)
     if check == "kill":
