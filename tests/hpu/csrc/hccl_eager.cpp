@@ -14,7 +14,8 @@
 // ignored), a peer that dies leaves the others waiting forever (gloo's "connection closed" is
 // turned into a hang), abort() is not supported (it throws, as the bridge's assert does), and
 // the destructor waits in an untimed barrier on the store for every rank to destroy its group
-// too; after the store is gone, that barrier's exception ends the process (std::terminate).
+// too, then rank 0 in the destroy handshake; after the store is gone, their exceptions end the
+// process (std::terminate).
 // Used only by tests: see tests/hpu/README.md.
 
 #include "host_view.h"
@@ -175,13 +176,20 @@ class ProcessGroupEagerHCCL : public c10d::Backend {
     gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
   }
 
-  // The bridge's destructor: hostBarrier(), every rank marks the store and polls it until all
-  // have, without a timeout. Exceptions (the store is gone) escape a noexcept destructor.
+  // The bridge's destructor (process_group_hccl_base.cpp): hostBarrier(), every rank marks the
+  // store and polls it until all have; then destroyHandshake(), every rank marks another key and
+  // rank 0, which "hosts the store", waits for all of them. No timeout anywhere; exceptions (the
+  // store is gone) escape a noexcept destructor.
   ~ProcessGroupEagerHCCL() override {
-    store_->add("teardown", 1);
-    while (store_->add("teardown", 0) < getSize()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    auto wait_for_all = [this](const std::string& key) {
+      while (store_->add(key, 0) < getSize()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    };
+    store_->add("host_barrier", 1);
+    wait_for_all("host_barrier");
+    store_->add("ProcessGroup::destroy", 1);
+    if (getRank() == 0) wait_for_all("ProcessGroup::destroy");
   }
 
   const std::string getBackendName() const override {
