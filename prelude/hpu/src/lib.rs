@@ -175,7 +175,9 @@ impl HpuBridge for GaudiBridge {
             m.getattr("shutdown")
                 .and_then(|f| f.call0())
                 .map_err(|e| py_error(py, e))
-                .context("closing the hccl group and running the Gaudi bridge's exit handlers")?;
+                .context(
+                    "closing the hccl group and running the exit handlers of the Gaudi bridge",
+                )?;
             Ok(())
         })
     }
@@ -218,7 +220,7 @@ impl HpuBridge for GaudiBridge {
                 Some(name) => {
                     let name = std::ffi::CString::new(name)?;
                     ffi::call_ptr(
-                        "taking the hccl group from torch's registry",
+                        "taking the hccl group from the torch group registry",
                         |err, len| unsafe {
                             // SAFETY: `name` is a live NUL-terminated string.
                             tb_backend_from_registry(name.as_ptr(), device, err, len)

@@ -103,7 +103,7 @@ fn finish(code: i32, hpu: Hpu, events: &Emitter) -> i32 {
     if code == 0 {
         if let Err(e) = bridge.shutdown() {
             events.log(format!(
-                "warning: the Gaudi bridge's teardown failed: {e:#}"
+                "warning: the teardown of the Gaudi bridge failed: {e:#}"
             ));
             events.flush(Duration::from_secs(5));
         }

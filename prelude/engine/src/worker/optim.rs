@@ -337,7 +337,7 @@ impl Optimizer {
             // SAFETY: every pointer is a live tch tensor (held by self or `grads`/`step` for
             // the duration of the call); the shim catches C++ exceptions.
             call_status(&format!("{} step", c.kind), |err, errlen| unsafe {
-                // Gaudi: the bridge's own fused ops (it has no kernel for PyTorch's).
+                // Gaudi: the fused ops of the bridge, which has no kernel for those of PyTorch.
                 match c.kind {
                     OptimizerKind::Adamw if hpu => {
                         let m = ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void);
