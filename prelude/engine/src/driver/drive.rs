@@ -623,9 +623,9 @@ impl<'a> Driver<'a> {
         bad
     }
 
-    /// The job's first failure: stop the other workers, collect the failing rank's last words
-    /// and record the report (node 0 of a job of several nodes waits a moment for the other
-    /// nodes' reports, which may name the real cause).
+    /// The first failure of the job: stop the other workers, collect the last words of the
+    /// failing rank and record the report (node 0 of a job of several nodes waits a moment for
+    /// the reports of the other nodes, which may name the real cause).
     fn fail(
         &mut self,
         mut first: Exit,
@@ -638,8 +638,8 @@ impl<'a> Driver<'a> {
         while let Ok(m) = rx.try_recv() {
             self.incoming(m);
         }
-        // A worker killed on another node fails this node's workers at once ("connection
-        // closed"); its driver's report follows within moments, and names the cause.
+        // A worker killed on another node fails the workers of this node at once ("connection
+        // closed"); the report of its driver follows within moments, and names the cause.
         // A node whose driver died reports nothing: its silence names it. (When another node
         // already reported, that report is the cause.)
         let local = self.job.spec.local_ranks();

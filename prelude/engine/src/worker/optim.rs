@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use tch::{Kind, Tensor};
 
 use crate::shared::ffi::call_status;
-use crate::worker::device::{on_hpu, OnDeviceOf};
+use crate::worker::device::OnDeviceOf;
 use trainbook_api::spec::OptimizerKind;
 
 pub(crate) use trainbook_api::spec::Schedule;
@@ -133,6 +133,7 @@ extern "C" {
         exp_avg_sqs: *const *mut c_void,
         steps: *const *mut c_void,
         n: usize,
+        step: i64,
         lr: f64,
         beta1: f64,
         beta2: f64,
@@ -150,32 +151,6 @@ extern "C" {
         momentum: f64,
         weight_decay: f64,
         is_first_step: c_int,
-        err: *mut c_char,
-        errlen: usize,
-    ) -> c_int;
-    fn tb_hpu_adamw(
-        params: *const *mut c_void,
-        grads: *const *mut c_void,
-        exp_avgs: *const *mut c_void,
-        exp_avg_sqs: *const *mut c_void,
-        n: usize,
-        step: i64,
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        weight_decay: f64,
-        eps: f64,
-        err: *mut c_char,
-        errlen: usize,
-    ) -> c_int;
-    fn tb_hpu_sgd(
-        params: *const *mut c_void,
-        grads: *const *mut c_void,
-        momentum_buffers: *const *mut c_void,
-        n: usize,
-        lr: f64,
-        momentum: f64,
-        weight_decay: f64,
         err: *mut c_char,
         errlen: usize,
     ) -> c_int;
@@ -296,7 +271,8 @@ impl Optimizer {
     ///
     /// Runs PyTorch's fused kernels (`torch.optim.AdamW(fused=True)` / `SGD(fused=True)`): one
     /// vectorised pass per parameter, where an elementwise chain would read and write every
-    /// parameter-sized buffer about ten times.
+    /// parameter-sized buffer about ten times. On an HPU the shim calls the Gaudi bridge's fused
+    /// ops instead, which it has kernels for (csrc/optim.cpp).
     pub(crate) fn step(&mut self, lr: f64) -> Result<()> {
         let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).collect();
         self.step_with(lr, &grads, None)
@@ -318,8 +294,8 @@ impl Optimizer {
         }
         // The fused AdamW kernel reads the (already incremented) step from a float tensor per
         // parameter; one shared scalar serves them all since it never writes it.
-        let (step, hpu) = match self.params.first() {
-            Some((_, p)) => (Tensor::from(self.steps as f32).to_device_of(p), on_hpu(p)),
+        let step = match self.params.first() {
+            Some((_, p)) => Tensor::from(self.steps as f32).to_device_of(p),
             None => return Ok(()),
         };
         for decay in [true, false] {
@@ -337,45 +313,7 @@ impl Optimizer {
             // SAFETY: every pointer is a live tch tensor (held by self or `grads`/`step` for
             // the duration of the call); the shim catches C++ exceptions.
             call_status(&format!("{} step", c.kind), |err, errlen| unsafe {
-                // Gaudi: the fused ops of the bridge, which has no kernel for those of PyTorch.
                 match c.kind {
-                    OptimizerKind::Adamw if hpu => {
-                        let m = ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void);
-                        let v = ptrs(&|i| self.state[i][1].as_ptr() as *mut c_void);
-                        tb_hpu_adamw(
-                            params.as_ptr(),
-                            g.as_ptr(),
-                            m.as_ptr(),
-                            v.as_ptr(),
-                            idx.len(),
-                            self.steps as i64,
-                            lr,
-                            c.betas.0,
-                            c.betas.1,
-                            wd,
-                            c.eps,
-                            err,
-                            errlen,
-                        )
-                    }
-                    OptimizerKind::Sgd if hpu => {
-                        let b = if c.momentum != 0.0 {
-                            ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void)
-                        } else {
-                            Vec::new()
-                        };
-                        tb_hpu_sgd(
-                            params.as_ptr(),
-                            g.as_ptr(),
-                            b.as_ptr(),
-                            idx.len(),
-                            lr,
-                            c.momentum,
-                            wd,
-                            err,
-                            errlen,
-                        )
-                    }
                     OptimizerKind::Adamw => {
                         let m = ptrs(&|i| self.state[i][0].as_ptr() as *mut c_void);
                         let v = ptrs(&|i| self.state[i][1].as_ptr() as *mut c_void);
@@ -387,6 +325,7 @@ impl Optimizer {
                             v.as_ptr(),
                             s.as_ptr(),
                             idx.len(),
+                            self.steps as i64,
                             lr,
                             c.betas.0,
                             c.betas.1,
