@@ -10,6 +10,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/device.cpp");
+    println!("cargo:rerun-if-changed=csrc/recompute.cpp");
     println!("cargo:rerun-if-changed=csrc/errors.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=TRAINBOOK_GLOO_INCLUDE");
@@ -58,6 +59,7 @@ fn main() {
         .file("csrc/autocast.cpp")
         .file("csrc/optim.cpp")
         .file("csrc/device.cpp")
+        .file("csrc/recompute.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(&gloo_include)

@@ -182,3 +182,35 @@ fn zero_stage_two_is_refused_with_the_choices() {
         "{err}"
     );
 }
+
+#[test]
+fn activation_checkpointing_trains_the_same_model_with_and_without_dropout() {
+    // Every layer and every second one, against the plain run: 20 AdamW steps on 2 workers.
+    // With dropout the recomputation draws the masks of the first forward pass again.
+    for dropout in [0.0, 0.1] {
+        let run = |every: Option<usize>| {
+            let mut spec = job(2, 0, OptimizerKind::Adamw)
+                .max_steps(20)
+                .dropout(dropout);
+            if let Some(k) = every {
+                spec = spec
+                    .activation_checkpointing(true)
+                    .checkpoint_layers_every(k);
+            }
+            trainbook::fit(spec).unwrap()
+        };
+        let plain = run(None);
+        for k in [1, 2] {
+            let ckpt = run(Some(k));
+            let d = max_diff(
+                &checkpoint(&plain).join("model.safetensors"),
+                &checkpoint(&ckpt).join("model.safetensors"),
+            );
+            assert!(
+                d < 1e-5,
+                "dropout {dropout}, every {k}: weights differ by {d}"
+            );
+            assert!((plain.final_train_loss - ckpt.final_train_loss).abs() < 1e-6);
+        }
+    }
+}

@@ -188,9 +188,19 @@ crate::options! {
         #[arg(value_name = "K")]
         keep_checkpoints: usize => Option<usize>,
         /// ZeRO stage: 0, every worker keeps the whole optimizer state; 1, each keeps 1/W of
-        /// it (less memory per device, the same results; checkpoints load either way).
-        #[arg(value_name = "0|1")]
+        /// it; 2, each also keeps only 1/W of the gradients, reduced during the backward pass
+        /// (less memory per device, the same results; checkpoints load either way).
+        #[arg(value_name = "0|1|2")]
         zero: u8 => u8,
+        /// Activation checkpointing: keep only each checkpointed layer's input in the forward
+        /// pass and recompute the layer in the backward pass (less memory for activations,
+        /// about a third more compute; the same results).
+        #[arg(value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        activation_checkpointing: bool => bool,
+        /// With activation checkpointing: checkpoint every k-th transformer layer (1: every
+        /// layer; larger: less recomputation, more memory).
+        #[arg(value_name = "K")]
+        checkpoint_layers_every: usize => usize,
         /// fp32, or bf16 autocast (CUDA and Gaudi; also runs on CPU, where it is rarely faster).
         #[arg(value_name = "fp32|bf16")]
         precision: Precision => Precision,
@@ -250,6 +260,8 @@ impl Hyper {
             checkpoint_every_minutes: None,
             keep_checkpoints: None,
             zero: 0,
+            activation_checkpointing: false,
+            checkpoint_layers_every: 1,
             precision: Precision::Fp32,
             resume_from: None,
             model: None,
@@ -709,8 +721,11 @@ impl JobSpec {
         if t.checkpoint_every == Some(0) {
             bail!("checkpoint_every is 0: give the number of optimizer steps between checkpoints (e.g. 200)");
         }
-        if let Some(z) = t.zero.filter(|&z| z > 1) {
-            bail!("ZeRO stage {z} is not available: use 1 (optimizer state sharded over the workers) or 0 (not sharded)");
+        if let Some(z) = t.zero.filter(|&z| z > 2) {
+            bail!("ZeRO stage {z} is not available: use 2 (optimizer state and gradients sharded over the workers), 1 (optimizer state sharded) or 0 (nothing sharded)");
+        }
+        if t.checkpoint_layers_every == Some(0) {
+            bail!("checkpoint_layers_every is 0: give k to checkpoint every k-th layer (1: every layer)");
         }
         if t.keep_checkpoints == Some(0) {
             bail!("keep_checkpoints is 0: keep at least the last one (a resume needs it), or leave it unset to keep all");

@@ -40,6 +40,7 @@ pub use worker::device::{on_hpu, Device, OnDeviceOf};
 pub use worker::dist::{BackendHandle, InitOptions};
 pub use worker::jobs::CHECK;
 pub use worker::recipe::{BuildFn, PresetFn, Recipe, RecipeEntry, Registry, Split, Step};
+pub use worker::recompute::checkpointed;
 pub use worker::task::{Batch, Setup, Task};
 pub use worker::{main as worker_main, Hpu, HpuBridge};
 

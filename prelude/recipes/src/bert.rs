@@ -277,7 +277,12 @@ impl BertRecipe {
         );
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
+        let mut model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
+        model.set_activation_checkpointing(
+            hyper
+                .activation_checkpointing
+                .then_some(hyper.checkpoint_layers_every),
+        );
         if opts.from_scratch && !opts.random_init {
             log(format!(
                 "from scratch: the architecture of {} with random weights",

@@ -361,7 +361,12 @@ impl MlmRecipe {
         .with_dropout(hyper.dropout);
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let model = BertForMaskedLm::new(&vs.root(), &config);
+        let mut model = BertForMaskedLm::new(&vs.root(), &config);
+        model.set_activation_checkpointing(
+            hyper
+                .activation_checkpointing
+                .then_some(hyper.checkpoint_layers_every),
+        );
         if let Some(dir) = model_dir.as_ref().filter(|_| !s.text.from_scratch) {
             let report = load_weights(&vs, dir)?;
             if let Some(msg) = report.describe("BertForMaskedLM", &dir.display().to_string()) {

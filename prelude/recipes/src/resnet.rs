@@ -120,6 +120,9 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         .to_string()
     });
     let p = preset(&name)?;
+    if spec.train.activation_checkpointing == Some(true) {
+        bail!("activation checkpointing is implemented for the BERT encoder (bert, bert-mlm), not ResNet: drop --activation-checkpointing, or lower the batch per worker (or use grad_accum) to save activation memory");
+    }
     let options: VisionOptions = spec.recipe_options()?;
     let vision = p.vision.with_overrides(&options);
     if vision.image_size < 32 {

@@ -139,7 +139,12 @@ impl Synthetic {
         bert.intermediate_size = p.hidden * 2;
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let model = BertClassifier::new(&vs.root(), &bert, 2);
+        let mut model = BertClassifier::new(&vs.root(), &bert, 2);
+        model.set_activation_checkpointing(
+            hyper
+                .activation_checkpointing
+                .then_some(hyper.checkpoint_layers_every),
+        );
         device.place_vars(&mut vs)?;
         // train_rows / eval_rows take the first rows of the preset's data (the generator is
         // sequential, so the first N rows are the same whatever N).

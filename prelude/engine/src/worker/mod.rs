@@ -10,6 +10,7 @@
 //!   data sharding, exact classification scores.
 //! - [`dist`], [`device`], [`check`]: c10d collectives, tensor placement, collective checks.
 //! - [`heartbeat`]: the pulse the driver's hang detection watches.
+//! - [`recompute`]: activation checkpointing (a block run again in the backward pass).
 
 mod check;
 mod ddp;
@@ -20,6 +21,7 @@ pub(crate) mod jobs;
 mod optim;
 mod precision;
 pub(crate) mod recipe;
+pub(crate) mod recompute;
 mod sampler;
 mod scores;
 mod strategy;

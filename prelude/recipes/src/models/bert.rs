@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -289,7 +290,10 @@ fn math_attention(
 /// The encoder (`bert.embeddings`, `bert.encoder`), shared by the heads.
 struct Encoder {
     embeddings: Embeddings,
-    layers: Vec<Layer>,
+    /// Shared, so a checkpointed layer's recomputation can hold its own handle.
+    layers: Vec<Arc<Layer>>,
+    /// Activation checkpointing of every k-th layer in training (`None`: off).
+    checkpoint_every: Option<usize>,
 }
 
 impl Encoder {
@@ -298,8 +302,9 @@ impl Encoder {
         Self {
             embeddings: Embeddings::new(bert / "embeddings", c),
             layers: (0..c.num_hidden_layers)
-                .map(|i| Layer::new(&enc / i, c))
+                .map(|i| Arc::new(Layer::new(&enc / i, c)))
                 .collect(),
+            checkpoint_every: None,
         }
     }
 
@@ -319,8 +324,17 @@ impl Encoder {
                 .to_kind(x.kind())
                 .masked_fill(&keep.logical_not(), lowest(x.kind()))
         });
-        for l in &self.layers {
-            x = l.forward(&x, mask.as_ref(), train);
+        for (i, l) in self.layers.iter().enumerate() {
+            x = match self.checkpoint_every {
+                Some(k) if train && i % k == 0 => {
+                    let (layer, mask) = (l.clone(), mask.as_ref().map(Tensor::shallow_clone));
+                    trainbook_engine::checkpointed(&[&x], move |ins| {
+                        layer.forward(&ins[0], mask.as_ref(), true)
+                    })
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+                }
+                _ => l.forward(&x, mask.as_ref(), train),
+            };
         }
         x
     }
@@ -346,6 +360,11 @@ impl BertClassifier {
             dropout: c.classifier_dropout.unwrap_or(c.hidden_dropout_prob),
             num_labels,
         }
+    }
+
+    /// Activation checkpointing of every k-th encoder layer in training (`None`: off).
+    pub fn set_activation_checkpointing(&mut self, every: Option<usize>) {
+        self.encoder.checkpoint_every = every.filter(|&k| k > 0);
     }
 
     /// Logits (batch, num_labels). `attention_mask`: 1 for real tokens, 0 for padding.
@@ -392,6 +411,11 @@ impl BertForMaskedLm {
             bias: head.zeros("bias", &[c.vocab_size]),
             act: c.hidden_act.clone(),
         }
+    }
+
+    /// Activation checkpointing of every k-th encoder layer in training (`None`: off).
+    pub fn set_activation_checkpointing(&mut self, every: Option<usize>) {
+        self.encoder.checkpoint_every = every.filter(|&k| k > 0);
     }
 
     /// Vocabulary logits of the given hidden states (…, hidden) → (…, vocab).
