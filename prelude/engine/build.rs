@@ -11,6 +11,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/device.cpp");
     println!("cargo:rerun-if-changed=csrc/recompute.cpp");
+    println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
     println!("cargo:rerun-if-changed=csrc/errors.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=TRAINBOOK_GLOO_INCLUDE");
@@ -60,6 +61,7 @@ fn main() {
         .file("csrc/optim.cpp")
         .file("csrc/device.cpp")
         .file("csrc/recompute.cpp")
+        .file("csrc/grad_hooks.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(&gloo_include)

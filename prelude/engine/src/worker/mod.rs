@@ -16,6 +16,7 @@ mod check;
 mod ddp;
 pub(crate) mod device;
 pub(crate) mod dist;
+mod grad_hooks;
 mod heartbeat;
 pub(crate) mod jobs;
 mod optim;

@@ -1,6 +1,6 @@
 //! How a step's gradients become new parameters on every rank: replicated (each rank
 //! all-reduces the gradients and steps the whole optimizer, as PyTorch DDP) or sharded (ZeRO
-//! stage 1, [`crate::worker::zero`]). The training loop sees one interface; the choice is `--zero`.
+//! stages 1 and 2, [`crate::worker::zero`]). The training loop sees one interface; the choice is `--zero`.
 
 use std::path::Path;
 
@@ -18,28 +18,31 @@ pub(crate) enum UpdateStrategy {
 }
 
 impl UpdateStrategy {
-    /// `params`: the trainable parameters by name (sorted the same way on every rank).
+    /// `params`: the trainable parameters by name (sorted the same way on every rank);
+    /// `weight`: each rank's share of the global batch, which ZeRO-2 applies in the backward
+    /// pass (the caller keeps `pg` alive as long as the strategy).
     pub(crate) fn new(
         cfg: OptimizerConfig,
         params: Vec<(String, Tensor)>,
         zero: u8,
-        rank: usize,
-        world: usize,
-    ) -> Self {
+        pg: &ProcessGroup,
+        weight: f64,
+    ) -> Result<Self> {
         if zero >= 1 {
-            return UpdateStrategy::Sharded(ShardedOptimizer::new(
+            return Ok(UpdateStrategy::Sharded(ShardedOptimizer::new(
                 cfg,
                 params,
-                rank,
-                world,
+                pg,
+                zero,
+                weight,
                 ddp::BUCKET_BYTES,
-            ));
+            )?));
         }
         let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
-        UpdateStrategy::Replicated {
+        Ok(UpdateStrategy::Replicated {
             sync: GradSync::new(&tensors, ddp::BUCKET_BYTES),
             opt: Optimizer::new(cfg, params),
-        }
+        })
     }
 
     pub(crate) fn zero_grad(&mut self) {

@@ -320,7 +320,13 @@ impl<'a> Trainer<'a> {
         let accum = h.grad_accum.max(1);
         let local_batch = local_batch(ctx, h)?;
         let named = trainable_named(recipe);
-        let mut update = UpdateStrategy::new(optimizer_config(h), named, h.zero, rank, world);
+        let mut update = UpdateStrategy::new(
+            optimizer_config(h),
+            named,
+            h.zero,
+            &ctx.pg,
+            1.0 / world as f64,
+        )?;
         let resumed = match &h.resume_from {
             Some(dir) => Some((
                 dir,

@@ -1,4 +1,5 @@
-//! ZeRO stage 1: each rank keeps the optimizer state of only 1/W of the parameters.
+//! ZeRO stages 1 and 2: each rank keeps the optimizer state of only 1/W of the parameters
+//! (stage 1), and also only 1/W of the gradients (stage 2).
 //!
 //! Plain data parallelism gives every rank the whole optimizer state (AdamW: two tensors the
 //! size of the model), which caps the model a device can train. Here the gradient buckets of
@@ -13,15 +14,26 @@
 //! need nothing more; LAMB's and LANS's per-tensor norms add up the pieces' partial sums in one
 //! small all-reduce. Checkpoints hold the whole state, gathered from the shards in the
 //! replicated layout, so they resume with any worker count and with or without ZeRO.
+//!
+//! Stage 2 starts the reduce-scatters during the backward pass ([`Reducer`]): a hook on each
+//! parameter copies its gradient into its bucket the moment autograd has it, then drops the
+//! parameter-sized gradient; a full bucket is reduce-scattered at once and freed when done.
+//! Buckets are laid out in reverse parameter order, the order in which the backward pass
+//! produces gradients, and always launched in bucket order, so every rank issues the same
+//! collectives in the same order. What a rank holds of the gradients is its shards plus the
+//! buckets in flight, instead of the whole model's gradients plus their flat copy.
 
 use std::collections::VecDeque;
+use std::os::raw::c_void;
+use std::sync::{Arc, Mutex};
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use tch::{Kind, Tensor};
 
 use crate::worker::ddp::{self, BucketPlan};
 use crate::worker::device::OnDeviceOf;
 use crate::worker::dist::{ProcessGroup, ReduceOp, Work};
+use crate::worker::grad_hooks::TakeGradHook;
 use crate::worker::optim::{Optimizer, OptimizerConfig, Piece};
 
 /// Collectives in flight at once: the next bucket is packed while the previous one travels,
@@ -30,8 +42,11 @@ const IN_FLIGHT: usize = 2;
 
 struct Shard {
     slots: BucketPlan,
-    /// Gradients going into the reduce-scatter, then parameters coming out of the all-gather.
-    flat: Tensor,
+    /// Gradients going into the reduce-scatter, then parameters coming out of the all-gather:
+    /// kept between steps in stage 1, made when needed and freed after in stage 2.
+    flat: Option<Tensor>,
+    /// Elements of the flat bucket (`world` times the shard's, padding included).
+    flat_len: i64,
     /// This rank's summed gradient shard.
     grad: Tensor,
     /// This rank's parameter shard, which the optimizer updates.
@@ -48,17 +63,25 @@ pub(crate) struct ShardedOptimizer {
     names: Vec<String>,
     params: Vec<Tensor>,
     shards: Vec<Shard>,
+    /// Stage 2: the reduction that runs in the backward pass, and the hooks that feed it
+    /// (declared first: dropped before the reducer they point to).
+    hooks: Vec<TakeGradHook>,
+    reducer: Option<Arc<Mutex<Reducer>>>,
 }
 
 impl ShardedOptimizer {
-    /// `params`: the trainable parameters by name, in the same order on every rank.
+    /// `params`: the trainable parameters by name, in the same order on every rank. Stage 2
+    /// registers its gradient hooks on them, which reduce through `pg` (the caller keeps `pg`
+    /// alive as long as this optimizer) with each rank's gradient scaled by `weight`.
     pub(crate) fn new(
         cfg: OptimizerConfig,
         params: Vec<(String, Tensor)>,
-        rank: usize,
-        world: usize,
+        pg: &ProcessGroup,
+        stage: u8,
+        weight: f64,
         bucket_bytes: usize,
-    ) -> Self {
+    ) -> Result<Self> {
+        let (rank, world) = (pg.rank(), pg.world_size());
         let (names, params): (Vec<String>, Vec<Tensor>) = params.into_iter().unzip();
         // Ranks without a piece in a bucket still join LAMB's norm all-reduces on the device.
         let home = params
@@ -66,7 +89,7 @@ impl ShardedOptimizer {
             .map(|p| p.zeros_on_device(&[1], Kind::Float))
             .unwrap_or_else(|| Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)));
         let mut shards = Vec::new();
-        for slots in ddp::plan_buckets(&params, bucket_bytes) {
+        for slots in bucket_plan(&params, stage, bucket_bytes) {
             let first = &params[slots[0].0];
             let kind = first.kind();
             // Elements per rank: the flat bucket holds `world * len`, padded with zeros.
@@ -87,8 +110,10 @@ impl ShardedOptimizer {
                 named.push((names[i].clone(), param.narrow(0, in_shard, n), piece));
                 grads.push(grad.narrow(0, in_shard, n));
             }
+            let flat_len = len * world as i64;
             shards.push(Shard {
-                flat: first.zeros_on_device(&[len * world as i64], kind),
+                flat: (stage < 2).then(|| first.zeros_on_device(&[flat_len], kind)),
+                flat_len,
                 grad,
                 param,
                 pieces,
@@ -97,11 +122,57 @@ impl ShardedOptimizer {
                 grads,
             });
         }
-        Self {
+        let mut z = Self {
             names,
             params,
             shards,
+            hooks: Vec::new(),
+            reducer: None,
+        };
+        if stage >= 2 {
+            z.reduce_in_backward(pg, weight)?;
         }
+        Ok(z)
+    }
+
+    /// Stage 2: the reducer over this optimizer's buckets and gradient shards, and a hook on
+    /// every parameter that feeds it.
+    fn reduce_in_backward(&mut self, pg: &ProcessGroup, weight: f64) -> Result<()> {
+        let mut slot_of = vec![(0, 0, 0); self.params.len()];
+        let mut buckets = Vec::new();
+        for (b, s) in self.shards.iter().enumerate() {
+            for &(i, off, n) in &s.slots {
+                slot_of[i] = (b, off, n);
+            }
+            buckets.push(ReduceBucket {
+                like: self.params[s.slots[0].0].shallow_clone(),
+                flat_len: s.flat_len,
+                slots: s.slots.len(),
+                pending: s.slots.len(),
+                flat: None,
+                grad: s.grad.shallow_clone(),
+                fresh: true,
+            });
+        }
+        let reducer = Arc::new(Mutex::new(Reducer {
+            pg: pg as *const ProcessGroup,
+            weight,
+            params: self.params.iter().map(Tensor::shallow_clone).collect(),
+            seen: vec![false; slot_of.len()],
+            slot_of,
+            buckets,
+            next: 0,
+            flight: VecDeque::new(),
+            error: None,
+        }));
+        let ctx = Arc::as_ptr(&reducer) as *mut c_void;
+        for (i, p) in self.params.iter().enumerate() {
+            // SAFETY: the reducer outlives the hooks (`hooks` is dropped first, and unregisters).
+            self.hooks
+                .push(unsafe { TakeGradHook::register(p, on_grad, ctx, i)? });
+        }
+        self.reducer = Some(reducer);
+        Ok(())
     }
 
     /// Bytes of optimizer state this rank holds.
@@ -115,6 +186,9 @@ impl ShardedOptimizer {
     }
 
     pub(crate) fn zero_grad(&mut self) {
+        if let Some(r) = &self.reducer {
+            r.lock().map_err(|_| ()).map(|mut r| r.new_step()).ok();
+        }
         for p in &self.params {
             let mut g = p.grad();
             if g.defined() {
@@ -123,13 +197,14 @@ impl ShardedOptimizer {
         }
     }
 
-    /// Bytes of the flat buckets and this rank's gradient and parameter shards.
+    /// Bytes of the flat buckets kept between steps (stage 1) and of this rank's gradient and
+    /// parameter shards.
     pub(crate) fn buffer_bytes(&self) -> u64 {
         self.shards
             .iter()
             .map(|s| {
-                (s.flat.numel() + s.grad.numel() + s.param.numel()) as u64
-                    * s.flat.kind().elt_size_in_bytes() as u64
+                (s.flat.as_ref().map_or(0, Tensor::numel) + s.grad.numel() + s.param.numel()) as u64
+                    * s.grad.kind().elt_size_in_bytes() as u64
             })
             .sum()
     }
@@ -146,7 +221,13 @@ impl ShardedOptimizer {
         lr: f64,
     ) -> Result<Option<f64>> {
         tch::no_grad(|| -> Result<Option<f64>> {
-            self.reduce_scatter(pg, weight)?;
+            match &self.reducer {
+                Some(r) => r
+                    .lock()
+                    .map_err(|_| anyhow!("a gradient hook panicked"))?
+                    .finish()?,
+                None => self.reduce_scatter(pg, weight)?,
+            }
             let norm = match clip {
                 Some(max) => Some(self.clip(pg, max)?),
                 None => None,
@@ -159,19 +240,20 @@ impl ShardedOptimizer {
     fn reduce_scatter(&mut self, pg: &ProcessGroup, weight: f64) -> Result<()> {
         let mut flight: VecDeque<Work> = VecDeque::new();
         for s in &mut self.shards {
+            let mut flat = s.flat_buffer();
             for &(i, off, n) in &s.slots {
                 let g = self.params[i].grad();
                 if !g.defined() {
                     return Err(ddp::missing_gradient(i, &self.params[i]));
                 }
-                s.flat.narrow(0, off, n).copy_(&g.reshape([-1]));
+                flat.narrow(0, off, n).copy_(&g.reshape([-1]));
             }
             let used = ddp::plan_len(&s.slots);
-            let _ = s.flat.narrow(0, used, s.flat.numel() as i64 - used).zero_();
+            let _ = flat.narrow(0, used, s.flat_len - used).zero_();
             if weight != 1.0 {
-                let _ = s.flat.g_mul_scalar_(weight);
+                let _ = flat.g_mul_scalar_(weight);
             }
-            flight.push_back(pg.reduce_scatter_start(&s.grad, &s.flat)?);
+            flight.push_back(pg.reduce_scatter_start(&s.grad, &flat)?);
             if flight.len() >= IN_FLIGHT {
                 flight.pop_front().map(Work::wait).transpose()?;
             }
@@ -206,7 +288,7 @@ impl ShardedOptimizer {
     /// updated (two all-gathers in flight).
     fn update_and_allgather(&mut self, pg: &ProcessGroup, lr: f64) -> Result<()> {
         let sum = |t: &Tensor| pg.allreduce(&[t], ReduceOp::Sum);
-        let mut flight: VecDeque<(usize, Work)> = VecDeque::new();
+        let mut flight: VecDeque<(usize, Work, Tensor)> = VecDeque::new();
         for b in 0..self.shards.len() {
             let s = &mut self.shards[b];
             // The optimizer steps the parameters as they are now (a resume or a broadcast may
@@ -217,28 +299,28 @@ impl ShardedOptimizer {
                     .copy_(&self.params[i].reshape([-1]).narrow(0, in_param, n));
             }
             s.opt.step_with(lr, &s.grads, Some(&sum))?;
-            flight.push_back((b, pg.allgather_start(&s.flat, &s.param)?));
+            let flat = s.flat_buffer();
+            flight.push_back((b, pg.allgather_start(&flat, &s.param)?, flat));
             if flight.len() >= IN_FLIGHT {
-                if let Some((done, w)) = flight.pop_front() {
+                if let Some((done, w, flat)) = flight.pop_front() {
                     w.wait()?;
-                    self.unpack(done);
+                    self.unpack(done, &flat);
                 }
             }
         }
-        for (done, w) in flight {
+        for (done, w, flat) in flight {
             w.wait()?;
-            self.unpack(done);
+            self.unpack(done, &flat);
         }
         Ok(())
     }
 
-    fn unpack(&self, b: usize) {
-        let s = &self.shards[b];
-        for &(i, off, n) in &s.slots {
+    fn unpack(&self, b: usize, flat: &Tensor) {
+        for &(i, off, n) in &self.shards[b].slots {
             self.params[i]
                 .shallow_clone()
                 .view([-1])
-                .copy_(&s.flat.narrow(0, off, n));
+                .copy_(&flat.narrow(0, off, n));
         }
     }
 
@@ -262,15 +344,15 @@ impl ShardedOptimizer {
                     for (&(_, _, in_shard, n), t) in s.pieces.iter().zip(s.opt.state_of(slot)) {
                         s.grad.narrow(0, in_shard, n).copy_(t);
                     }
-                    pg.allgather_start(&s.flat, &s.grad)?.wait()?;
+                    let flat = s.flat_buffer();
+                    pg.allgather_start(&flat, &s.grad)?.wait()?;
                     if !keep {
                         continue;
                     }
                     for &(i, off, n) in &s.slots {
                         out.push((
                             format!("{}.{suffix}", self.names[i]),
-                            s.flat
-                                .narrow(0, off, n)
+                            flat.narrow(0, off, n)
                                 .view(self.params[i].size().as_slice())
                                 .copy(),
                         ));
@@ -284,6 +366,228 @@ impl ShardedOptimizer {
             }
             Ok(out)
         })
+    }
+}
+
+impl Shard {
+    /// The flat bucket: the one kept between steps (stage 1), or a new one (stage 2).
+    fn flat_buffer(&self) -> Tensor {
+        match &self.flat {
+            Some(f) => f.shallow_clone(),
+            None => self
+                .grad
+                .zeros_on_device(&[self.flat_len], self.grad.kind()),
+        }
+    }
+}
+
+/// The buckets of `params`: in parameter order (stage 1, as DDP's), or in reverse parameter
+/// order (stage 2), the order in which the backward pass completes them.
+fn bucket_plan(params: &[Tensor], stage: u8, bucket_bytes: usize) -> Vec<BucketPlan> {
+    if stage < 2 {
+        return ddp::plan_buckets(params, bucket_bytes);
+    }
+    let last = params.len().saturating_sub(1);
+    let reversed: Vec<Tensor> = params.iter().rev().map(Tensor::shallow_clone).collect();
+    ddp::plan_buckets(&reversed, bucket_bytes)
+        .into_iter()
+        .map(|slots| {
+            slots
+                .into_iter()
+                .map(|(i, off, n)| (last - i, off, n))
+                .collect()
+        })
+        .collect()
+}
+
+/// One bucket of the stage-2 reduction.
+struct ReduceBucket {
+    /// A parameter of the bucket: where its buffers are made, in its dtype.
+    like: Tensor,
+    flat_len: i64,
+    /// Parameters in the bucket, and how many of them this backward pass has still to deliver.
+    slots: usize,
+    pending: usize,
+    /// The bucket being filled, made at its first gradient.
+    flat: Option<Tensor>,
+    /// This rank's gradient shard (shared with the optimizer's [`Shard`]).
+    grad: Tensor,
+    /// No micro-batch of this step has been reduced into `grad` yet: the next reduce-scatter
+    /// writes it; later ones (gradient accumulation) add to it.
+    fresh: bool,
+}
+
+/// A reduce-scatter in flight: its bucket, the buffers it reads and writes, and whether its
+/// output is added to the shard when done.
+struct InFlight {
+    bucket: usize,
+    work: Work,
+    _flat: Tensor,
+    out: Tensor,
+    add: bool,
+}
+
+/// Stage 2's reduction, fed by the gradient hooks during the backward pass.
+struct Reducer {
+    /// The job's process group, alive as long as the optimizer that owns this reducer.
+    pg: *const ProcessGroup,
+    weight: f64,
+    params: Vec<Tensor>,
+    /// Per parameter: (bucket, offset in the flat bucket, elements), and whether its gradient
+    /// is in its bucket now.
+    slot_of: Vec<(usize, i64, i64)>,
+    seen: Vec<bool>,
+    buckets: Vec<ReduceBucket>,
+    /// The next bucket to launch: buckets go out in order, whatever order they fill in.
+    next: usize,
+    flight: VecDeque<InFlight>,
+    /// The first failure in a hook, reported by [`Reducer::finish`].
+    error: Option<anyhow::Error>,
+}
+
+// SAFETY: the process group is used only from the thread running the backward pass and the
+// step, one at a time (the mutex); tensors are reference-counted atomically by libtorch.
+unsafe impl Send for Reducer {}
+
+impl Reducer {
+    fn new_step(&mut self) {
+        for b in &mut self.buckets {
+            b.fresh = true;
+        }
+    }
+
+    /// Parameter `i`'s gradient is complete: into its bucket, and out go the buckets that are
+    /// full and next in line.
+    fn on_grad(&mut self, i: usize) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = self.take(i).and_then(|_| self.launch_ready()) {
+            self.error = Some(e);
+        }
+    }
+
+    fn take(&mut self, i: usize) -> Result<()> {
+        let (b, off, n) = self.slot_of[i];
+        let g = self.params[i].grad();
+        if !g.defined() {
+            return Err(ddp::missing_gradient(i, &self.params[i]));
+        }
+        let bucket = &mut self.buckets[b];
+        let flat = bucket.flat.get_or_insert_with(|| {
+            bucket
+                .like
+                .zeros_on_device(&[bucket.flat_len], bucket.like.kind())
+        });
+        flat.narrow(0, off, n).copy_(&g.reshape([-1]));
+        if std::mem::replace(&mut self.seen[i], true) {
+            return Err(anyhow!(
+                "parameter #{i} delivered its gradient twice in one backward pass"
+            ));
+        }
+        bucket.pending -= 1;
+        Ok(())
+    }
+
+    fn launch_ready(&mut self) -> Result<()> {
+        while self.next < self.buckets.len() && self.buckets[self.next].pending == 0 {
+            self.launch(self.next)?;
+            self.next = (self.next + 1) % self.buckets.len();
+            if self.next == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, b: usize) -> Result<()> {
+        let weight = self.weight;
+        let bucket = &mut self.buckets[b];
+        let mut flat = bucket.flat.take().expect("a full bucket has its buffer");
+        if weight != 1.0 {
+            let _ = flat.g_mul_scalar_(weight);
+        }
+        let add = !bucket.fresh;
+        let out = if add {
+            bucket.grad.zeros_like()
+        } else {
+            bucket.grad.shallow_clone()
+        };
+        bucket.fresh = false;
+        bucket.pending = bucket.slots;
+        for (seen, &(owner, _, _)) in self.seen.iter_mut().zip(&self.slot_of) {
+            if owner == b {
+                *seen = false;
+            }
+        }
+        // SAFETY: see the field; the pointer is valid while hooks can run.
+        let pg = unsafe { &*self.pg };
+        let work = pg.reduce_scatter_start(&out, &flat)?;
+        self.flight.push_back(InFlight {
+            bucket: b,
+            work,
+            _flat: flat,
+            out,
+            add,
+        });
+        while self.flight.len() > IN_FLIGHT {
+            self.complete_oldest()?;
+        }
+        Ok(())
+    }
+
+    fn complete_oldest(&mut self) -> Result<()> {
+        if let Some(f) = self.flight.pop_front() {
+            f.work.wait()?;
+            if f.add {
+                let mut g = self.buckets[f.bucket].grad.shallow_clone();
+                g += &f.out;
+            }
+        }
+        Ok(())
+    }
+
+    /// The end of the backward passes of a step: every bucket must have gone out, and every
+    /// reduce-scatter is waited for.
+    fn finish(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if self.buckets.iter().any(|b| b.pending != b.slots) {
+            // The bucket next in line is the one still waiting for a gradient.
+            let stuck = self.next;
+            let missing = (0..self.params.len())
+                .find(|&i| self.slot_of[i].0 == stuck && !self.seen[i])
+                .unwrap_or(0);
+            return Err(ddp::missing_gradient(missing, &self.params[missing]));
+        }
+        if self.buckets.iter().any(|b| b.fresh) {
+            return Err(anyhow!(
+                "ZeRO-2: a step ended without a backward pass over every parameter"
+            ));
+        }
+        while !self.flight.is_empty() {
+            self.complete_oldest()?;
+        }
+        Ok(())
+    }
+}
+
+unsafe extern "C" fn on_grad(ctx: *mut c_void, index: usize) {
+    // SAFETY: `ctx` is the reducer's mutex, alive while the hooks are registered.
+    let reducer = unsafe { &*(ctx as *const Mutex<Reducer>) };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if let Ok(mut r) = reducer.lock() {
+            r.on_grad(index);
+        }
+    }));
+    if let Err(p) = outcome {
+        if let Ok(mut r) = reducer.lock() {
+            r.error = Some(anyhow!(
+                "a gradient hook panicked: {}",
+                crate::worker::task::panic_text(p.as_ref())
+            ));
+        }
     }
 }
 
