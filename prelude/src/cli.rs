@@ -35,6 +35,13 @@ pub struct Cli {
 pub enum Command {
     /// Train a recipe with N data-parallel workers.
     Train(Box<TrainArgs>),
+    /// What each device would hold for `train` with the same options (parameters, gradients,
+    /// optimizer state, buffers, activations), against its memory, and the levers that make a
+    /// job fit; exits 3 when it does not fit. Nothing is started.
+    #[command(
+        after_help = "Examples:\n  trainbook plan bert-mlm --preset bert-1.5b --workers 8 --device hpu --device-memory 32GiB\n  trainbook plan bert-mlm --preset bert-large --workers 2 --zero 2 --activation-checkpointing\n  trainbook plan bert --workers 2 --json\n\nThe plan is arithmetic on the model's shapes: on CPU it is the workers' resident memory; on\nCUDA and Gaudi the tensors plus the runtime's assumed reservations. --device with\n--device-memory plans for a machine you are not on."
+    )]
+    Plan(Box<TrainArgs>),
     /// Sweep a recipe's options: many trials, several at a time, the unpromising ones stopped
     /// early (ASHA), one live table.
     Sweep(Box<SweepArgs>),
@@ -195,6 +202,14 @@ pub struct TrainArgs {
     /// restarts. 0: off.
     #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::spec::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
     pub hang_timeout: u64,
+    /// Memory of each worker's device, e.g. 32GiB (first-generation Gaudi) or 96GB (Gaudi2):
+    /// the memory plan checks the job against it instead of what this machine reports.
+    #[arg(long, value_name = "SIZE", help_heading = "Memory")]
+    pub device_memory: Option<String>,
+    /// Launch even when the memory plan says the job does not fit its devices (the plan
+    /// errs high).
+    #[arg(long, help_heading = "Memory")]
+    pub no_memory_check: bool,
     /// Do not write TensorBoard event files into the run directory.
     #[arg(long)]
     pub no_tensorboard: bool,
@@ -437,6 +452,8 @@ impl TrainArgs {
         spec.dedup.enabled = !self.no_dedup;
         spec.tensorboard = !self.no_tensorboard;
         spec.mlflow = self.mlflow.clone();
+        spec.device_memory = self.device_memory.clone();
+        spec.memory_check = !self.no_memory_check;
         if !(self.dedup_window.is_finite() && self.dedup_window >= 0.0) {
             anyhow::bail!("--dedup-window must be a number of seconds >= 0");
         }
@@ -479,33 +496,44 @@ pub fn main() -> i32 {
                 }
             }
         }
-        Command::Sweep(args) => match sweep(&args) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                if args.job.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"status": "error", "error": format!("{e:#}")})
-                    );
-                }
-                2
-            }
-        },
-        Command::Train(args) => match train(&args) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                if args.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"status": "error", "error": format!("{e:#}")})
-                    );
-                }
-                2
-            }
-        },
+        Command::Sweep(args) => exit_code(sweep(&args), args.job.json),
+        Command::Plan(args) => exit_code(plan(&args), args.json),
+        Command::Train(args) => exit_code(train(&args), args.json),
     }
+}
+
+/// A command's exit code; an error is printed (and, with `--json`, is the last stdout line)
+/// and exits 2.
+fn exit_code(result: Result<i32>, json: bool) -> i32 {
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"status": "error", "error": format!("{e:#}")})
+            );
+        }
+        2
+    })
+}
+
+/// `trainbook plan`: the memory plan on stdout (or as JSON); 3 when the job does not fit.
+fn plan(args: &TrainArgs) -> Result<i32> {
+    use trainbook_api::run::Train;
+    let spec = args.to_spec()?;
+    let plan = spec.plan()?;
+    let Some(memory) = plan.memory else {
+        anyhow::bail!(
+            "recipe {} reports no model shapes, so it has no memory plan (bert, bert-mlm and synthetic have one)",
+            args.recipe
+        );
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&memory)?);
+    } else {
+        print!("{memory}");
+    }
+    Ok(if memory.fits() == Some(false) { 3 } else { 0 })
 }
 
 fn train(args: &TrainArgs) -> Result<i32> {

@@ -1,13 +1,13 @@
 //! How trainbook's values look when a cell returns them: a `Table` as an HTML table (head and
 //! tail of long tables, as pandas and polars show them in Python notebooks), a `TrainResult`
-//! and a `Job` as a summary table, each with its text twin. `trainbook_api`'s `ShowValue` asks
+//! and a `Job` and a `MemoryPlan` as a summary table, each with its text twin. `trainbook_api`'s `ShowValue` asks
 //! for them through the runtime ([`bundle_of`]).
 
 use std::any::Any;
 
 use trainbook_api::metric;
 use trainbook_api::table::{Table, Value};
-use trainbook_api::{Job, SweepJob, SweepResult, TrainResult};
+use trainbook_api::{Job, MemoryPlan, SweepJob, SweepResult, TrainResult};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_bytes, format_duration, format_metric, Bundle};
 
@@ -33,7 +33,52 @@ pub fn bundle_of(value: &dyn Any) -> Option<Bundle> {
     if let Some(s) = value.downcast_ref::<SweepJob>() {
         return Some(s.bundle());
     }
+    if let Some(p) = value.downcast_ref::<MemoryPlan>() {
+        return Some(p.bundle());
+    }
     None
+}
+
+/// A memory plan: its rows, the total against the device, the levers.
+impl NotebookDisplay for MemoryPlan {
+    fn bundle(&self) -> Bundle {
+        let mut pairs = vec![
+            (
+                "model",
+                format!(
+                    "{} on {} × {}, {} per device × {} micro-batch(es)",
+                    self.model,
+                    self.workers,
+                    self.device.name(),
+                    self.batch_per_device,
+                    self.grad_accum
+                ),
+            ),
+            ("setup", self.setup.clone()),
+        ];
+        for r in &self.rows {
+            pairs.push((
+                r.what.as_str(),
+                format!("{}: {}", format_bytes(r.bytes), r.detail),
+            ));
+        }
+        pairs.push((
+            "total",
+            format!("{}: {}", format_bytes(self.total), self.verdict()),
+        ));
+        for l in &self.levers {
+            let fits = match l.fits {
+                Some(true) => ", fits",
+                Some(false) => ", does not fit",
+                None => "",
+            };
+            pairs.push((
+                "lever",
+                format!("{}: {}{fits}", l.change, format_bytes(l.total)),
+            ));
+        }
+        summary("trainbook-plan", pairs).bundle()
+    }
 }
 
 impl NotebookDisplay for Table {

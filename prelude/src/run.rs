@@ -42,8 +42,20 @@ impl Runtime for Trainbook {
                 spec.recipe
             )
         })?;
-        let device = trainbook_engine::resolve_device(spec.device, spec.workers)?;
-        Ok(Plan { device, hyper })
+        let device = match trainbook_engine::resolve_device(spec.device, spec.workers) {
+            Ok(d) => d,
+            // Planning for a machine you are not on: the device named, its memory given.
+            Err(e) => match (spec.device.kind(), &spec.device_memory) {
+                (Some(kind), Some(_)) => kind,
+                _ => return Err(e),
+            },
+        };
+        let memory = trainbook_engine::plan_memory(spec, &hyper, device, &REGISTRY)?;
+        Ok(Plan {
+            device,
+            hyper,
+            memory,
+        })
     }
 
     fn sweep(&self, spec: trainbook_api::SweepSpec) -> Result<trainbook_api::SweepJob> {

@@ -425,3 +425,50 @@ fn tokenizer_train_writes_a_vocabulary_and_names_bad_input() {
         &["vocab_size 2 is too small"],
     );
 }
+
+#[test]
+fn plan_prints_the_memory_plan_and_exits_3_when_the_job_does_not_fit() {
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "bert-mlm",
+            "--preset",
+            "bert-1.5b",
+            "--workers",
+            "8",
+            "--device",
+            "hpu",
+        ];
+        args.extend_from_slice(extra);
+        trainbook(&args, &[], Duration::from_secs(60))
+    };
+    // 002's job on first-generation Gaudi: fits with its ZeRO-1 and bf16, not without ZeRO.
+    let fits = plan(&["--device-memory", "32GiB"]);
+    let text = String::from_utf8_lossy(&fits.stdout);
+    assert_eq!(fits.status.code(), Some(0), "{text}");
+    for part in [
+        "1.53B parameters",
+        "on 8 x hpu",
+        "optimizer state",
+        "activations",
+        "fits:",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    let no_zero = plan(&["--device-memory", "32GiB", "--zero", "0"]);
+    let text = String::from_utf8_lossy(&no_zero.stdout);
+    assert_eq!(no_zero.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("does not fit") && text.contains("--zero 2"),
+        "{text}"
+    );
+    let json = plan(&["--device-memory", "96GB", "--zero", "0", "--json"]);
+    let v = last_json(&json);
+    assert_eq!(json.status.code(), Some(0));
+    assert_eq!(v["capacity"]["source"], "--device-memory");
+    assert!(v["total"].as_u64().unwrap() < 96_000_000_000);
+    // Without a device here and without --device-memory, the device cannot be planned for.
+    let bad = plan(&[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("hpu"));
+}

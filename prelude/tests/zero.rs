@@ -299,3 +299,117 @@ fn activation_checkpointing_trains_the_same_model_with_and_without_dropout() {
         }
     }
 }
+
+/// Habana's BERT-1.5B job (002) planned for 8 Gaudi cards: every row of the plan against the
+/// arithmetic written out here, within 1%.
+#[test]
+fn the_bert_1_5b_plan_matches_a_hand_computation() {
+    use trainbook::Train;
+    let plan = |zero: u8, memory: &str| {
+        trainbook::BertMlmTrainer::new()
+            .preset("bert-1.5b")
+            .workers(8)
+            .device(trainbook::DeviceRequest::Hpu)
+            .device_memory(memory)
+            .zero(zero)
+            .plan()
+            .unwrap()
+            .memory
+            .expect("bert-mlm has a memory plan")
+    };
+    // 48 layers, hidden 1600, 25 heads, feed-forward 6400, vocabulary 30522, 512 positions.
+    let (l, h, i, v, a) = (48f64, 1600f64, 6400f64, 30522f64, 25f64);
+    let p = v * h
+        + 512.0 * h
+        + 2.0 * h
+        + 2.0 * h
+        + l * (4.0 * h * h + 2.0 * h * i + 9.0 * h + i)
+        + h * h
+        + h
+        + 2.0 * h
+        + v;
+    assert_eq!(p, 1_527_814_522.0);
+    // 32 sequences of 128 tokens per card (12,288 per step in 48 accumulations on 8 cards),
+    // 20 predictions each; bf16 (2 bytes; Gaudi's LayerNorm too), byte dropout masks, the
+    // written-out attention.
+    let (b, s, m) = (32f64, 128f64, 32.0 * 20.0);
+    let (e, inter, scores) = (b * s * h, b * s * i, b * a * s * s);
+    let attention = 2.0 * e + 2.0 * scores + 3.0 * scores;
+    let layer = 2.0 * e + 6.0 * e + attention + 6.0 * e + 4.0 * inter + 2.0 * e;
+    let activations = l * layer
+        + 3.0 * e
+        + 2.0 * (2.0 * inter + 2.0 * e)
+        + (4.0 * m * h * 2.0 + 3.0 * m * v * 4.0 + v * h * 4.0);
+    let copies = 2.0 * (l * (4.0 * h * h + 2.0 * h * i) + h * h + v * h);
+    let framework = (1u64 << 30) as f64;
+    let zero1 = [
+        ("parameters", 4.0 * p),
+        ("gradients", 4.0 * p),
+        ("optimizer state", 2.0 * 4.0 * p / 8.0),
+        ("communication buffers", 2.0 * 4.0 * p / 8.0),
+        ("activations", activations),
+        ("bf16 weight copies", copies),
+        ("framework", framework),
+    ];
+    let close = |what: &str, got: u64, want: f64| {
+        let err = (got as f64 / want - 1.0).abs();
+        assert!(
+            err < 0.01,
+            "{what}: planned {got}, by hand {want:.0} ({err:.4})"
+        );
+    };
+    let gaudi1 = plan(1, "32GiB");
+    assert_eq!(gaudi1.parameters, p as u64);
+    assert_eq!((gaudi1.batch_per_device, gaudi1.grad_accum), (32, 48));
+    for (what, want) in zero1 {
+        close(what, gaudi1.bytes_of(what).unwrap(), want);
+    }
+    let total: f64 = zero1.iter().map(|r| r.1).sum();
+    close("total", gaudi1.total, total);
+    // 002: with ZeRO-1 and bf16 the model fits a first-generation Gaudi's 32 GB...
+    assert_eq!(gaudi1.fits(), Some(true), "{gaudi1}");
+    // ...and without ZeRO it does not: the whole LANS state and the flat gradient buckets.
+    let plain = plan(0, "32GiB");
+    close(
+        "total without ZeRO",
+        plain.total,
+        total - 2.0 * 4.0 * p / 8.0 * 2.0 + 2.0 * 4.0 * p + 4.0 * p,
+    );
+    assert_eq!(plain.fits(), Some(false), "{plain}");
+    let levers: Vec<&str> = plain
+        .levers
+        .iter()
+        .filter(|l| l.fits == Some(true))
+        .map(|l| l.change.as_str())
+        .collect();
+    assert!(levers.contains(&"--zero 2"), "{plain}");
+    // Gaudi2's 96 GB holds it either way.
+    assert_eq!(plan(0, "96GB").fits(), Some(true));
+    assert_eq!(plan(1, "96GB").fits(), Some(true));
+}
+
+#[test]
+fn a_job_that_cannot_fit_fails_before_launch_naming_the_levers() {
+    let root = runs_root().join("too-big");
+    let _ = std::fs::remove_dir_all(&root);
+    let spec = job(2, 0, OptimizerKind::Adamw)
+        .runs_root(root.clone())
+        .device_memory("20MiB");
+    let err = format!("{:#}", trainbook::fit(spec.clone()).unwrap_err());
+    assert!(
+        err.contains("does not fit")
+            && err.contains("the device has 0.02 GiB (--device-memory)")
+            && err.contains("--zero 2")
+            && err.contains("--no-memory-check"),
+        "{err}"
+    );
+    assert!(!root.exists(), "nothing was started: {}", root.display());
+    // The check can be turned off, and a job that fits runs.
+    let ok = trainbook::fit(spec.memory_check(false).max_steps(2)).unwrap();
+    assert_eq!(ok.steps, 2);
+    let e = format!(
+        "{:#}",
+        trainbook::fit(job(2, 0, OptimizerKind::Adamw).device_memory("lots")).unwrap_err()
+    );
+    assert!(e.contains("32GiB"), "{e}");
+}

@@ -18,6 +18,18 @@ pub enum DeviceRequest {
     Hpu,
 }
 
+impl DeviceRequest {
+    /// The device kind a request names (`None` for `Auto`, which the machine decides).
+    pub fn kind(self) -> Option<DeviceKind> {
+        match self {
+            DeviceRequest::Auto => None,
+            DeviceRequest::Cpu => Some(DeviceKind::Cpu),
+            DeviceRequest::Cuda => Some(DeviceKind::Cuda),
+            DeviceRequest::Hpu => Some(DeviceKind::Hpu),
+        }
+    }
+}
+
 impl FromStr for DeviceRequest {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {

@@ -18,6 +18,10 @@ crate::options! {
         /// train`); default: the model's, else the offline uncased BERT vocabulary.
         #[arg(value_name = "DIR")]
         tokenizer: PathBuf [into] => Option<PathBuf>,
+        /// At most this many positions predicted per block (BERT pre-training: 20 at 128
+        /// tokens); the rest of the selected ones stay unmasked. Default: no limit.
+        #[arg(value_name = "N")]
+        max_predictions_per_seq: usize => Option<usize>,
         /// From scratch: transformer layers.
         #[arg(value_name = "N")]
         layers: usize => usize,
@@ -46,7 +50,7 @@ impl crate::text::ConfigureText for BertMlmTrainer {
     }
 }
 
-/// `mlm_probability`, `tokenizer`, `layers`, `hidden_size`, `heads`.
+/// `mlm_probability`, `max_predictions_per_seq`, `tokenizer`, `layers`, `hidden_size`, `heads`.
 impl ConfigureMlm for BertMlmTrainer {
     fn mlm_options(&mut self, edit: impl FnOnce(&mut MlmOptions)) {
         self.spec.edit_recipe_options(edit)

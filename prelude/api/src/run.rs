@@ -30,6 +30,9 @@ pub struct Plan {
     /// bert's "reference" when its model and data are on this machine), with the job's options
     /// on top; the recipe's own settings in `recipe_options`.
     pub hyper: Hyper,
+    /// What each device will hold at the job's peak, against its memory, with the levers that
+    /// lower it (`None` for recipes that do not report their model's shapes).
+    pub memory: Option<crate::memory::MemoryPlan>,
 }
 
 /// `fit`, `launch` and `plan` for every job builder (`JobSpec`, `BertTrainer`, ...).

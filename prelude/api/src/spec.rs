@@ -375,6 +375,14 @@ pub struct JobSpec {
     /// `MLFLOW_TRACKING_URI` names, if any.
     #[serde(default)]
     pub mlflow: Option<String>,
+    /// The memory of each worker's device, e.g. `32GiB` (first-generation Gaudi), `96GB`
+    /// (Gaudi2): the memory plan checks the job against it instead of what this machine
+    /// reports, to plan for a machine you are not on.
+    #[serde(default)]
+    pub device_memory: Option<String>,
+    /// Check the memory plan before launch and refuse a job that would not fit (default on).
+    #[serde(default = "yes")]
+    pub memory_check: bool,
     #[serde(skip)]
     pub dedup: DedupConfig,
     /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
@@ -494,6 +502,18 @@ pub trait Configure: Sized {
         self.job_spec().resume = r;
         self
     }
+    /// Plan for devices with this much memory, e.g. `"32GiB"` (first-generation Gaudi) or
+    /// `"96GB"` (Gaudi2), instead of what this machine reports (see `Train::plan`).
+    fn device_memory(mut self, size: impl Into<String>) -> Self {
+        self.job_spec().device_memory = Some(size.into());
+        self
+    }
+    /// Check the memory plan before launch and refuse a job that would not fit (default on;
+    /// the plan errs high, so turn it off to try a job the plan refuses).
+    fn memory_check(mut self, on: bool) -> Self {
+        self.job_spec().memory_check = on;
+        self
+    }
     /// Write TensorBoard event files into the run directory (default on): `tensorboard
     /// --logdir trainbook_runs` shows the run's metrics, its options and its restarts.
     fn tensorboard(mut self, on: bool) -> Self {
@@ -567,6 +587,8 @@ impl JobSpec {
             resume: Resume::Never,
             tensorboard: true,
             mlflow: None,
+            device_memory: None,
+            memory_check: true,
             dedup: DedupConfig::default(),
             view: Default::default(),
         }
@@ -741,6 +763,9 @@ impl JobSpec {
         }
         if let Some(uri) = &self.mlflow {
             check_mlflow_uri(uri)?;
+        }
+        if let Some(size) = &self.device_memory {
+            crate::memory::parse_bytes(size)?;
         }
         if let Some(m) = t.checkpoint_every_minutes {
             if !(m.is_finite() && m > 0.0) {

@@ -27,6 +27,19 @@ pub use driver::dedup::looks_like_error;
 pub use driver::placement::resolve as resolve_device;
 pub use driver::{launch, running_jobs, validate};
 
+/// The memory plan of a job on a device (`None` for recipes that report no footprint).
+pub fn plan_memory(
+    spec: &trainbook_api::JobSpec,
+    hyper: &trainbook_api::Hyper,
+    device: trainbook_api::DeviceKind,
+    recipes: &Registry,
+) -> anyhow::Result<Option<trainbook_api::MemoryPlan>> {
+    match recipes.job_kind(&spec.recipe)? {
+        worker::jobs::JobKind::Recipe(entry) => driver::memory::plan(entry, spec, hyper, device),
+        _ => Ok(None),
+    }
+}
+
 /// Stops every sweep and every running job of this process (what a notebook interrupt does):
 /// sweeps first, so that none starts a trial after its jobs were stopped. Returns how many
 /// jobs were running.
@@ -39,7 +52,9 @@ pub fn stop_all() -> usize {
 pub use worker::device::{on_hpu, Device, OnDeviceOf};
 pub use worker::dist::{BackendHandle, InitOptions};
 pub use worker::jobs::CHECK;
-pub use worker::recipe::{BuildFn, PresetFn, Recipe, RecipeEntry, Registry, Split, Step};
+pub use worker::recipe::{
+    BuildFn, FootprintFn, Layout, PresetFn, Recipe, RecipeEntry, Registry, Split, Step,
+};
 pub use worker::recompute::checkpointed;
 pub use worker::task::{Batch, Setup, Task};
 pub use worker::{main as worker_main, Hpu, HpuBridge};

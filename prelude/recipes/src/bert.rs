@@ -243,6 +243,32 @@ fn load_examples(
     Ok((train, test))
 }
 
+/// The memory plan's view of a job: the model's config.json (or the tiny random BERT), two
+/// labels (the head is small whatever their number), `max_length` tokens.
+pub fn footprint(
+    hyper: &Hyper,
+    layout: &trainbook_engine::Layout,
+) -> Result<trainbook_api::memory::Footprint> {
+    let opts: TextSettings = crate::settings(hyper)?;
+    let model_name = hyper
+        .model
+        .as_deref()
+        .context("the bert recipe needs a model (a directory or a Hub id)")?;
+    let (model_dir, _) = crate::assets::resolve_model(model_name)?;
+    let mut bert = BertConfig::from_file(&model_dir.join("config.json"))?;
+    let max_length = opts.max_length.min(bert.max_position_embeddings as usize);
+    if opts.random_init {
+        bert = BertConfig::tiny(bert.vocab_size, max_length as i64);
+    }
+    Ok(crate::models::bert::plan_footprint(
+        &bert,
+        crate::models::bert::Head::Classifier(2),
+        max_length as u64,
+        hyper,
+        layout,
+    ))
+}
+
 impl BertRecipe {
     /// Loads the model and the data as `hyper` (resolved by [`resolve`]) says.
     pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {

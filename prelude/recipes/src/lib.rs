@@ -29,6 +29,7 @@ pub static REGISTRY: Registry = Registry::new(&[
         presets: bert::PRESETS,
         preset: bert::resolve,
         build: |h, d, log| Ok(Box::new(bert::BertRecipe::build(h, d, log)?)),
+        footprint: Some(bert::footprint),
     },
     RecipeEntry {
         name: "bert-mlm",
@@ -36,6 +37,7 @@ pub static REGISTRY: Registry = Registry::new(&[
         presets: mlm::PRESETS,
         preset: mlm::resolve,
         build: |h, d, log| Ok(Box::new(mlm::MlmRecipe::build(h, d, log)?)),
+        footprint: Some(mlm::footprint),
     },
     RecipeEntry {
         name: "resnet",
@@ -43,6 +45,7 @@ pub static REGISTRY: Registry = Registry::new(&[
         presets: resnet::PRESETS,
         preset: resnet::resolve,
         build: |h, d, log| Ok(Box::new(resnet::ResnetRecipe::build(h, d, log)?)),
+        footprint: None,
     },
     RecipeEntry {
         name: "synthetic",
@@ -50,6 +53,7 @@ pub static REGISTRY: Registry = Registry::new(&[
         presets: synthetic::PRESETS,
         preset: synthetic::resolve,
         build: |h, d, _log| Ok(Box::new(synthetic::Synthetic::build(h, d)?)),
+        footprint: Some(synthetic::footprint),
     },
 ]);
 

@@ -17,6 +17,10 @@
 //!   (Wikipedia and BookCorpus tables, placed there by the user: no download), blocks of 512,
 //!   global batch 256, AdamW 5e-5 with linear decay, 100,000 steps. Chosen without a preset
 //!   when that directory has files.
+//! - `bert-large`, `bert-1.5b`: the large models of BERT pre-training at 128 tokens with 20
+//!   predictions per block; `bert-1.5b` is Habana's job of 002 (LANS, bf16, ZeRO-1). Both read
+//!   the reference corpus when it is there, else the Brown corpus; `trainbook plan` says
+//!   whether they fit a device before anything starts.
 //!
 //! Data: a `.txt` file (a text per line), a table with a text column, or a directory: every
 //! such file in it, in name order (e.g. Wikipedia and BookCorpus side by side); without `eval_data`,
@@ -28,12 +32,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
+use trainbook_api::memory::Footprint;
 use trainbook_api::spec::Hyper;
 use trainbook_api::spec::{JobSpec, OptimizerKind, Schedule};
 use trainbook_engine::Device;
-use trainbook_engine::{Recipe, Split, Step};
+use trainbook_engine::{Layout, Recipe, Split, Step};
 
-use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, IGNORE_INDEX};
+use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX};
 use crate::text::cache;
 use crate::text::mlm::{group_texts, Masking};
 use crate::text::tokenizer::{Padding, TextTokenizer};
@@ -49,7 +54,19 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("tiny", "random 2-layer hidden-64 BERT, 32-token blocks of Rotten Tomatoes snippets, 256/64 blocks: seconds, for tests"),
     ("default", "random 4-layer hidden-256 BERT, 128-token blocks of the Brown corpus (1M words), AdamW 5e-4 linear, 1 epoch"),
     ("reference", "the reference's job: bert-base-sized BERT from scratch on <data dir>/datasets/bert-pretraining (Wikipedia, BookCorpus), 512-token blocks, batch 256, AdamW 5e-5, 100,000 steps"),
+    ("bert-large", "BERT-large from scratch (24 layers, hidden 1024, 16 heads), 128-token blocks with 20 predictions each, batch 256, AdamW 1e-4; the reference corpus when present, else the Brown corpus"),
+    ("bert-1.5b", "Habana's BERT-1.5B (48 layers, hidden 1600, 25 heads): 128-token blocks, 20 predictions each, LANS 1.5e-3 poly, bf16, ZeRO-1, batch 12,288 in 48 accumulations; for 8+ Gaudi cards (`trainbook plan` first)"),
 ];
+
+/// The reference corpus when it is on this machine, else `fallback` (the large presets are
+/// meant for it, and are planned anywhere).
+fn large_corpus(fallback: &str) -> String {
+    if auto_preset() == "reference" {
+        reference_corpus().display().to_string()
+    } else {
+        fallback.to_string()
+    }
+}
 
 /// Where the `reference` preset reads its corpus: the Wikipedia and BookCorpus tables (or any
 /// text files) the user put there.
@@ -94,6 +111,7 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
     };
     let mlm = |layers, hidden_size, heads| MlmSettings {
         mlm_probability: 0.15,
+        max_predictions_per_seq: None,
         tokenizer: None,
         layers,
         hidden_size,
@@ -136,6 +154,53 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
                 Settings {
                     text: text(512),
                     mlm: mlm(12, 768, 12),
+                },
+            )
+        }
+        "bert-large" => {
+            let mut h = hyper(1, 256, 1e-4, &large_corpus(&brown), None);
+            h.schedule = Schedule::Linear;
+            h.warmup_ratio = 0.01;
+            h.weight_decay = 0.01;
+            h.max_steps = Some(100_000);
+            let mut m = mlm(24, 1024, 16);
+            m.max_predictions_per_seq = Some(20);
+            (
+                h,
+                Settings {
+                    text: text(128),
+                    mlm: m,
+                },
+            )
+        }
+        "bert-1.5b" => {
+            // Habana's BERT-1.5B pre-training (002; Model-References, DeepSpeedExamples/
+            // deepspeed-bert: bert_1.5b_config.json, deepspeed_config_bert_1.5b.json,
+            // run_bert_1.5b_8x.sh): 48 layers, hidden 1600, 25 heads, feed-forward 6400;
+            // phase 1 at 128 tokens with 20 predictions per sequence; LANS, lr 0.0015 with
+            // 5% warm-up and 25% constant, poly decay of degree 1; bf16; ZeRO-1; gradient
+            // clipping 1.0; 32 sequences per card and 12,288 per step (48 accumulations on 8
+            // cards).
+            let mut h = hyper(1, 12_288, 1.5e-3, &large_corpus(&brown), None);
+            h.optimizer = OptimizerKind::Lans;
+            h.schedule = Schedule::Poly;
+            h.warmup_ratio = 0.05;
+            h.constant_ratio = 0.25;
+            h.poly_power = 1.0;
+            h.weight_decay = 0.01;
+            h.grad_clip = Some(1.0);
+            h.grad_accum = 48;
+            h.zero = 1;
+            h.precision = trainbook_api::spec::Precision::Bf16;
+            h.max_steps = Some(155_000);
+            h.seed = 12439;
+            let mut m = mlm(48, 1600, 25);
+            m.max_predictions_per_seq = Some(20);
+            (
+                h,
+                Settings {
+                    text: text(128),
+                    mlm: m,
                 },
             )
         }
@@ -238,6 +303,55 @@ fn read_corpus(data: &str, column: &str) -> Result<Vec<String>> {
     read_texts(&files.train, Some(column))
 }
 
+/// The BERT a job builds from scratch: its settings' shape, the tokenizer's vocabulary.
+fn scratch_config(s: &Settings, vocab: i64) -> BertConfig {
+    let h = s.mlm.hidden_size as i64;
+    BertConfig {
+        hidden_size: h,
+        num_hidden_layers: s.mlm.layers as i64,
+        num_attention_heads: s.mlm.heads as i64,
+        intermediate_size: 4 * h,
+        ..BertConfig::tiny(vocab, (s.text.max_length as i64).max(512))
+    }
+}
+
+/// The job's model and activations for the memory plan: the model's config.json, or the
+/// from-scratch shape with the tokenizer's vocabulary (nothing else is read).
+pub fn footprint(hyper: &Hyper, layout: &Layout) -> Result<Footprint> {
+    let s: Settings = crate::settings(hyper)?;
+    let config = match &hyper.model {
+        Some(m) => {
+            let dir = crate::assets::resolve_model(m)?.0;
+            BertConfig::from_file(&dir.join("config.json"))?
+        }
+        None => {
+            let dir = s
+                .mlm
+                .tokenizer
+                .clone()
+                .unwrap_or_else(crate::assets::minilm_dir);
+            let vocab = TextTokenizer::from_model_dir(&dir, 1 << 20)?.vocab_size() as i64;
+            scratch_config(&s, vocab)
+        }
+    };
+    // Positions a micro-batch predicts at its peak: each token is selected independently, so
+    // a batch's count is binomial; three standard deviations over its mean, at most the cap.
+    let (block, p) = (s.text.max_length as f64, s.mlm.mlm_probability);
+    let batch = layout.batch_per_device.max(1) as f64;
+    let high = p * block + 3.0 * (block * p * (1.0 - p) / batch).sqrt();
+    let predictions = match s.mlm.max_predictions_per_seq {
+        Some(max) => high.min(max as f64),
+        None => high,
+    };
+    Ok(crate::models::bert::plan_footprint(
+        &config,
+        Head::MaskedLm { predictions },
+        s.text.max_length as u64,
+        hyper,
+        layout,
+    ))
+}
+
 pub struct MlmRecipe {
     vs: nn::VarStore,
     model: BertForMaskedLm,
@@ -277,7 +391,8 @@ impl MlmRecipe {
             )
         })?;
         let specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
-        let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?;
+        let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?
+            .with_max_predictions(s.mlm.max_predictions_per_seq);
 
         // Texts, the held-out ones, blocks.
         let data = hyper
@@ -347,16 +462,7 @@ impl MlmRecipe {
                 }
                 c
             }
-            None => {
-                let h = s.mlm.hidden_size as i64;
-                BertConfig {
-                    hidden_size: h,
-                    num_hidden_layers: s.mlm.layers as i64,
-                    num_attention_heads: s.mlm.heads as i64,
-                    intermediate_size: 4 * h,
-                    ..BertConfig::tiny(vocab, (block as i64).max(512))
-                }
-            }
+            None => scratch_config(&s, vocab),
         }
         .with_dropout(hyper.dropout);
         tch::manual_seed(hyper.seed as i64);

@@ -124,6 +124,32 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     Ok(preset(spec.train.preset.as_deref().unwrap_or("tiny"))?.hyper)
 }
 
+/// The tiny BERT of a preset.
+fn config(p: &Preset) -> BertConfig {
+    BertConfig {
+        hidden_size: p.hidden,
+        num_hidden_layers: p.layers,
+        num_attention_heads: (p.hidden / 16).max(1),
+        intermediate_size: p.hidden * 2,
+        ..BertConfig::tiny(VOCAB, SEQ)
+    }
+}
+
+/// The memory plan's view of a synthetic job.
+pub fn footprint(
+    hyper: &Hyper,
+    layout: &trainbook_engine::Layout,
+) -> Result<trainbook_api::memory::Footprint> {
+    let p = preset(&hyper.preset)?;
+    Ok(crate::models::bert::plan_footprint(
+        &config(&p),
+        crate::models::bert::Head::Classifier(2),
+        SEQ as u64,
+        hyper,
+        layout,
+    ))
+}
+
 /// The synthetic recipe's own options: none.
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 struct NoOptions {}
@@ -132,11 +158,7 @@ impl Synthetic {
     pub fn build(hyper: &Hyper, device: Device) -> Result<Self> {
         // The model and data sizes are the preset's (not options).
         let p = preset(&hyper.preset)?;
-        let mut bert = BertConfig::tiny(VOCAB, SEQ).with_dropout(hyper.dropout);
-        bert.hidden_size = p.hidden;
-        bert.num_hidden_layers = p.layers;
-        bert.num_attention_heads = (p.hidden / 16).max(1);
-        bert.intermediate_size = p.hidden * 2;
+        let bert = config(&p).with_dropout(hyper.dropout);
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
         let mut model = BertClassifier::new(&vs.root(), &bert, 2);

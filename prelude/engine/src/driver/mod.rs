@@ -9,12 +9,14 @@
 //! - [`drive`]: the event loop on the driver thread.
 //! - [`supervise`]: hang detection and the restart policy the event loop applies.
 //! - [`handle`]: the job's state and the [`Job`] handle's methods on it.
+//! - [`memory`]: the memory plan, checked before any worker starts.
 //! - [`dedup`], [`dllog`], [`metrics`]: what the event loop writes on the way.
 
 pub(crate) mod dedup;
 mod dllog;
 mod drive;
 mod handle;
+pub(crate) mod memory;
 pub(crate) mod metrics;
 mod mlflow;
 pub(crate) mod placement;

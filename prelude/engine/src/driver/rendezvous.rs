@@ -22,6 +22,7 @@ use super::placement;
 use crate::shared::checkpoint::{self, RunConfig, RunStatus};
 use crate::shared::events::{self, Collector, Emitter};
 use crate::worker::dist::Store;
+use crate::worker::jobs::JobKind;
 use crate::worker::recipe::Registry;
 
 /// What every node's driver needs to start its workers. Node 0 makes it and publishes it in
@@ -126,6 +127,10 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
     let device = placement::resolve(spec.device, spec.workers)?;
+    // A job that cannot fit its devices fails here, before its run directory exists.
+    if let (Some(h), JobKind::Recipe(entry)) = (&hyper, recipes.job_kind(&spec.recipe)?) {
+        super::memory::check(entry, &spec, h, device)?;
+    }
     let run_dir = create_run_dir(&spec, None)?;
     let start = StartInfo {
         attempt: 0,

@@ -9,7 +9,7 @@
 //! size — exactly what one worker with the whole batch would compute.
 
 use anyhow::Result;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::worker::device::OnDeviceOf;
 use crate::worker::dist::ProcessGroup;
@@ -23,17 +23,37 @@ pub(crate) type BucketPlan = Vec<(usize, i64, i64)>;
 
 /// Groups `params` into buckets, in order (ZeRO shards the same buckets).
 pub(crate) fn plan_buckets(params: &[Tensor], bucket_bytes: usize) -> Vec<BucketPlan> {
+    // tch reports every device it cannot name (an HPU) as MPS; buckets never mix devices
+    // anyway, since all parameters of a worker live on its one device.
+    group_buckets(
+        params.iter().map(|p| {
+            let n = p.numel() as i64;
+            (
+                (p.kind(), p.device()),
+                n,
+                n as usize * p.kind().elt_size_in_bytes(),
+            )
+        }),
+        bucket_bytes,
+    )
+}
+
+/// Groups consecutive (key, elements, bytes) items into buckets of about `bucket_bytes`, never
+/// mixing keys (dtype and device): what [`plan_buckets`] does with tensors, and the memory plan
+/// with the sizes a recipe reports.
+pub(crate) fn group_buckets<K: PartialEq>(
+    items: impl IntoIterator<Item = (K, i64, usize)>,
+    bucket_bytes: usize,
+) -> Vec<BucketPlan> {
     let mut buckets = Vec::new();
     let mut slots: BucketPlan = Vec::new();
     let (mut off, mut bytes) = (0i64, 0usize);
-    // tch reports every device it cannot name (an HPU) as MPS; buckets never mix devices
-    // anyway, since all parameters of a worker live on its one device.
-    let mut key: Option<(Kind, tch::Device)> = None;
-    for (i, p) in params.iter().enumerate() {
-        let k = (p.kind(), p.device());
-        let n = p.numel() as i64;
-        let size = n as usize * p.kind().elt_size_in_bytes();
-        if key.is_some() && (key != Some(k) || bytes + size > bucket_bytes) {
+    let mut key: Option<K> = None;
+    for (i, (k, n, size)) in items.into_iter().enumerate() {
+        if key
+            .as_ref()
+            .is_some_and(|key| *key != k || bytes + size > bucket_bytes)
+        {
             buckets.push(std::mem::take(&mut slots));
             (off, bytes) = (0, 0);
         }

@@ -86,6 +86,7 @@ mod tests {
         presets: &[("small", "a preset"), ("big", "another")],
         preset: small,
         build: none,
+        footprint: None,
     }];
     #[test]
     fn names_and_presets_are_checked_against_the_injected_table() {

@@ -13,7 +13,7 @@
 //! - [`recompute`]: activation checkpointing (a block run again in the backward pass).
 
 mod check;
-mod ddp;
+pub(crate) mod ddp;
 pub(crate) mod device;
 pub(crate) mod dist;
 mod grad_hooks;
@@ -28,7 +28,7 @@ mod scores;
 mod strategy;
 pub(crate) mod task;
 mod train;
-mod zero;
+pub(crate) mod zero;
 
 use std::path::Path;
 use std::time::Duration;

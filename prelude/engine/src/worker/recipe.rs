@@ -9,6 +9,8 @@ use anyhow::{bail, Result};
 use tch::{nn, Tensor};
 
 pub(crate) use crate::worker::device::Device;
+use trainbook_api::device::DeviceKind;
+use trainbook_api::memory::Footprint;
 pub(crate) use trainbook_api::spec::Hyper;
 use trainbook_api::spec::JobSpec;
 
@@ -23,6 +25,18 @@ pub type PresetFn = fn(&JobSpec) -> Result<Hyper>;
 /// `log` sends a line to the job's log.
 pub type BuildFn = fn(&Hyper, Device, &dyn Fn(String)) -> Result<Box<dyn Recipe>>;
 
+/// What a job's model will need in memory, from the job's resolved hyper-parameters and how
+/// it is laid out on the devices, without building anything (see the memory plan).
+pub type FootprintFn = fn(&Hyper, &Layout) -> Result<Footprint>;
+
+/// How a job runs on each device, as a [`FootprintFn`] needs to know it.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    /// Samples per forward pass on one device.
+    pub batch_per_device: usize,
+    pub device: DeviceKind,
+}
+
 /// One recipe: everything the CLI, validation and the workers need to know of it, in one row.
 pub struct RecipeEntry {
     pub name: &'static str,
@@ -31,6 +45,8 @@ pub struct RecipeEntry {
     pub presets: &'static [(&'static str, &'static str)],
     pub preset: PresetFn,
     pub build: BuildFn,
+    /// The model's memory, for the plan checked before launch (`None`: not planned).
+    pub footprint: Option<FootprintFn>,
 }
 
 /// The recipes a process knows.

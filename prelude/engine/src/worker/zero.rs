@@ -38,14 +38,13 @@ use crate::worker::optim::{Optimizer, OptimizerConfig, Piece};
 
 /// Collectives in flight at once: the next bucket is packed while the previous one travels,
 /// as [`ddp::GradSync`] does, without queueing every bucket's buffers at once.
-const IN_FLIGHT: usize = 2;
+pub(crate) const IN_FLIGHT: usize = 2;
 
 struct Shard {
     slots: BucketPlan,
-    /// Gradients going into the reduce-scatter, then parameters coming out of the all-gather:
-    /// kept between steps in stage 1, made when needed and freed after in stage 2.
-    flat: Option<Tensor>,
-    /// Elements of the flat bucket (`world` times the shard's, padding included).
+    /// Elements of the flat bucket that carries the gradients into the reduce-scatter and
+    /// the parameters out of the all-gather (`world` times the shard's, padding included):
+    /// made when needed and freed after, so a rank never holds all of them at once.
     flat_len: i64,
     /// This rank's summed gradient shard.
     grad: Tensor,
@@ -110,10 +109,8 @@ impl ShardedOptimizer {
                 named.push((names[i].clone(), param.narrow(0, in_shard, n), piece));
                 grads.push(grad.narrow(0, in_shard, n));
             }
-            let flat_len = len * world as i64;
             shards.push(Shard {
-                flat: (stage < 2).then(|| first.zeros_on_device(&[flat_len], kind)),
-                flat_len,
+                flat_len: len * world as i64,
                 grad,
                 param,
                 pieces,
@@ -197,14 +194,13 @@ impl ShardedOptimizer {
         }
     }
 
-    /// Bytes of the flat buckets kept between steps (stage 1) and of this rank's gradient and
-    /// parameter shards.
+    /// Bytes of this rank's gradient and parameter shards (the flat buckets live only while
+    /// they travel).
     pub(crate) fn buffer_bytes(&self) -> u64 {
         self.shards
             .iter()
             .map(|s| {
-                (s.flat.as_ref().map_or(0, Tensor::numel) + s.grad.numel() + s.param.numel()) as u64
-                    * s.grad.kind().elt_size_in_bytes() as u64
+                (s.grad.numel() + s.param.numel()) as u64 * s.grad.kind().elt_size_in_bytes() as u64
             })
             .sum()
     }
@@ -238,7 +234,7 @@ impl ShardedOptimizer {
     }
 
     fn reduce_scatter(&mut self, pg: &ProcessGroup, weight: f64) -> Result<()> {
-        let mut flight: VecDeque<Work> = VecDeque::new();
+        let mut flight: VecDeque<(Work, Tensor)> = VecDeque::new();
         for s in &mut self.shards {
             let mut flat = s.flat_buffer();
             for &(i, off, n) in &s.slots {
@@ -253,12 +249,12 @@ impl ShardedOptimizer {
             if weight != 1.0 {
                 let _ = flat.g_mul_scalar_(weight);
             }
-            flight.push_back(pg.reduce_scatter_start(&s.grad, &flat)?);
+            flight.push_back((pg.reduce_scatter_start(&s.grad, &flat)?, flat));
             if flight.len() >= IN_FLIGHT {
-                flight.pop_front().map(Work::wait).transpose()?;
+                flight.pop_front().map(|(w, _)| w.wait()).transpose()?;
             }
         }
-        flight.into_iter().try_for_each(Work::wait)
+        flight.into_iter().try_for_each(|(w, _)| w.wait())
     }
 
     /// `torch.nn.utils.clip_grad_norm_` over the sharded gradient: each rank's squares, summed
@@ -349,12 +345,15 @@ impl ShardedOptimizer {
                     if !keep {
                         continue;
                     }
+                    // Into host memory bucket by bucket: the device never holds more than
+                    // one gathered bucket (a fresh one each time, so on CPU the pieces can
+                    // stay views of it).
                     for &(i, off, n) in &s.slots {
                         out.push((
                             format!("{}.{suffix}", self.names[i]),
                             flat.narrow(0, off, n)
                                 .view(self.params[i].size().as_slice())
-                                .copy(),
+                                .to_device(tch::Device::Cpu),
                         ));
                     }
                 }
@@ -370,15 +369,20 @@ impl ShardedOptimizer {
 }
 
 impl Shard {
-    /// The flat bucket: the one kept between steps (stage 1), or a new one (stage 2).
+    /// A new flat bucket of zeros, next to the shard.
     fn flat_buffer(&self) -> Tensor {
-        match &self.flat {
-            Some(f) => f.shallow_clone(),
-            None => self
-                .grad
-                .zeros_on_device(&[self.flat_len], self.grad.kind()),
-        }
+        device_zeros(&self.grad, self.flat_len)
     }
+}
+
+/// `n` zeros of `like`'s dtype on `like`'s device, made there (no host buffer and copy per
+/// step; tch cannot name every device, so the shape comes from `like` itself).
+fn device_zeros(like: &Tensor, n: i64) -> Tensor {
+    like.reshape([-1])
+        .narrow(0, 0, 1)
+        .zeros_like()
+        .expand([n], false)
+        .contiguous()
 }
 
 /// The buckets of `params`: in parameter order (stage 1, as DDP's), or in reverse parameter
@@ -474,11 +478,9 @@ impl Reducer {
             return Err(ddp::missing_gradient(i, &self.params[i]));
         }
         let bucket = &mut self.buckets[b];
-        let flat = bucket.flat.get_or_insert_with(|| {
-            bucket
-                .like
-                .zeros_on_device(&[bucket.flat_len], bucket.like.kind())
-        });
+        let flat = bucket
+            .flat
+            .get_or_insert_with(|| device_zeros(&bucket.like, bucket.flat_len));
         flat.narrow(0, off, n).copy_(&g.reshape([-1]));
         if std::mem::replace(&mut self.seen[i], true) {
             return Err(anyhow!(

@@ -51,6 +51,9 @@ pub struct Masking {
     pub vocab_size: i64,
     /// Ids never selected ([CLS], [SEP], [PAD], ...).
     pub specials: Vec<i64>,
+    /// At most this many predictions per block (BERT's `max_predictions_per_seq`): when more
+    /// are selected, a seeded random subset of this size is kept.
+    pub max_predictions: Option<usize>,
 }
 
 impl Masking {
@@ -69,7 +72,14 @@ impl Masking {
             mask_id,
             vocab_size,
             specials,
+            max_predictions: None,
         })
+    }
+
+    /// Limits the predictions per block (see [`Masking::max_predictions`]).
+    pub fn with_max_predictions(mut self, max: Option<usize>) -> Self {
+        self.max_predictions = max;
+        self
     }
 
     /// The model's input and the labels ([`IGNORE_INDEX`] where nothing is predicted) for
@@ -84,6 +94,7 @@ impl Masking {
         let mut rng = SplitMix64::new(seed, epoch, index as u64);
         let mut input = block.to_vec();
         let mut labels = vec![IGNORE_INDEX; block.len()];
+        let mut chosen = Vec::new();
         for (i, &id) in block.iter().enumerate() {
             // Draws for every position, special or not, so one position's fate does not
             // depend on its neighbours' tokens.
@@ -91,6 +102,7 @@ impl Masking {
             if self.specials.contains(&id) || select >= self.probability {
                 continue;
             }
+            chosen.push(i);
             labels[i] = id;
             input[i] = if kind < 0.8 {
                 self.mask_id
@@ -99,6 +111,18 @@ impl Masking {
             } else {
                 id
             };
+        }
+        if let Some(max) = self.max_predictions.filter(|&m| chosen.len() > m) {
+            // Keep a random `max` of the selected positions (a partial Fisher-Yates shuffle);
+            // the others go back to their own token, unpredicted.
+            for k in 0..max {
+                let j = k + (rng.next() % (chosen.len() - k) as u64) as usize;
+                chosen.swap(k, j);
+            }
+            for &i in &chosen[max..] {
+                input[i] = block[i];
+                labels[i] = IGNORE_INDEX;
+            }
         }
         (input, labels)
     }
@@ -134,6 +158,35 @@ impl SplitMix64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn at_most_max_predictions_per_block_and_the_rest_untouched() {
+        let block: Vec<i64> = (10..138).collect();
+        let m = Masking::new(0.5, 1, 1000, vec![]).unwrap();
+        let capped = m.clone().with_max_predictions(Some(20));
+        for index in 0..20 {
+            let (_, all) = m.apply(&block, 7, 0, index);
+            let (input, labels) = capped.apply(&block, 7, 0, index);
+            let predicted: Vec<usize> = (0..block.len())
+                .filter(|&i| labels[i] != IGNORE_INDEX)
+                .collect();
+            assert_eq!(predicted.len(), 20, "about 64 selected, 20 kept");
+            for i in 0..block.len() {
+                if labels[i] == IGNORE_INDEX {
+                    assert_eq!(
+                        input[i], block[i],
+                        "an unpredicted position keeps its token"
+                    );
+                } else {
+                    assert_eq!(
+                        labels[i], all[i],
+                        "a kept prediction is one of the selected"
+                    );
+                }
+            }
+            assert_eq!(capped.apply(&block, 7, 0, index), (input, labels), "seeded");
+        }
+    }
 
     #[test]
     fn grouping_concatenates_and_drops_the_remainder() {

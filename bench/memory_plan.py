@@ -1,0 +1,97 @@
+"""The memory plan against measured peaks: for each configuration, `trainbook plan --json` (the
+planned peak per worker) and `trainbook train --json` (each rank's VmHWM, what
+TrainResult::memory reports on CPU), 2 workers of bert-mlm on the Brown corpus, 3 steps (the
+peak needs a step with gradients already allocated), no evaluation. Prints one JSON line per
+configuration and a markdown table for docs/benchmarks.md.
+
+    python3 bench/memory_plan.py [--only NAME ...] [--trainbook target/release/trainbook]
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+# name, global batch (2 workers), options. The first group is what the plan's CPU allocator
+# terms were fitted on; the second checks them on configurations not used in the fit.
+FIT = [
+    ("L2 h512 b16", 32, "--layers 2 --hidden-size 512 --heads 8 --max-length 128"),
+    ("L4 h512 b16", 32, "--layers 4 --hidden-size 512 --heads 8 --max-length 128"),
+    ("L8 h512 b16", 32, "--layers 8 --hidden-size 512 --heads 8 --max-length 128"),
+    ("L4 h512 b8", 16, "--layers 4 --hidden-size 512 --heads 8 --max-length 128"),
+    ("L4 h512 b32", 64, "--layers 4 --hidden-size 512 --heads 8 --max-length 128"),
+    ("L4 h256 b16", 32, "--layers 4 --hidden-size 256 --heads 8 --max-length 128"),
+    ("L4 h768 b16", 32, "--layers 4 --hidden-size 768 --heads 8 --max-length 128"),
+]
+CHECK = [
+    ("tiny (L2 h64 32 tokens) b8", 16, "--layers 2 --hidden-size 64 --heads 4 --max-length 32"),
+    ("L4 h512 b16 dropout 0", 32, "--layers 4 --hidden-size 512 --heads 8 --max-length 128 --dropout 0"),
+    ("L4 h512 b16 ZeRO-1", 32, "--layers 4 --hidden-size 512 --heads 8 --max-length 128 --zero 1"),
+    ("L4 h512 b16 ZeRO-2", 32, "--layers 4 --hidden-size 512 --heads 8 --max-length 128 --zero 2"),
+    ("L4 h512 b16 checkpointing", 32, "--layers 4 --hidden-size 512 --heads 8 --max-length 128 --activation-checkpointing"),
+    ("L2 h256 b8 bf16", 16, "--layers 2 --hidden-size 256 --heads 4 --max-length 128 --precision bf16"),
+    ("L6 h512 b16 ZeRO-2 + checkpointing", 32, "--layers 6 --hidden-size 512 --heads 8 --max-length 128 --zero 2 --activation-checkpointing"),
+    ("BERT-base (L12 h768) b8 ZeRO-1", 16, "--layers 12 --hidden-size 768 --heads 12 --max-length 128 --zero 1"),
+    ("BERT-large (L24 h1024) b4 ZeRO-2", 8, "--layers 24 --hidden-size 1024 --heads 16 --max-length 128 --zero 2"),
+    ("BERT-large (L24 h1024) b4 ZeRO-2 + checkpointing", 8, "--layers 24 --hidden-size 1024 --heads 16 --max-length 128 --zero 2 --activation-checkpointing"),
+]
+
+
+def run(exe, command, batch, options):
+    args = [exe, command, "bert-mlm", "--preset", "default", "--workers", "2", "--device", "cpu",
+            "--global-batch-size", str(batch), "--train-rows", str(batch * 4), "--eval-rows", "0",
+            "--max-steps", "3", "--json", "--hang-timeout", "0", "--no-tensorboard",
+            "--runs-root", "/tmp/trainbook-memory-plan"] + options.split()
+    out = subprocess.run(args, capture_output=True, text=True)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        raise SystemExit(f"{' '.join(args)} failed:\n{out.stderr[-2000:]}")
+    result = json.loads(lines[-1])
+    # Checkpoints of the large models take gigabytes: only the peaks are kept.
+    if result.get("run_dir"):
+        shutil.rmtree(result["run_dir"], ignore_errors=True)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trainbook", default="target/release/trainbook")
+    ap.add_argument("--only", nargs="*", help="configuration names (substrings)")
+    a = ap.parse_args()
+    rows = []
+    for group, configs in (("fit", FIT), ("check", CHECK)):
+        for name, batch, options in configs:
+            if a.only and not any(o in name for o in a.only):
+                continue
+            plan = run(a.trainbook, "plan", batch, options)
+            t0 = time.time()
+            result = run(a.trainbook, "train", batch, options)
+            if result.get("status") != "succeeded":
+                raise SystemExit(f"{name}: {result.get('error')}")
+            peaks = [(m["rank"], m["peak"]) for m in result["memory"]]
+            # Rank 0 also writes the checkpoints (on CPU under ZeRO it gathers the whole
+            # optimizer state for them): its plan is the total plus that.
+            planned = [plan["total"] + (plan.get("rank0_extra", 0) if r == 0 else 0) for r, _ in peaks]
+            row = {
+                "bench": "memory_plan", "group": group, "config": name,
+                "planned_mib": [p / 2**20 for p in planned],
+                "measured_mib": [p / 2**20 for _, p in peaks],
+                "error": [q / p - 1 for q, (_, p) in zip(planned, peaks)],
+                "parameters": plan["parameters"], "seconds": time.time() - t0,
+                "rows": {r["what"]: r["bytes"] / 2**20 for r in plan["rows"]},
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print("\n| configuration | group | parameters | planned MiB (rank 0, 1) | measured MiB (rank 0, 1) | error (rank 0, 1) |", file=sys.stderr)
+    print("|---|---|---:|---:|---:|---:|", file=sys.stderr)
+    for r in rows:
+        print(f"| {r['config']} | {r['group']} | {r['parameters'] / 1e6:.1f}M | "
+              + ", ".join(f"{m:.0f}" for m in r["planned_mib"]) + " | "
+              + ", ".join(f"{m:.0f}" for m in r["measured_mib"]) + " | "
+              + ", ".join(f"{e:+.1%}" for e in r["error"]) + " |", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

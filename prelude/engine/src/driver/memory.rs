@@ -1,0 +1,410 @@
+//! The memory plan of a job, made before any worker starts: what each device will hold, by
+//! part, against what the device has, and the levers that would make a job fit that does not.
+//!
+//! The recipe reports its model's shapes ([`FootprintFn`]: the trainable tensors, the
+//! activations of one micro-batch); the engine knows what it keeps around them: fp32 master
+//! weights and gradients, the optimizer's state (sharded by ZeRO), the communication buckets
+//! of `ddp` and `zero` (their sizes come from the same bucket plan the workers use), bf16
+//! autocast's weight copies, and its own fixed overhead. A job whose plan exceeds its device
+//! fails in [`check`] before its run directory exists, naming the levers.
+//!
+//! On CPU, the peak is the worker process's resident memory, and glibc's allocator keeps
+//! freed blocks of its heap resident: short-lived tensors of the forward pass, and
+//! parameter-sized ones (initialisation, the first broadcast, each step's fresh gradients
+//! before they are added up). The activations and parameters themselves are counted tensor by
+//! tensor (and match torch's own saved-tensor hooks); what glibc keeps on top is the one
+//! fitted part of the plan, [`CPU_RETAINED_PER_ACTIVATION`] and [`CPU_RETAINED_PER_PARAMETER`],
+//! fitted to measured peaks and checked on others (docs/benchmarks.md). With a fixed mmap
+//! threshold (`MALLOC_MMAP_THRESHOLD_`) the resident peak falls to the counted bytes, at about
+//! 25% more time per step, so trainbook leaves glibc's default alone.
+
+use anyhow::{bail, Result};
+use trainbook_api::device::DeviceKind;
+use trainbook_api::memory::{parse_bytes, Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
+use trainbook_api::spec::{Hyper, JobSpec, OptimizerKind, Precision};
+
+use crate::worker::ddp;
+use crate::worker::recipe::{FootprintFn, Layout, RecipeEntry};
+use crate::worker::zero::IN_FLIGHT;
+
+const F32: u64 = 4;
+const MIB: u64 = 1 << 20;
+
+/// A CPU worker's resident memory before it holds any model: the runtime, libtorch's code and
+/// data, the tokenizer and the data set of the offline presets (fitted: 190 MiB).
+const CPU_BASE: u64 = 190 * MIB;
+/// Memory CUDA keeps outside the tensors the caching allocator reports: the context, cuBLAS's
+/// workspaces, allocator rounding (NVIDIA's usual figure for the context alone is 300-500 MiB).
+const CUDA_BASE: u64 = 768 * MIB;
+/// What the Gaudi runtime and the bridge reserve besides tensors; not measured (no Gaudi here).
+const HPU_BASE: u64 = 1024 * MIB;
+/// Resident memory glibc keeps per byte of activations (fitted; see the module docs).
+const CPU_RETAINED_PER_ACTIVATION: f64 = 0.16;
+/// Resident memory glibc keeps per byte of fp32 parameters (fitted; see the module docs):
+/// under ZeRO-2, whose gradients never accumulate in the parameters, fewer parameter-sized
+/// temporaries pass through the heap.
+const CPU_RETAINED_PER_PARAMETER: f64 = 1.66;
+const CPU_RETAINED_PER_PARAMETER_ZERO2: f64 = 1.0;
+
+/// The plan of `spec` on `device`, when its recipe reports a footprint.
+pub(crate) fn plan(
+    entry: &RecipeEntry,
+    spec: &JobSpec,
+    hyper: &Hyper,
+    device: DeviceKind,
+) -> Result<Option<MemoryPlan>> {
+    let Some(footprint) = entry.footprint else {
+        return Ok(None);
+    };
+    let world = spec.world_size();
+    let capacity = capacity(spec, device)?;
+    let base = estimate(footprint, hyper, world, device)?;
+    let fits = |total: u64| capacity.as_ref().map(|c| total <= c.bytes);
+    let mut levers = Vec::new();
+    let mut all = hyper.clone();
+    for (change, edit) in lever_edits(hyper, world, base.batch) {
+        let mut h = hyper.clone();
+        edit(&mut h);
+        edit(&mut all);
+        let total = estimate(footprint, &h, world, device)?.peak();
+        levers.push(Lever {
+            change,
+            total,
+            fits: fits(total),
+        });
+    }
+    if levers.len() > 1 {
+        let total = estimate(footprint, &all, world, device)?.peak();
+        let change = levers
+            .iter()
+            .map(|l| l.change.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
+        levers.push(Lever {
+            change,
+            total,
+            fits: fits(total),
+        });
+    }
+    Ok(Some(MemoryPlan {
+        recipe: spec.recipe.clone(),
+        device,
+        workers: world,
+        model: base.footprint.model.clone(),
+        parameters: base.footprint.parameters(),
+        batch_per_device: base.batch,
+        grad_accum: hyper.grad_accum.max(1),
+        setup: setup(hyper),
+        rows: base.rows,
+        total: base.total,
+        rank0_extra: base.rank0_extra,
+        rank0_detail: base.rank0_detail,
+        capacity,
+        levers,
+    }))
+}
+
+/// Fails when the plan of `spec` exceeds its device, naming the levers; passes when the
+/// recipe is not planned, the device's memory is unknown, or the check is turned off.
+pub(crate) fn check(
+    entry: &RecipeEntry,
+    spec: &JobSpec,
+    hyper: &Hyper,
+    device: DeviceKind,
+) -> Result<()> {
+    if !spec.memory_check {
+        return Ok(());
+    }
+    if let Some(p) = plan(entry, spec, hyper, device)? {
+        if p.fits() == Some(false) {
+            bail!("{}", p.not_fitting_error());
+        }
+    }
+    Ok(())
+}
+
+/// The options a plan reports itself under, e.g. "adamw, ZeRO-1, bf16, activation checkpointing".
+fn setup(h: &Hyper) -> String {
+    let mut parts = vec![h.optimizer.to_string()];
+    if h.zero > 0 {
+        parts.push(format!("ZeRO-{}", h.zero));
+    }
+    parts.push(h.precision.to_string());
+    if h.activation_checkpointing {
+        parts.push(match h.checkpoint_layers_every {
+            1 => "activation checkpointing".into(),
+            k => format!("activation checkpointing (every {k}. layer)"),
+        });
+    }
+    parts.join(", ")
+}
+
+type Edit = Box<dyn Fn(&mut Hyper)>;
+
+/// The levers the job does not use yet, each as a flag and the change it makes.
+fn lever_edits(h: &Hyper, world: usize, batch: usize) -> Vec<(String, Edit)> {
+    let mut levers: Vec<(String, Edit)> = Vec::new();
+    if world > 1 && h.zero < 2 {
+        // Stage 2 shards what stage 1 does and the gradients too: the stronger lever.
+        levers.push(("--zero 2".into(), Box::new(|h: &mut Hyper| h.zero = 2)));
+    }
+    if !h.activation_checkpointing {
+        levers.push((
+            "--activation-checkpointing".into(),
+            Box::new(|h: &mut Hyper| {
+                h.activation_checkpointing = true;
+                h.checkpoint_layers_every = 1;
+            }),
+        ));
+    }
+    if h.precision == Precision::Fp32 {
+        levers.push((
+            "--precision bf16".into(),
+            Box::new(|h: &mut Hyper| h.precision = Precision::Bf16),
+        ));
+    }
+    if batch >= 2 {
+        let accum = h.grad_accum.max(1) * 2;
+        levers.push((
+            format!("--grad-accum {accum}"),
+            Box::new(move |h: &mut Hyper| h.grad_accum = accum),
+        ));
+    }
+    levers
+}
+
+/// Optimizer state tensors per parameter.
+fn state_tensors(h: &Hyper) -> u64 {
+    match h.optimizer {
+        OptimizerKind::Sgd if h.momentum == 0.0 => 0,
+        OptimizerKind::Sgd => 1,
+        OptimizerKind::Adamw | OptimizerKind::Lamb | OptimizerKind::Lans => 2,
+    }
+}
+
+/// A plan's rows, what they come to, and what they came from.
+struct Estimate {
+    rows: Vec<MemoryRow>,
+    /// Every worker's peak (the rows' sum).
+    total: u64,
+    /// Rank 0's more while it writes a checkpoint, and why.
+    rank0_extra: u64,
+    rank0_detail: String,
+    footprint: Footprint,
+    batch: usize,
+}
+
+impl Estimate {
+    fn peak(&self) -> u64 {
+        self.total + self.rank0_extra
+    }
+}
+
+/// The rows and total of a plan, the footprint they came from and the batch per device.
+fn estimate(
+    footprint: FootprintFn,
+    h: &Hyper,
+    world: usize,
+    device: DeviceKind,
+) -> Result<Estimate> {
+    let accum = h.grad_accum.max(1);
+    let batch = (h.global_batch_size / (world * accum)).max(1);
+    let fp = footprint(
+        h,
+        &Layout {
+            batch_per_device: batch,
+            device,
+        },
+    )?;
+    let p = fp.parameters();
+    let zero = if world > 1 { h.zero } else { 0 };
+    // The workers' bucket plan over the same tensors: ZeRO pads each bucket to a multiple of
+    // the workers, and stage 2 holds its largest buckets in flight.
+    let buckets: Vec<u64> = ddp::group_buckets(
+        fp.trainable.iter().map(|&n| ((), n as i64, n as usize * 4)),
+        ddp::BUCKET_BYTES,
+    )
+    .iter()
+    .map(|b| ddp::plan_len(b) as u64)
+    .collect();
+    let w = world as u64;
+    let shard: u64 = buckets.iter().map(|&n| n.div_ceil(w)).sum();
+    let states = state_tensors(h);
+    let mut rows = vec![MemoryRow {
+        what: "parameters".into(),
+        bytes: p * F32 + fp.frozen_bytes,
+        detail: "fp32 master weights".into(),
+    }];
+    rows.push(MemoryRow {
+        what: "gradients".into(),
+        bytes: if zero >= 2 { 0 } else { p * F32 },
+        detail: if zero >= 2 {
+            "none kept: reduced into the shards during the backward pass".into()
+        } else {
+            "fp32, one per parameter".into()
+        },
+    });
+    rows.push(MemoryRow {
+        what: "optimizer state".into(),
+        bytes: states * if zero >= 1 { shard } else { p } * F32,
+        detail: format!(
+            "{}: {states} fp32 tensor(s) per parameter{}",
+            h.optimizer,
+            if zero >= 1 {
+                format!(", 1/{world} of them (ZeRO-{zero})")
+            } else {
+                String::new()
+            }
+        ),
+    });
+    let acts: u64 = fp.activations.iter().map(|(_, b)| b).sum();
+    // Stage 2's buckets in flight fill as the backward pass goes, in memory the layers'
+    // activations give back as it goes (a layer's gradients are complete only after its
+    // backward pass, which frees what it saved): they add to the peak only beyond that.
+    let mut largest = buckets.clone();
+    largest.sort_unstable_by(|a, b| b.cmp(a));
+    let in_flight: u64 = largest.iter().take(IN_FLIGHT + 1).sum::<u64>() * F32;
+    let (comm, comm_detail) = match zero {
+        0 => (
+            p * F32,
+            "flat gradient buckets (25 MiB each), kept between steps".to_string(),
+        ),
+        1 => (
+            2 * shard * F32,
+            format!("this worker's gradient and parameter shards (1/{world})"),
+        ),
+        _ => (
+            2 * shard * F32 + in_flight.saturating_sub(acts),
+            format!(
+                "gradient and parameter shards (1/{world}); the buckets in flight use memory the backward pass frees"
+            ),
+        ),
+    };
+    rows.push(MemoryRow {
+        what: "communication buffers".into(),
+        bytes: comm,
+        detail: comm_detail,
+    });
+    let parts: Vec<String> = fp
+        .activations
+        .iter()
+        .map(|(what, b)| format!("{what} {:.0} MiB", *b as f64 / MIB as f64))
+        .collect();
+    rows.push(MemoryRow {
+        what: "activations".into(),
+        bytes: acts,
+        detail: format!("{batch} samples per micro-batch: {}", parts.join(", ")),
+    });
+    if h.precision == Precision::Bf16 {
+        rows.push(MemoryRow {
+            what: "bf16 weight copies".into(),
+            bytes: fp.cast_by_autocast * 2,
+            detail: "autocast's bf16 copies of the matrices, kept for the backward pass".into(),
+        });
+    }
+    let (base, base_detail) = match device {
+        DeviceKind::Cpu => (
+            CPU_BASE,
+            "worker process: runtime, libtorch, tokenizer and data",
+        ),
+        DeviceKind::Cuda => (CUDA_BASE, "CUDA context, cuBLAS workspaces (assumed)"),
+        DeviceKind::Hpu => (
+            HPU_BASE,
+            "Gaudi runtime reservations (assumed, not measured)",
+        ),
+    };
+    if device == DeviceKind::Cpu {
+        let per_parameter = if zero >= 2 {
+            CPU_RETAINED_PER_PARAMETER_ZERO2
+        } else {
+            CPU_RETAINED_PER_PARAMETER
+        };
+        let kept = acts as f64 * CPU_RETAINED_PER_ACTIVATION + (p * F32) as f64 * per_parameter;
+        rows.push(MemoryRow {
+            what: "allocator".into(),
+            bytes: kept as u64,
+            detail: "freed blocks glibc keeps resident (short-lived activations, parameter-sized temporaries; fitted)".into(),
+        });
+    }
+    rows.push(MemoryRow {
+        what: "framework".into(),
+        bytes: base,
+        detail: base_detail.into(),
+    });
+    let total = rows.iter().map(|r| r.bytes).sum();
+    // On CPU, rank 0 gathers the whole optimizer state from the shards into its own memory to
+    // write a checkpoint; it reuses what the activations left (they are freed by then).
+    let (mut rank0_extra, mut rank0_detail) = (0, String::new());
+    if device == DeviceKind::Cpu && zero >= 1 {
+        let gathered = states * p * F32;
+        let freed = (acts as f64 * (1.0 + CPU_RETAINED_PER_ACTIVATION)) as u64;
+        rank0_extra = gathered.saturating_sub(freed);
+        rank0_detail = format!(
+            "the whole {} state gathered to write it ({:.2} GiB), in what the activations free",
+            h.optimizer,
+            gathered as f64 / (1u64 << 30) as f64
+        );
+    }
+    Ok(Estimate {
+        rows,
+        total,
+        rank0_extra,
+        rank0_detail,
+        footprint: fp,
+        batch,
+    })
+}
+
+/// How much memory each worker's device has: the job's `device_memory`, else what this
+/// machine reports (CPU: the available memory shared by this node's workers).
+fn capacity(spec: &JobSpec, device: DeviceKind) -> Result<Option<Capacity>> {
+    if let Some(text) = &spec.device_memory {
+        return Ok(Some(Capacity {
+            bytes: parse_bytes(text)?,
+            source: "--device-memory".into(),
+        }));
+    }
+    Ok(match device {
+        DeviceKind::Cpu => mem_available().map(|b| Capacity {
+            bytes: b / spec.workers.max(1) as u64,
+            source: format!("available memory / {} workers", spec.workers),
+        }),
+        DeviceKind::Cuda => smi_total(
+            "nvidia-smi",
+            &["--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        )
+        .map(|b| Capacity {
+            bytes: b,
+            source: "nvidia-smi".into(),
+        }),
+        DeviceKind::Hpu => smi_total(
+            "hl-smi",
+            &["-Q", "memory.total", "-f", "csv,noheader,nounits"],
+        )
+        .map(|b| Capacity {
+            bytes: b,
+            source: "hl-smi".into(),
+        }),
+    })
+}
+
+/// MemAvailable of /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The smallest device memory (MiB) a vendor tool lists, in bytes.
+fn smi_total(tool: &str, args: &[&str]) -> Option<u64> {
+    let out = std::process::Command::new(tool).args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().split_whitespace().next()?.parse::<u64>().ok())
+        .min()
+        .map(|mib| mib * MIB)
+}
