@@ -5,6 +5,7 @@ peak needs a step with gradients already allocated), no evaluation. Prints one J
 configuration and a markdown table for docs/benchmarks.md.
 
     python3 bench/memory_plan.py [--only NAME ...] [--trainbook target/release/trainbook]
+    python3 bench/memory_plan.py --replan earlier.jsonl   (the plan again, the peaks measured before)
 """
 
 import argparse
@@ -33,7 +34,10 @@ CHECK = [
     ("L4 h512 b16 checkpointing", 32, "--layers 4 --hidden-size 512 --heads 8 --max-length 128 --activation-checkpointing"),
     ("L2 h256 b8 bf16", 16, "--layers 2 --hidden-size 256 --heads 4 --max-length 128 --precision bf16"),
     ("L6 h512 b16 ZeRO-2 + checkpointing", 32, "--layers 6 --hidden-size 512 --heads 8 --max-length 128 --zero 2 --activation-checkpointing"),
+    ("BERT-base (L12 h768) b8", 16, "--layers 12 --hidden-size 768 --heads 12 --max-length 128"),
     ("BERT-base (L12 h768) b8 ZeRO-1", 16, "--layers 12 --hidden-size 768 --heads 12 --max-length 128 --zero 1"),
+    ("BERT-base (L12 h768) b8 ZeRO-2", 16, "--layers 12 --hidden-size 768 --heads 12 --max-length 128 --zero 2"),
+    ("BERT-base (L12 h768) b8 checkpointing", 16, "--layers 12 --hidden-size 768 --heads 12 --max-length 128 --activation-checkpointing"),
     ("BERT-large (L24 h1024) b4 ZeRO-2", 8, "--layers 24 --hidden-size 1024 --heads 16 --max-length 128 --zero 2"),
     ("BERT-large (L24 h1024) b4 ZeRO-2 + checkpointing", 8, "--layers 24 --hidden-size 1024 --heads 16 --max-length 128 --zero 2 --activation-checkpointing"),
 ]
@@ -59,18 +63,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainbook", default="target/release/trainbook")
     ap.add_argument("--only", nargs="*", help="configuration names (substrings)")
+    ap.add_argument("--replan", metavar="JSONL",
+                    help="plan again the configurations of an earlier run's output and compare with its measured peaks (nothing is trained)")
     a = ap.parse_args()
+    measured = {}
+    if a.replan:
+        for line in open(a.replan):
+            r = json.loads(line)
+            measured[r["config"]] = r
     rows = []
     for group, configs in (("fit", FIT), ("check", CHECK)):
         for name, batch, options in configs:
             if a.only and not any(o in name for o in a.only):
                 continue
+            if a.replan and name not in measured:
+                continue
             plan = run(a.trainbook, "plan", batch, options)
             t0 = time.time()
-            result = run(a.trainbook, "train", batch, options)
-            if result.get("status") != "succeeded":
-                raise SystemExit(f"{name}: {result.get('error')}")
-            peaks = [(m["rank"], m["peak"]) for m in result["memory"]]
+            if a.replan:
+                before = measured[name]
+                peaks = [(r, m * 2**20) for r, m in enumerate(before["measured_mib"])]
+            else:
+                result = run(a.trainbook, "train", batch, options)
+                if result.get("status") != "succeeded":
+                    raise SystemExit(f"{name}: {result.get('error')}")
+                peaks = [(m["rank"], m["peak"]) for m in result["memory"]]
             # Rank 0 also writes the checkpoints (on CPU under ZeRO it gathers the whole
             # optimizer state for them): its plan is the total plus that.
             planned = [plan["total"] + (plan.get("rank0_extra", 0) if r == 0 else 0) for r, _ in peaks]

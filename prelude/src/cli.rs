@@ -533,6 +533,12 @@ fn plan(args: &TrainArgs) -> Result<i32> {
     } else {
         print!("{memory}");
     }
+    if spec.device == DeviceRequest::Auto && spec.device_memory.is_some() {
+        eprintln!(
+            "note: planned for {} workers, what --device auto picks on this machine; to plan for another machine's accelerators name them (--device hpu or --device cuda)",
+            memory.device.name()
+        );
+    }
     Ok(if memory.fits() == Some(false) { 3 } else { 0 })
 }
 

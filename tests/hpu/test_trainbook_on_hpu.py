@@ -107,6 +107,22 @@ def test_zero1_on_hpu_reduce_scatters_through_hccl_and_equals_ddp(hpu):
         assert "op calls: hpu::optimizer_adamw=40 " in log, log[-1500:]
 
 
+def test_zero2_and_activation_checkpointing_on_hpu_equal_zero1(hpu):
+    # ZeRO-2's gradient hooks reduce-scatter HPU buckets during the backward pass, and the
+    # checkpointed layers are recomputed on the HPU with the random state of their first
+    # forward pass (dropout 0.1): the same parameters as ZeRO-1 without recomputation.
+    adamw = ["--preset", "tiny", "--optimizer", "adamw", "--weight-decay", "0.01",
+             "--dropout", "0.1", "--workers", "2", "--max-steps", "10", "--json"]
+    plain = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", "1",
+                              *adamw))
+    levers = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", "2",
+                               "--activation-checkpointing", *adamw))
+    assert levers["device"] == "hpu" and levers["steps"] == plain["steps"] == 10, levers
+    worst = max_abs_diff(read_f32(levers["last_checkpoint"]), read_f32(plain["last_checkpoint"]))
+    assert worst <= 1e-5, f"ZeRO-2 with checkpointing and ZeRO-1 on HPU differ by {worst}"
+    assert all(m["gradients"] == 0 for m in levers["memory"]), levers["memory"]
+
+
 def test_sgd_with_momentum_on_hpu_steps_through_the_bridges_fused_op(hpu):
     s = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", *SGD, "--max-steps", "5",
                           "--momentum", "0.9", extra={"TRAINBOOK_STANDIN_OP_COUNTS": "1"}))

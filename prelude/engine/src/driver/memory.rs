@@ -31,8 +31,8 @@ const F32: u64 = 4;
 const MIB: u64 = 1 << 20;
 
 /// A CPU worker's resident memory before it holds any model: the runtime, libtorch's code and
-/// data, the tokenizer and the data set of the offline presets (fitted: 190 MiB).
-const CPU_BASE: u64 = 190 * MIB;
+/// data, the tokenizer and the data set of the offline presets (fitted: 170 MiB).
+const CPU_BASE: u64 = 170 * MIB;
 /// Memory CUDA keeps outside the tensors the caching allocator reports: the context, cuBLAS's
 /// workspaces, allocator rounding (NVIDIA's usual figure for the context alone is 300-500 MiB).
 const CUDA_BASE: u64 = 768 * MIB;
@@ -44,7 +44,7 @@ const CPU_RETAINED_PER_ACTIVATION: f64 = 0.16;
 /// under ZeRO-2, whose gradients never accumulate in the parameters, fewer parameter-sized
 /// temporaries pass through the heap.
 const CPU_RETAINED_PER_PARAMETER: f64 = 1.66;
-const CPU_RETAINED_PER_PARAMETER_ZERO2: f64 = 1.0;
+const CPU_RETAINED_PER_PARAMETER_ZERO2: f64 = 1.3;
 
 /// The plan of `spec` on `device`, when its recipe reports a footprint.
 pub(crate) fn plan(
@@ -258,9 +258,8 @@ fn estimate(
         ),
     });
     let acts: u64 = fp.activations.iter().map(|(_, b)| b).sum();
-    // Stage 2's buckets in flight fill as the backward pass goes, in memory the layers'
-    // activations give back as it goes (a layer's gradients are complete only after its
-    // backward pass, which frees what it saved): they add to the peak only beyond that.
+    // Stage 2 makes its buckets while the backward pass runs: the largest ones in flight at
+    // once come on top (the memory the layers free as the pass goes cannot always take them).
     let mut largest = buckets.clone();
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let in_flight: u64 = largest.iter().take(IN_FLIGHT + 1).sum::<u64>() * F32;
@@ -274,9 +273,10 @@ fn estimate(
             format!("this worker's gradient and parameter shards (1/{world})"),
         ),
         _ => (
-            2 * shard * F32 + in_flight.saturating_sub(acts),
+            2 * shard * F32 + in_flight,
             format!(
-                "gradient and parameter shards (1/{world}); the buckets in flight use memory the backward pass frees"
+                "gradient and parameter shards (1/{world}) and up to {} buckets in flight in the backward pass",
+                IN_FLIGHT + 1
             ),
         ),
     };
@@ -313,6 +313,9 @@ fn estimate(
             "Gaudi runtime reservations (assumed, not measured)",
         ),
     };
+    // What the heap holds free once the backward pass is over (CPU): the activations, and what
+    // glibc kept of freed blocks.
+    let mut heap_free_after_backward = 0;
     if device == DeviceKind::Cpu {
         let per_parameter = if zero >= 2 {
             CPU_RETAINED_PER_PARAMETER_ZERO2
@@ -320,6 +323,7 @@ fn estimate(
             CPU_RETAINED_PER_PARAMETER
         };
         let kept = acts as f64 * CPU_RETAINED_PER_ACTIVATION + (p * F32) as f64 * per_parameter;
+        heap_free_after_backward = acts + kept as u64;
         rows.push(MemoryRow {
             what: "allocator".into(),
             bytes: kept as u64,
@@ -333,14 +337,13 @@ fn estimate(
     });
     let total = rows.iter().map(|r| r.bytes).sum();
     // On CPU, rank 0 gathers the whole optimizer state from the shards into its own memory to
-    // write a checkpoint; it reuses what the activations left (they are freed by then).
+    // write a checkpoint, into the heap the backward pass left free.
     let (mut rank0_extra, mut rank0_detail) = (0, String::new());
     if device == DeviceKind::Cpu && zero >= 1 {
         let gathered = states * p * F32;
-        let freed = (acts as f64 * (1.0 + CPU_RETAINED_PER_ACTIVATION)) as u64;
-        rank0_extra = gathered.saturating_sub(freed);
+        rank0_extra = gathered.saturating_sub(heap_free_after_backward);
         rank0_detail = format!(
-            "the whole {} state gathered to write it ({:.2} GiB), in what the activations free",
+            "the whole {} state gathered to write it ({:.2} GiB), in the heap the backward pass left free",
             h.optimizer,
             gathered as f64 / (1u64 << 30) as f64
         );
