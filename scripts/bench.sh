@@ -43,12 +43,15 @@
 #    workers x 1 thread, BENCH_TRACKING_ROWS (1,000) rows, alternating BENCH_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
+# y: the memory plan against measured peaks (bench/memory_plan.py): bert-mlm on 2 CPU workers
+#    from a 2-layer to BERT-large, ZeRO 0/1/2, activation checkpointing, fp32/bf16; the levers'
+#    savings; a markdown table on stderr
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w y)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -68,6 +71,7 @@ if has a; then
   done
 fi
 has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
+has y && python3 bench/memory_plan.py --trainbook target/release/trainbook | tee -a "$out"
 if has r; then
   bench/ray-venv.sh
   for round in $(seq "${BENCH_RESTART_ROUNDS:-3}"); do
