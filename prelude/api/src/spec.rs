@@ -697,6 +697,57 @@ impl JobSpec {
                 self.workers
             );
         }
+        self.check_training()?;
+        if self.collective_timeout_secs == 0 {
+            bail!("collective timeout must be at least 1 s");
+        }
+        if let Some(uri) = &self.mlflow {
+            check_mlflow_uri(uri)?;
+        }
+        if let Some(size) = &self.device_memory {
+            crate::memory::parse_bytes(size)?;
+        }
+        if let Some(m) = self.train.checkpoint_every_minutes {
+            if !(m.is_finite() && m > 0.0) {
+                bail!("checkpoint_every_minutes is {m}: give the minutes between checkpoints (e.g. 30), more than 0");
+            }
+        }
+        if self.max_failures < -1 {
+            bail!(
+                "max_failures is {}: use 0 (no restart), a number of restarts, or -1 (no limit)",
+                self.max_failures
+            );
+        }
+        if let Some(name) = &self.run_name {
+            let bad = name.is_empty()
+                || name.starts_with('.')
+                || name.contains(['/', '\\'])
+                || name.chars().any(char::is_control);
+            if bad {
+                bail!("run name {name:?} cannot be a directory name: use letters, digits, '-', '_' or '.', not starting with '.' and without '/'");
+            }
+        }
+        if let Some(ids) = &self.visible_devices {
+            if ids.len() != self.workers {
+                bail!(
+                    "visible devices {ids:?} name {} devices for {} workers: give one device id per worker",
+                    ids.len(),
+                    self.workers
+                );
+            }
+            let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+            if distinct.len() != ids.len() {
+                bail!("visible devices {ids:?} repeat an id: each worker needs its own device");
+            }
+        }
+        if self.resume == Resume::Auto && self.run_name.is_none() {
+            bail!("resume auto needs a run name to find the run: add --name NAME (or .name(\"...\")), the same on every re-run");
+        }
+        Ok(())
+    }
+
+    /// The training options' ranges and the batch split (part of [`JobSpec::check`]).
+    fn check_training(&self) -> Result<()> {
         let t = &self.train;
         let world = self.world_size();
         if let Some(b) = t.global_batch_size {
@@ -757,51 +808,6 @@ impl JobSpec {
         }
         if t.epochs == Some(0) {
             bail!("epochs is 0: train for at least one epoch (or use max_steps)");
-        }
-        if self.collective_timeout_secs == 0 {
-            bail!("collective timeout must be at least 1 s");
-        }
-        if let Some(uri) = &self.mlflow {
-            check_mlflow_uri(uri)?;
-        }
-        if let Some(size) = &self.device_memory {
-            crate::memory::parse_bytes(size)?;
-        }
-        if let Some(m) = t.checkpoint_every_minutes {
-            if !(m.is_finite() && m > 0.0) {
-                bail!("checkpoint_every_minutes is {m}: give the minutes between checkpoints (e.g. 30), more than 0");
-            }
-        }
-        if self.max_failures < -1 {
-            bail!(
-                "max_failures is {}: use 0 (no restart), a number of restarts, or -1 (no limit)",
-                self.max_failures
-            );
-        }
-        if let Some(name) = &self.run_name {
-            let bad = name.is_empty()
-                || name.starts_with('.')
-                || name.contains(['/', '\\'])
-                || name.chars().any(char::is_control);
-            if bad {
-                bail!("run name {name:?} cannot be a directory name: use letters, digits, '-', '_' or '.', not starting with '.' and without '/'");
-            }
-        }
-        if let Some(ids) = &self.visible_devices {
-            if ids.len() != self.workers {
-                bail!(
-                    "visible devices {ids:?} name {} devices for {} workers: give one device id per worker",
-                    ids.len(),
-                    self.workers
-                );
-            }
-            let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
-            if distinct.len() != ids.len() {
-                bail!("visible devices {ids:?} repeat an id: each worker needs its own device");
-            }
-        }
-        if self.resume == Resume::Auto && self.run_name.is_none() {
-            bail!("resume auto needs a run name to find the run: add --name NAME (or .name(\"...\")), the same on every re-run");
         }
         Ok(())
     }

@@ -303,6 +303,30 @@ fn read_corpus(data: &str, column: &str) -> Result<Vec<String>> {
     read_texts(&files.train, Some(column))
 }
 
+/// The training and held-out texts: `eval_data`'s, or every n-th text of `data` held out.
+fn train_and_eval_texts(data: &str, text: &TextSettings) -> Result<(Vec<String>, Vec<String>)> {
+    let column = text.text_column.as_str();
+    let texts = read_corpus(data, column)?;
+    Ok(match &text.eval_data {
+        Some(f) if text.eval_fraction.is_none() => {
+            (texts, read_corpus(&f.display().to_string(), column)?)
+        }
+        _ => {
+            let every = (1.0 / text.eval_fraction.unwrap_or(EVAL_FRACTION))
+                .round()
+                .max(2.0) as usize;
+            let (eval, train): (Vec<_>, Vec<_>) = texts
+                .into_iter()
+                .enumerate()
+                .partition(|(i, _)| i % every == every - 1);
+            (
+                train.into_iter().map(|(_, t)| t).collect(),
+                eval.into_iter().map(|(_, t)| t).collect(),
+            )
+        }
+    })
+}
+
 /// The BERT a job builds from scratch: its settings' shape, the tokenizer's vocabulary.
 fn scratch_config(s: &Settings, vocab: i64) -> BertConfig {
     let h = s.mlm.hidden_size as i64;
@@ -399,26 +423,7 @@ impl MlmRecipe {
             .data
             .as_deref()
             .context("bert-mlm needs data: a .txt file or a table with a text column")?;
-        let column = s.text.text_column.as_str();
-        let texts = read_corpus(data, column)?;
-        let (train_texts, eval_texts): (Vec<String>, Vec<String>) = match &s.text.eval_data {
-            Some(f) if s.text.eval_fraction.is_none() => {
-                (texts, read_corpus(&f.display().to_string(), column)?)
-            }
-            _ => {
-                let every = (1.0 / s.text.eval_fraction.unwrap_or(EVAL_FRACTION))
-                    .round()
-                    .max(2.0) as usize;
-                let (eval, train): (Vec<_>, Vec<_>) = texts
-                    .into_iter()
-                    .enumerate()
-                    .partition(|(i, _)| i % every == every - 1);
-                (
-                    train.into_iter().map(|(_, t)| t).collect(),
-                    eval.into_iter().map(|(_, t)| t).collect(),
-                )
-            }
-        };
+        let (train_texts, eval_texts) = train_and_eval_texts(data, &s.text)?;
         let t0 = std::time::Instant::now();
         let blocks = |texts: &[String], rows: Option<usize>| -> Result<Vec<Vec<i64>>> {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();

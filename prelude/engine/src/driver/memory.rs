@@ -218,8 +218,72 @@ fn estimate(
     )?;
     let p = fp.parameters();
     let zero = if world > 1 { h.zero } else { 0 };
-    // The workers' bucket plan over the same tensors: ZeRO pads each bucket to a multiple of
-    // the workers, and stage 2 holds its largest buckets in flight.
+    let mut rows = model_state_rows(&fp, h, world, zero);
+    let acts: u64 = fp.activations.iter().map(|(_, b)| b).sum();
+    let parts: Vec<String> = fp
+        .activations
+        .iter()
+        .map(|(what, b)| format!("{what} {:.0} MiB", *b as f64 / MIB as f64))
+        .collect();
+    rows.push(MemoryRow {
+        what: "activations".into(),
+        bytes: acts,
+        detail: format!("{batch} samples per micro-batch: {}", parts.join(", ")),
+    });
+    if h.precision == Precision::Bf16 {
+        rows.push(MemoryRow {
+            what: "bf16 weight copies".into(),
+            bytes: fp.cast_by_autocast * 2,
+            detail: "autocast's bf16 copies of the matrices, kept for the backward pass".into(),
+        });
+    }
+    // What the heap holds free once the backward pass is over (CPU): the activations, and what
+    // glibc kept of freed blocks.
+    let mut heap_free_after_backward = 0;
+    if device == DeviceKind::Cpu {
+        let per_parameter = if zero >= 2 {
+            CPU_RETAINED_PER_PARAMETER_ZERO2
+        } else {
+            CPU_RETAINED_PER_PARAMETER
+        };
+        let kept = acts as f64 * CPU_RETAINED_PER_ACTIVATION + (p * F32) as f64 * per_parameter;
+        heap_free_after_backward = acts + kept as u64;
+        rows.push(MemoryRow {
+            what: "allocator".into(),
+            bytes: kept as u64,
+            detail: "freed blocks glibc keeps resident (short-lived activations, parameter-sized temporaries; fitted)".into(),
+        });
+    }
+    rows.push(framework_row(device));
+    let total = rows.iter().map(|r| r.bytes).sum();
+    // On CPU, rank 0 gathers the whole optimizer state from the shards into its own memory to
+    // write a checkpoint, into the heap the backward pass left free.
+    let (mut rank0_extra, mut rank0_detail) = (0, String::new());
+    if device == DeviceKind::Cpu && zero >= 1 {
+        let gathered = state_tensors(h) * p * F32;
+        rank0_extra = gathered.saturating_sub(heap_free_after_backward);
+        rank0_detail = format!(
+            "the whole {} state gathered to write it ({:.2} GiB), in the heap the backward pass left free",
+            h.optimizer,
+            gathered as f64 / (1u64 << 30) as f64
+        );
+    }
+    Ok(Estimate {
+        rows,
+        total,
+        rank0_extra,
+        rank0_detail,
+        footprint: fp,
+        batch,
+    })
+}
+
+/// Parameters, gradients, optimizer state and communication buffers: what the workers keep
+/// of the model, by ZeRO stage, from the same bucket plan the workers make.
+fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<MemoryRow> {
+    let p = fp.parameters();
+    // ZeRO pads each bucket to a multiple of the workers; stage 2 holds its largest buckets
+    // in flight.
     let buckets: Vec<u64> = ddp::group_buckets(
         fp.trainable.iter().map(|&n| ((), n as i64, n as usize * 4)),
         ddp::BUCKET_BYTES,
@@ -227,40 +291,11 @@ fn estimate(
     .iter()
     .map(|b| ddp::plan_len(b) as u64)
     .collect();
-    let w = world as u64;
-    let shard: u64 = buckets.iter().map(|&n| n.div_ceil(w)).sum();
+    let shard: u64 = buckets.iter().map(|&n| n.div_ceil(world as u64)).sum();
     let states = state_tensors(h);
-    let mut rows = vec![MemoryRow {
-        what: "parameters".into(),
-        bytes: p * F32 + fp.frozen_bytes,
-        detail: "fp32 master weights".into(),
-    }];
-    rows.push(MemoryRow {
-        what: "gradients".into(),
-        bytes: if zero >= 2 { 0 } else { p * F32 },
-        detail: if zero >= 2 {
-            "none kept: reduced into the shards during the backward pass".into()
-        } else {
-            "fp32, one per parameter".into()
-        },
-    });
-    rows.push(MemoryRow {
-        what: "optimizer state".into(),
-        bytes: states * if zero >= 1 { shard } else { p } * F32,
-        detail: format!(
-            "{}: {states} fp32 tensor(s) per parameter{}",
-            h.optimizer,
-            if zero >= 1 {
-                format!(", 1/{world} of them (ZeRO-{zero})")
-            } else {
-                String::new()
-            }
-        ),
-    });
-    let acts: u64 = fp.activations.iter().map(|(_, b)| b).sum();
     // Stage 2 makes its buckets while the backward pass runs: the largest ones in flight at
     // once come on top (the memory the layers free as the pass goes cannot always take them).
-    let mut largest = buckets.clone();
+    let mut largest = buckets;
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let in_flight: u64 = largest.iter().take(IN_FLIGHT + 1).sum::<u64>() * F32;
     let (comm, comm_detail) = match zero {
@@ -280,29 +315,45 @@ fn estimate(
             ),
         ),
     };
-    rows.push(MemoryRow {
-        what: "communication buffers".into(),
-        bytes: comm,
-        detail: comm_detail,
-    });
-    let parts: Vec<String> = fp
-        .activations
-        .iter()
-        .map(|(what, b)| format!("{what} {:.0} MiB", *b as f64 / MIB as f64))
-        .collect();
-    rows.push(MemoryRow {
-        what: "activations".into(),
-        bytes: acts,
-        detail: format!("{batch} samples per micro-batch: {}", parts.join(", ")),
-    });
-    if h.precision == Precision::Bf16 {
-        rows.push(MemoryRow {
-            what: "bf16 weight copies".into(),
-            bytes: fp.cast_by_autocast * 2,
-            detail: "autocast's bf16 copies of the matrices, kept for the backward pass".into(),
-        });
-    }
-    let (base, base_detail) = match device {
+    vec![
+        MemoryRow {
+            what: "parameters".into(),
+            bytes: p * F32 + fp.frozen_bytes,
+            detail: "fp32 master weights".into(),
+        },
+        MemoryRow {
+            what: "gradients".into(),
+            bytes: if zero >= 2 { 0 } else { p * F32 },
+            detail: if zero >= 2 {
+                "none kept: reduced into the shards during the backward pass".into()
+            } else {
+                "fp32, one per parameter".into()
+            },
+        },
+        MemoryRow {
+            what: "optimizer state".into(),
+            bytes: states * if zero >= 1 { shard } else { p } * F32,
+            detail: format!(
+                "{}: {states} fp32 tensor(s) per parameter{}",
+                h.optimizer,
+                if zero >= 1 {
+                    format!(", 1/{world} of them (ZeRO-{zero})")
+                } else {
+                    String::new()
+                }
+            ),
+        },
+        MemoryRow {
+            what: "communication buffers".into(),
+            bytes: comm,
+            detail: comm_detail,
+        },
+    ]
+}
+
+/// The framework's own memory on a device.
+fn framework_row(device: DeviceKind) -> MemoryRow {
+    let (bytes, detail) = match device {
         DeviceKind::Cpu => (
             CPU_BASE,
             "worker process: runtime, libtorch, tokenizer and data",
@@ -313,49 +364,11 @@ fn estimate(
             "Gaudi runtime reservations (assumed, not measured)",
         ),
     };
-    // What the heap holds free once the backward pass is over (CPU): the activations, and what
-    // glibc kept of freed blocks.
-    let mut heap_free_after_backward = 0;
-    if device == DeviceKind::Cpu {
-        let per_parameter = if zero >= 2 {
-            CPU_RETAINED_PER_PARAMETER_ZERO2
-        } else {
-            CPU_RETAINED_PER_PARAMETER
-        };
-        let kept = acts as f64 * CPU_RETAINED_PER_ACTIVATION + (p * F32) as f64 * per_parameter;
-        heap_free_after_backward = acts + kept as u64;
-        rows.push(MemoryRow {
-            what: "allocator".into(),
-            bytes: kept as u64,
-            detail: "freed blocks glibc keeps resident (short-lived activations, parameter-sized temporaries; fitted)".into(),
-        });
-    }
-    rows.push(MemoryRow {
+    MemoryRow {
         what: "framework".into(),
-        bytes: base,
-        detail: base_detail.into(),
-    });
-    let total = rows.iter().map(|r| r.bytes).sum();
-    // On CPU, rank 0 gathers the whole optimizer state from the shards into its own memory to
-    // write a checkpoint, into the heap the backward pass left free.
-    let (mut rank0_extra, mut rank0_detail) = (0, String::new());
-    if device == DeviceKind::Cpu && zero >= 1 {
-        let gathered = states * p * F32;
-        rank0_extra = gathered.saturating_sub(heap_free_after_backward);
-        rank0_detail = format!(
-            "the whole {} state gathered to write it ({:.2} GiB), in the heap the backward pass left free",
-            h.optimizer,
-            gathered as f64 / (1u64 << 30) as f64
-        );
+        bytes,
+        detail: detail.into(),
     }
-    Ok(Estimate {
-        rows,
-        total,
-        rank0_extra,
-        rank0_detail,
-        footprint: fp,
-        batch,
-    })
 }
 
 /// How much memory each worker's device has: the job's `device_memory`, else what this
