@@ -205,6 +205,16 @@ def test_tables_and_results_render_as_html(kernel):
     assert '<table class="trainbook-job"' in data["text/html"]
     assert "synthetic" in data["text/plain"]
 
+    # A memory plan: its rows, the total against the device, the levers.
+    reply, msgs = run(kc, 'let plan = BertMlmTrainer::new().preset("bert-1.5b").workers(8)'
+                          '.device(DeviceRequest::Hpu).device_memory("32GiB").plan()?;')
+    assert reply["status"] == "ok", reply
+    reply, msgs = run(kc, "plan.memory.clone().unwrap()")
+    assert reply["status"] == "ok", reply
+    data = rich_result(msgs)
+    assert '<table class="trainbook-plan"' in data["text/html"]
+    assert "optimizer state" in data["text/plain"] and "fits: 31.5" in data["text/plain"], data
+
 
 def test_a_runs_metrics_are_a_polars_dataframe_in_a_cell_without_imports(kernel):
     _, kc = kernel

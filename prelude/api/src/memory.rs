@@ -155,7 +155,7 @@ impl MemoryPlan {
     /// The error of a job that does not fit, with the levers that would make it fit.
     pub fn not_fitting_error(&self) -> String {
         let mut msg = format!(
-            "{} on {} x {} does not fit: {}.\n{self}",
+            "{} on {} x {}: {}.\n{self}",
             self.recipe,
             self.workers,
             self.device.name(),
