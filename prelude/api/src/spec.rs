@@ -359,7 +359,8 @@ pub struct JobSpec {
     #[serde(default)]
     pub max_failures: i32,
     /// Seconds without progress after which a worker counts as hung (0: never); the job
-    /// waits at least 5 times its slowest step so far.
+    /// waits at least 5 times its slowest step so far (the first step, start-up included,
+    /// until a step has been timed).
     #[serde(default = "default_hang_timeout")]
     pub hang_timeout_secs: u64,
     /// The run directory's name under the runs root (default `<recipe>-<time>-<random>`).

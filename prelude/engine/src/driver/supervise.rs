@@ -36,9 +36,26 @@ struct Pulse {
     moved: Option<Instant>,
     heard: Option<Instant>,
     slowest: Duration,
+    /// The first heartbeat, and the time per step up to the first step counted from it
+    /// (start-up included): it stands in for `slowest` until a step has been timed, so a model
+    /// whose first steps are legitimately slow (a large one on CPU, Gaudi compiling its graphs)
+    /// is not declared hung at the second step.
+    first_heard: Option<Instant>,
+    first_step: Duration,
     /// The rank reported `done`: its teardown is the driver's exit deadline's business, not a
     /// hang of the training.
     done: bool,
+}
+
+impl Pulse {
+    /// The slowest timed step, or before any step was timed, the first one's time.
+    fn step_time(&self) -> Duration {
+        if self.slowest > Duration::ZERO {
+            self.slowest
+        } else {
+            self.first_step
+        }
+    }
 }
 
 /// A rank declared hung.
@@ -95,11 +112,14 @@ impl Hangs {
             return;
         };
         p.heard = Some(now);
+        let first = *p.first_heard.get_or_insert(now);
         if step > p.step {
             if let Some(m) = p.moved {
                 // Steps since the last beat share the time.
                 let per_step = now.saturating_duration_since(m) / (step - p.step) as u32;
                 p.slowest = p.slowest.max(per_step);
+            } else {
+                p.first_step = now.saturating_duration_since(first) / step as u32;
             }
             p.step = step;
             p.moved = Some(now);
@@ -155,7 +175,7 @@ impl Hangs {
                     rank,
                     step: p.step,
                     still: now.saturating_duration_since(p.moved.unwrap_or(heard)),
-                    limit: timeout.max(p.slowest * SLOWEST_STEP_FACTOR),
+                    limit: timeout.max(p.step_time() * SLOWEST_STEP_FACTOR),
                     silent: now.saturating_duration_since(heard) > SILENT_AFTER,
                 };
                 armed_past_limit |= p.moved.is_some() && h.still > h.limit;
@@ -387,6 +407,25 @@ mod tests {
         assert_eq!((hung.rank, hung.step, hung.silent), (1, 5, true));
         assert_eq!(hung.limit, secs(10));
         assert!(hung.describe().contains("at step 5"), "{}", hung.describe());
+    }
+
+    #[test]
+    fn a_slow_first_step_stands_in_for_the_slowest_until_a_step_is_timed() {
+        let t0 = Instant::now();
+        let mut h = Hangs::new(1, 10);
+        h.beat(0, 0, 0, false, t0);
+        // The first step, start-up included, took 30 s: the second may take 5 times that.
+        h.beat(0, 1, 1, false, t0 + secs(30));
+        assert_eq!(h.hung(t0 + secs(30 + 60)), None, "within 5 x 30 s");
+        let hung = h.hung(t0 + secs(30 + 151)).expect("past 150 s");
+        assert_eq!(hung.limit, secs(150));
+        // Once a step is timed (1 s), its time counts instead: the limit is the timeout again.
+        let mut h = Hangs::new(1, 10);
+        h.beat(0, 0, 0, false, t0);
+        h.beat(0, 1, 1, false, t0 + secs(30));
+        h.beat(0, 2, 2, false, t0 + secs(31));
+        let hung = h.hung(t0 + secs(31 + 11)).expect("past 10 s");
+        assert_eq!(hung.limit, secs(10));
     }
 
     #[test]
