@@ -37,23 +37,25 @@ fn checkpoint(r: &TrainResult) -> PathBuf {
     r.last_checkpoint.clone().expect("a checkpoint")
 }
 
+/// The largest difference between the last checkpoints of two runs, in `file`
+/// (`model.safetensors` or `optimizer.safetensors`).
+fn last_diff(a: &TrainResult, b: &TrainResult, file: &str) -> f64 {
+    max_diff(&checkpoint(a).join(file), &checkpoint(b).join(file))
+}
+
 #[test]
 fn zero1_with_two_and_three_workers_equals_ddp_after_20_adamw_steps() {
     for workers in [2, 3] {
         let ddp = trainbook::fit(job(workers, 0, OptimizerKind::Adamw).max_steps(20)).unwrap();
         let zero = trainbook::fit(job(workers, 1, OptimizerKind::Adamw).max_steps(20)).unwrap();
         assert_eq!((ddp.steps, zero.steps), (20, 20));
-        let (a, b) = (checkpoint(&ddp), checkpoint(&zero));
-        let weights = max_diff(&a.join("model.safetensors"), &b.join("model.safetensors"));
+        let weights = last_diff(&ddp, &zero, "model.safetensors");
         assert!(
             weights < 1e-5,
             "{workers} workers: weights differ by {weights}"
         );
         // The gathered state is the replicated optimizer's, tensor for tensor.
-        let state = max_diff(
-            &a.join("optimizer.safetensors"),
-            &b.join("optimizer.safetensors"),
-        );
+        let state = last_diff(&ddp, &zero, "optimizer.safetensors");
         assert!(
             state < 1e-5,
             "{workers} workers: optimizer state differs by {state}"
@@ -86,10 +88,7 @@ fn zero1_lamb_and_lans_equal_ddp_and_clipping_is_global() {
     for opt in [OptimizerKind::Lamb, OptimizerKind::Lans] {
         let run = |zero| trainbook::fit(job(3, zero, opt).max_steps(8).grad_clip(0.5)).unwrap();
         let (ddp, zero) = (run(0), run(1));
-        let d = max_diff(
-            &checkpoint(&ddp).join("model.safetensors"),
-            &checkpoint(&zero).join("model.safetensors"),
-        );
+        let d = last_diff(&ddp, &zero, "model.safetensors");
         // LANS divides each gradient by its norm, which magnifies the last bits that differ
         // between a reduce-scatter's and an all-reduce's summation order: plain DDP on 1 and
         // on 3 workers differ by 2e-3 here, ZeRO and DDP on 3 by 1.3e-5.
@@ -146,10 +145,7 @@ fn a_zero1_checkpoint_resumes_with_another_worker_count() {
     )
     .unwrap();
     assert_eq!(plain.steps, 96);
-    let d = max_diff(
-        &checkpoint(&plain).join("model.safetensors"),
-        &checkpoint(&resumed).join("model.safetensors"),
-    );
+    let d = last_diff(&plain, &resumed, "model.safetensors");
     assert!(
         d < 1e-5,
         "resumed with and without ZeRO: weights differ by {d}"
@@ -189,16 +185,12 @@ fn zero2_with_two_and_three_workers_equals_ddp_and_holds_no_full_gradients() {
     for workers in [2, 3] {
         let ddp = trainbook::fit(job(workers, 0, OptimizerKind::Adamw).max_steps(20)).unwrap();
         let zero = trainbook::fit(job(workers, 2, OptimizerKind::Adamw).max_steps(20)).unwrap();
-        let (a, b) = (checkpoint(&ddp), checkpoint(&zero));
-        let weights = max_diff(&a.join("model.safetensors"), &b.join("model.safetensors"));
+        let weights = last_diff(&ddp, &zero, "model.safetensors");
         assert!(
             weights < 1e-5,
             "{workers} workers: weights differ by {weights}"
         );
-        let state = max_diff(
-            &a.join("optimizer.safetensors"),
-            &b.join("optimizer.safetensors"),
-        );
+        let state = last_diff(&ddp, &zero, "optimizer.safetensors");
         assert!(
             state < 1e-5,
             "{workers} workers: optimizer state differs by {state}"
@@ -229,10 +221,7 @@ fn zero2_accumulates_micro_batches_clips_and_combines_with_checkpointing() {
     };
     let ddp = trainbook::fit(spec(0)).unwrap();
     let zero = trainbook::fit(spec(2)).unwrap();
-    let d = max_diff(
-        &checkpoint(&ddp).join("model.safetensors"),
-        &checkpoint(&zero).join("model.safetensors"),
-    );
+    let d = last_diff(&ddp, &zero, "model.safetensors");
     assert!(d < 1e-5, "weights differ by {d}");
 }
 
@@ -257,10 +246,7 @@ fn zero2_checkpoints_resume_under_other_stages() {
         )
         .unwrap();
         assert_eq!(resumed.steps, 20);
-        let d = max_diff(
-            &checkpoint(&straight).join("model.safetensors"),
-            &checkpoint(&resumed).join("model.safetensors"),
-        );
+        let d = last_diff(&straight, &resumed, "model.safetensors");
         assert!(
             d < 1e-5,
             "resumed under stage {stage}: weights differ by {d}"
@@ -287,10 +273,7 @@ fn activation_checkpointing_trains_the_same_model_with_and_without_dropout() {
         let plain = run(None);
         for k in [1, 2] {
             let ckpt = run(Some(k));
-            let d = max_diff(
-                &checkpoint(&plain).join("model.safetensors"),
-                &checkpoint(&ckpt).join("model.safetensors"),
-            );
+            let d = last_diff(&plain, &ckpt, "model.safetensors");
             assert!(
                 d < 1e-5,
                 "dropout {dropout}, every {k}: weights differ by {d}"

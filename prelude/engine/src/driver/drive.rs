@@ -1,8 +1,8 @@
-//! The driver's event loop: everything the workers say (events, raw output, exits) is folded
-//! into the job's state in one thread, in arrival order, and published to subscribers. It also
+//! The driver’s event loop: everything the workers say (events, raw output, exits) is folded
+//! into the job’s state in one thread, in arrival order, and published to subscribers. It also
 //! watches the worker processes: the first failure (a death, an error, a hang) stops the rest
-//! and becomes the job's error, naming the rank, its last lines and its log — unless the job
-//! may restart, in which case the same thread starts the workers again from the run's newest
+//! and becomes the job’s error, naming the rank, its last lines and its log — unless the job
+//! may restart, in which case the same thread starts the workers again from the run’s newest
 //! checkpoint ([`supervise`](super::supervise) decides) and goes on watching.
 
 use std::collections::BTreeMap;
@@ -32,23 +32,23 @@ use crate::worker::dist::Store;
 
 /// Lines of each rank kept for error reports.
 const TAIL_LINES: usize = 20;
-/// How long node 0 waits for another node's report of the worker whose death failed its own.
+/// How long node 0 waits for another node’s report of the worker whose death failed its own.
 const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(2500);
-/// How often another node's driver says it is alive, and the silence that means it is lost.
+/// How often another node’s driver says it is alive, and the silence that means it is lost.
 const NODE_ALIVE_EVERY: Duration = Duration::from_secs(1);
 const NODE_LOST_AFTER: Duration = Duration::from_millis(2000);
-/// How long node 0 waits, once its own workers are done, for other nodes' `done` events.
+/// How long node 0 waits, once its own workers are done, for other nodes’ `done` events.
 const REMOTE_DONE_WAIT: Duration = Duration::from_secs(10);
 /// Log lines kept in memory per job (the run directory has them all).
 const MEMORY_LOG_LINES: usize = 10_000;
 
-/// What reaches the event loop: a worker's event, or a line of a local worker's raw output.
+/// What reaches the event loop: a worker’s event, or a line of a local worker’s raw output.
 pub(super) enum Incoming {
     Event(Event),
     Raw(RawOutput),
 }
 
-/// How to start this node's workers again: their commands, where their output goes, and the
+/// How to start this node’s workers again: their commands, where their output goes, and the
 /// rendezvous store through which the nodes of a job agree on each start.
 pub(super) struct Start {
     pub(super) cmds: Vec<WorkerCommand>,
@@ -75,27 +75,27 @@ impl Start {
     }
 }
 
-/// The event loop's state: the job it folds into, and what it writes on the way.
+/// The event loop’s state: the job it folds into, and what it writes on the way.
 pub(super) struct Driver<'a> {
     job: &'a JobState,
     dedup: Deduplicator,
     log_files: Vec<Option<File>>,
     dllog: Option<DlLog>,
-    /// TensorBoard's event file (node 0; `JobSpec::tensorboard`).
+    /// TensorBoard’s event file (node 0; `JobSpec::tensorboard`).
     tensorboard: Option<TensorBoard>,
-    /// The run's MLflow logging (node 0; `JobSpec::mlflow` or `MLFLOW_TRACKING_URI`).
+    /// The run’s MLflow logging (node 0; `JobSpec::mlflow` or `MLFLOW_TRACKING_URI`).
     mlflow: Option<Mlflow>,
-    /// On nodes other than 0: node 0's event stream, which gets this node's worker output and
+    /// On nodes other than 0: node 0’s event stream, which gets this node’s worker output and
     /// failures (their events go there directly).
     forward: Option<Emitter>,
     /// Failed workers of other nodes, as their drivers reported them (node 0).
     remote_exits: Vec<Exit>,
-    /// This node joined node 0's job (its workers' events go to node 0).
+    /// This node joined node 0’s job (its workers’ events go to node 0).
     joined: bool,
-    /// Every rank's pulse, for hang detection.
+    /// Every rank’s pulse, for hang detection.
     hangs: Hangs,
     /// When each rank reported `done`: a worker that has not exited `hang_timeout` later is
-    /// stuck in its teardown (on Gaudi, the hccl process group's untimed destructor barrier).
+    /// stuck in its teardown (on Gaudi, the hccl process group’s untimed destructor barrier).
     done_at: Vec<Option<Instant>>,
     /// The steps each rank had taken when it reported an error.
     error_steps: Vec<Option<u64>>,
@@ -105,10 +105,10 @@ pub(super) struct Driver<'a> {
     attempt: u32,
     /// What failed this start, for the restart decision and its record.
     cause: Option<(Signature, String)>,
-    /// When each other node's driver was last heard (node 0), or last said it was alive
+    /// When each other node’s driver was last heard (node 0), or last said it was alive
     /// (other nodes: their own entry).
     nodes_heard: Vec<Option<Instant>>,
-    /// Other nodes: a newer start node 0 published while this node's workers ran.
+    /// Other nodes: a newer start node 0 published while this node’s workers ran.
     pending: Option<StartInfo>,
 }
 
@@ -164,8 +164,8 @@ impl Driver<'_> {
         }
     }
 
-    /// A metric: rank 0's go to the run's trackers (dllogger, TensorBoard, MLflow); every
-    /// rank's to the job and its subscribers.
+    /// A metric: rank 0’s go to the run’s trackers (dllogger, TensorBoard, MLflow); every
+    /// rank’s to the job and its subscribers.
     fn metric(&mut self, row: MetricRow) {
         if row.rank == 0 {
             if let Some(log) = &mut self.dllog {
@@ -320,7 +320,7 @@ impl Driver<'_> {
         self.failure_of(exit.rank, how_it_failed(exit))
     }
 
-    /// The job's error for a failure of `rank`, `how` it failed: its message, last lines and log.
+    /// The job’s error for a failure of `rank`, `how` it failed: its message, last lines and log.
     fn failure_of(&self, rank: usize, mut how: String) -> TrainError {
         let st = self.job.lock();
         let tail: Vec<String> = st
@@ -377,7 +377,7 @@ fn root_cause(failed: &[Exit]) -> Option<&Exit> {
 }
 
 /// How a job ended once all its workers are gone: a recorded failure wins over a stop, and
-/// success needs every rank's `done` event.
+/// success needs every rank’s `done` event.
 fn final_status(failed: bool, stopped_by_user: bool, every_rank_done: bool) -> JobStatus {
     if failed {
         JobStatus::Failed
@@ -390,7 +390,7 @@ fn final_status(failed: bool, stopped_by_user: bool, every_rank_done: bool) -> J
     }
 }
 
-/// Runs a job's event loop on the driver thread until every worker is gone (restarting them
+/// Runs a job’s event loop on the driver thread until every worker is gone (restarting them
 /// after a failure while the job may), then records how the job ended and publishes it.
 pub(super) fn drive(
     job: &JobState,
@@ -443,7 +443,7 @@ impl<'a> Driver<'a> {
                 let mut tb = TensorBoard::create(&job.run_dir);
                 let parameters = dllog_parameters(job);
                 let options = serde_json::to_string_pretty(&parameters).unwrap_or_default();
-                // Indented: markdown's code block, which TensorBoard's Text tab shows as is.
+                // Indented: markdown’s code block, which TensorBoard’s Text tab shows as is.
                 let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
                 tb.text("options", 0, &text);
                 let name = job.run_dir.file_name().unwrap_or_default();
@@ -465,7 +465,7 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Another node's driver says it is alive, about once a second.
+    /// Another node’s driver says it is alive, about once a second.
     fn say_alive(&mut self) {
         let node = self.job.spec.node_rank;
         let (Some(fwd), Some(last)) = (&self.forward, self.nodes_heard.get_mut(node)) else {
@@ -515,7 +515,7 @@ impl<'a> Driver<'a> {
             self.receive(rx, Duration::from_millis(20));
             self.flush_dedup(false);
             self.say_alive();
-            // Another node follows node 0's restarts, even while its own workers still run
+            // Another node follows node 0’s restarts, even while its own workers still run
             // (hung, or blocked on a peer that is gone).
             if self.joined
                 && self.job.spec.max_failures != 0
@@ -560,7 +560,7 @@ impl<'a> Driver<'a> {
     }
 
     /// Kills the workers that reported `done` (their steps, metrics and checkpoints complete)
-    /// but have not exited `hang_timeout` later, and says so in the job's warnings: the run
+    /// but have not exited `hang_timeout` later, and says so in the job’s warnings: the run
     /// succeeded, only its teardown hung. Without this a peer gone from an untimed teardown
     /// barrier would keep the job from ending at all.
     fn kill_stuck_after_done(&mut self, workers: &mut Workers) {
@@ -718,7 +718,7 @@ impl<'a> Driver<'a> {
     }
 
     /// A rank stopped making progress: save its report (last lines, native stack), stop every
-    /// worker and record the hang as the job's failure.
+    /// worker and record the hang as the job’s failure.
     fn hang(&mut self, hung: Hung, workers: &mut Workers, rx: &mpsc::Receiver<Incoming>) {
         let tail: Vec<String> = self
             .job
@@ -761,8 +761,8 @@ impl<'a> Driver<'a> {
         ));
     }
 
-    /// After a failure: starts the workers again from the run's newest checkpoint when the
-    /// job may restart (and returns true), or adds to the job's error why it does not.
+    /// After a failure: starts the workers again from the run’s newest checkpoint when the
+    /// job may restart (and returns true), or adds to the job’s error why it does not.
     fn restart(
         &mut self,
         workers: &mut Workers,
@@ -868,8 +868,8 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Node 0 of several nodes, after a restart: waits until every other node's driver has
-    /// started its workers for it (a lost node's driver must be run again). A node that does
+    /// Node 0 of several nodes, after a restart: waits until every other node’s driver has
+    /// started its workers for it (a lost node’s driver must be run again). A node that does
     /// not come back within the collective timeout fails the job, named.
     fn await_nodes(
         &mut self,
@@ -878,7 +878,7 @@ impl<'a> Driver<'a> {
         start: &Start,
     ) -> bool {
         let timeout = Duration::from_secs(self.job.spec.collective_timeout_secs);
-        // Before the workers' own rendezvous times out, so that the error names the node.
+        // Before the workers’ own rendezvous times out, so that the error names the node.
         let deadline = Instant::now() + timeout.saturating_sub(Duration::from_secs(2));
         let missing = |attempt| {
             (1..self.job.spec.nodes).find(|&k| !rendezvous::has_started(&start.store, attempt, k))
@@ -948,7 +948,7 @@ impl<'a> Driver<'a> {
                 self.job.spec.node_rank,
                 dir.display()
             );
-            // Node 0 waits for this node's start: tell it why there is none.
+            // Node 0 waits for this node’s start: tell it why there is none.
             if let Some(fwd) = &self.forward {
                 fwd.send(Event::Error {
                     rank,
@@ -1003,7 +1003,7 @@ impl<'a> Driver<'a> {
         st.checkpoints.retain(|(_, p)| p.exists());
     }
 
-    /// Adds to the job's error the restarts it had and why there is no other.
+    /// Adds to the job’s error the restarts it had and why there is no other.
     fn explain_give_up(&self, why: &str) {
         let mut st = self.job.lock();
         let earlier: Vec<String> = st.restarts.iter().map(|r| format!("\n{r}")).collect();
@@ -1017,8 +1017,8 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Every worker is gone: takes in what is still in flight (other nodes' `done` events
-    /// travel further than this node's).
+    /// Every worker is gone: takes in what is still in flight (other nodes’ `done` events
+    /// travel further than this node’s).
     fn settle(&mut self, workers: &mut Workers, rx: &mpsc::Receiver<Incoming>) {
         workers.join_readers(Duration::from_secs(1));
         let settle = if self.job.spec.nodes > 1 && !self.joined {
@@ -1058,7 +1058,7 @@ impl<'a> Driver<'a> {
             let mut st = job.lock();
             st.dropped_events = dropped_events;
             st.elapsed = job.started.elapsed().as_secs_f64();
-            // Other nodes see their own workers' clean exits; node 0 every rank's `done`.
+            // Other nodes see their own workers’ clean exits; node 0 every rank’s `done`.
             let every_rank_done = self.joined || st.summaries.iter().all(|s| s.is_some());
             st.status = final_status(st.failure.is_some(), stopped_by_user, every_rank_done);
             if st.status == JobStatus::Failed && st.failure.is_none() {
@@ -1115,7 +1115,7 @@ impl<'a> Driver<'a> {
 
 /// The MLflow run of this job, when a tracking server is named (`JobSpec::mlflow`, else an
 /// HTTP `MLFLOW_TRACKING_URI`; another kind of URI there is a warning, not an error: it is
-/// the environment's, for MLflow's Python client).
+/// the environment’s, for MLflow’s Python client).
 fn start_mlflow(job: &JobState) -> Option<Mlflow> {
     let uri = match &job.spec.mlflow {
         Some(uri) => uri.clone(),
@@ -1160,7 +1160,7 @@ fn start_mlflow(job: &JobState) -> Option<Mlflow> {
     }))
 }
 
-/// Options as one level of `name = value` (TensorBoard's HParams, MLflow's params): nested
+/// Options as one level of `name = value` (TensorBoard’s HParams, MLflow’s params): nested
 /// objects as `a.b`, unset (null) options left out, so every trial of a sweep has the same
 /// names.
 fn flat_options(options: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
@@ -1203,7 +1203,7 @@ fn dllog_parameters(job: &JobState) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    //! The driver's folding of events into a job, fed synthetic event sequences: no worker
+    //! The driver’s folding of events into a job, fed synthetic event sequences: no worker
     //! processes, sockets or UI.
     use super::*;
     use crate::shared::events::LogStream;

@@ -1,22 +1,22 @@
 //! The memory plan of a job, made before any worker starts: what each device will hold, by
 //! part, against what the device has, and the levers that would make a job fit that does not.
 //!
-//! The recipe reports its model's shapes ([`FootprintFn`]: the trainable tensors, the
+//! The recipe reports the shapes of its model ([`FootprintFn`]: the trainable tensors, the
 //! activations of one micro-batch); the engine knows what it keeps around them: fp32 master
-//! weights and gradients, the optimizer's state (sharded by ZeRO), the communication buckets
+//! weights and gradients, the state of the optimizer (sharded by ZeRO), the communication buckets
 //! of `ddp` and `zero` (their sizes come from the same bucket plan the workers use), bf16
-//! autocast's weight copies, and its own fixed overhead. A job whose plan exceeds its device
+//! the weight copies of bf16 autocast, and its own fixed overhead. A job whose plan exceeds its device
 //! fails in [`check`] before its run directory exists, naming the levers.
 //!
-//! On CPU, the peak is the worker process's resident memory, and glibc's allocator keeps
+//! On CPU, the peak is the resident memory of the worker process, and the glibc allocator keeps
 //! freed blocks of its heap resident: short-lived tensors of the forward pass, and
-//! parameter-sized ones (initialisation, the first broadcast, each step's fresh gradients
+//! parameter-sized ones (initialisation, the first broadcast, the fresh gradients of each step
 //! before they are added up). The activations and parameters themselves are counted tensor by
-//! tensor (and match torch's own saved-tensor hooks); what glibc keeps on top is the one
+//! tensor (and match the saved-tensor hooks of torch); what glibc keeps on top is the one
 //! fitted part of the plan, [`CPU_RETAINED_PER_ACTIVATION`] and [`CPU_RETAINED_PER_PARAMETER`],
 //! fitted to measured peaks and checked on others (docs/benchmarks.md). With a fixed mmap
 //! threshold (`MALLOC_MMAP_THRESHOLD_`) the resident peak falls to the counted bytes, at about
-//! 25% more time per step, so trainbook leaves glibc's default alone.
+//! 25% more time per step, so trainbook leaves the glibc default alone.
 
 use anyhow::{bail, Result};
 use trainbook_api::device::DeviceKind;
@@ -30,11 +30,11 @@ use crate::worker::zero::IN_FLIGHT;
 const F32: u64 = 4;
 const MIB: u64 = 1 << 20;
 
-/// A CPU worker's resident memory before it holds any model: the runtime, libtorch's code and
+/// Resident memory of a CPU worker before it holds any model: the runtime, the code of libtorch and
 /// data, the tokenizer and the data set of the offline presets (fitted: 170 MiB).
 const CPU_BASE: u64 = 170 * MIB;
-/// Memory CUDA keeps outside the tensors the caching allocator reports: the context, cuBLAS's
-/// workspaces, allocator rounding (NVIDIA's usual figure for the context alone is 300-500 MiB).
+/// Memory CUDA keeps outside the tensors the caching allocator reports: the context, the cuBLAS
+/// workspaces, allocator rounding (the usual NVIDIA figure for the context alone is 300-500 MiB).
 const CUDA_BASE: u64 = 768 * MIB;
 /// What the Gaudi runtime and the bridge reserve besides tensors; not measured (no Gaudi here).
 const HPU_BASE: u64 = 1024 * MIB;
@@ -105,7 +105,7 @@ pub(crate) fn plan(
 }
 
 /// Fails when the plan of `spec` exceeds its device, naming the levers; passes when the
-/// recipe is not planned, the device's memory is unknown, or the check is turned off.
+/// recipe is not planned, the memory of the device is unknown, or the check is turned off.
 pub(crate) fn check(
     entry: &RecipeEntry,
     spec: &JobSpec,
@@ -182,12 +182,12 @@ fn state_tensors(h: &Hyper) -> u64 {
     }
 }
 
-/// A plan's rows, what they come to, and what they came from.
+/// The rows of a plan, what they come to, and what they came from.
 struct Estimate {
     rows: Vec<MemoryRow>,
-    /// Every worker's peak (the rows' sum).
+    /// The peak of every worker (the sum of the rows).
     total: u64,
-    /// Rank 0's more while it writes a checkpoint, and why.
+    /// What rank 0 holds more while it writes a checkpoint, and why.
     rank0_extra: u64,
     rank0_detail: String,
     footprint: Footprint,
@@ -234,7 +234,8 @@ fn estimate(
         rows.push(MemoryRow {
             what: "bf16 weight copies".into(),
             bytes: fp.cast_by_autocast * 2,
-            detail: "autocast's bf16 copies of the matrices, kept for the backward pass".into(),
+            detail: "bf16 copies of the matrices made by autocast, kept for the backward pass"
+                .into(),
         });
     }
     // What the heap holds free once the backward pass is over (CPU): the activations, and what
@@ -305,7 +306,7 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
         ),
         1 => (
             2 * shard * F32,
-            format!("this worker's gradient and parameter shards (1/{world})"),
+            format!("the gradient and parameter shards of this worker (1/{world})"),
         ),
         _ => (
             2 * shard * F32 + in_flight,
@@ -351,7 +352,7 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
     ]
 }
 
-/// The framework's own memory on a device.
+/// The memory the framework itself takes on a device.
 fn framework_row(device: DeviceKind) -> MemoryRow {
     let (bytes, detail) = match device {
         DeviceKind::Cpu => (
@@ -371,8 +372,8 @@ fn framework_row(device: DeviceKind) -> MemoryRow {
     }
 }
 
-/// How much memory each worker's device has: the job's `device_memory`, else what this
-/// machine reports (CPU: the available memory shared by this node's workers).
+/// How much memory the device of each worker has: `device_memory` of the job, else what this
+/// machine reports (CPU: the available memory shared by the workers of this node).
 fn capacity(spec: &JobSpec, device: DeviceKind) -> Result<Option<Capacity>> {
     if let Some(text) = &spec.device_memory {
         return Ok(Some(Capacity {
