@@ -6,15 +6,21 @@ SHELL := /bin/bash
 export LIBTORCH := $(CURDIR)/.libtorch
 CARGO ?= cargo
 
-.PHONY: help setup build test demo bench clean
+.PHONY: help setup build test test-quick demo bench clean
+
+# Every make run records how long each phase took (scripts/phase.sh); `make test`, `make
+# test-quick` and `make demo` print the table at the end, and a failing phase prints it too.
+export TRAINBOOK_PHASES ?= $(CURDIR)/target/phases/$(shell date +%Y%m%d-%H%M%S)-$(shell echo $$PPID).tsv
+PHASE = scripts/phase.sh
 
 help:
 	@echo "make demo   - set up (system packages, .venv with torch, build) and run the main job"
 	@echo "make test   - set up and run every test"
+	@echo "make test-quick - unit tests and one end-to-end job (the inner loop; a few minutes warm)"
 	@echo "make bench  - run the benchmarks (writes docs/benchmarks.md figures to stdout)"
 
 setup:
-	@scripts/setup.sh
+	@$(PHASE) setup scripts/setup.sh
 
 # CUDA builds (set up on a machine whose nvidia-smi sees a GPU) add the `cuda` feature; builds
 # whose torch Python can be embedded add `hpu` (Intel Gaudi through its Python bridge), with
@@ -25,19 +31,28 @@ PYO3 = PYO3_PYTHON=$$(cat .libtorch/hpu-python 2>/dev/null || echo python3)
 
 # The default members (everything but the kernel's prelude dylib, which build-prelude.sh makes).
 build: setup
-	$(PYO3) $(CARGO) build --release --bins $(FEATURES)
-	@scripts/build-prelude.sh
+	@$(PHASE) "cargo build" env $(PYO3) $(CARGO) build --release --bins $(FEATURES)
+	@$(PHASE) "prelude library" scripts/build-prelude.sh
 	@scripts/install-bins.sh
 	@scripts/install-kernel.sh
 
 test: build
-	$(PYO3) $(CARGO) test --release $(FEATURES) -- --test-threads=1
-	@scripts/test-kernel.sh
-	@scripts/test-browser.sh
+	@$(PHASE) "cargo test" env $(PYO3) $(CARGO) test --release $(FEATURES) -- --test-threads=1
+	@$(PHASE) "torch pairs" scripts/check-torch-pairs.sh
+	@$(PHASE) "pytest" scripts/test-kernel.sh
+	@$(PHASE) "browser" scripts/test-browser.sh
+	@$(PHASE) --report
+
+# The inner loop: every crate's unit tests and one end-to-end job through the kernel.
+test-quick: build
+	@$(PHASE) "cargo unit tests" env $(PYO3) $(CARGO) test --release $(FEATURES) --lib --bins -- --test-threads=1
+	@$(PHASE) "one job end to end" scripts/test-kernel.sh tests/kernel/test_kernel.py -k "execute_returns_a_result or background_job_display_updates"
+	@$(PHASE) --report
 
 # notebooks/bert.ipynb, executed headless; prints where the executed copy is.
 demo: build
-	@scripts/demo.sh
+	@$(PHASE) "demo notebook" scripts/demo.sh
+	@$(PHASE) --report
 
 bench: build
 	@scripts/bench.sh

@@ -5,4 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/docker tests/kernel tests/notebooks tests/hpu tests/slurm tests/tracking "$@"
+#   scripts/test-kernel.sh [PATH...] [PYTEST OPTIONS...]   (paths given: only those tests)
+targets=(tests/docker tests/kernel tests/notebooks tests/hpu tests/slurm tests/tracking)
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then targets=(); fi
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 "${targets[@]}" "$@"

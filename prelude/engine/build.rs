@@ -13,6 +13,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/recompute.cpp");
     println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
     println!("cargo:rerun-if-changed=csrc/errors.h");
+    println!("cargo:rerun-if-changed=csrc/torch_compat.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=TRAINBOOK_GLOO_INCLUDE");
 

@@ -1,7 +1,7 @@
 """Runs logged to a real MLflow tracking server (`mlflow server` from .venv, on a loopback port,
 with a temporary SQLite backend and artifact store), read back through MLflow's REST API: the
 run's params, every metric step, tags, status and checkpoint artifacts; and a server stopped
-mid-run, which must neither fail nor hold up the training, only end it with one warning."""
+killed mid-run, which must neither fail nor hold up the training, only end it with one warning."""
 import json
 import os
 import signal
@@ -77,6 +77,12 @@ class Server:
             if not token:
                 return out
 
+    def kill(self):
+        """Ends the server at once (SIGKILL to its process group): nothing more is answered."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def stop(self):
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -130,7 +136,7 @@ def test_a_run_appears_with_its_params_every_metric_step_tags_status_and_checkpo
     assert names == local, (names, local)
 
 
-def test_a_server_stopped_mid_run_costs_the_training_nothing_and_ends_in_one_warning(server):
+def test_a_server_killed_mid_run_costs_the_training_nothing_and_ends_in_one_warning(server):
     env = dict(os.environ, MLFLOW_TRACKING_URI=server.uri)  # as MLflow's own clients read it
     started = time.monotonic()
     cli = subprocess.Popen(
@@ -138,26 +144,37 @@ def test_a_server_stopped_mid_run_costs_the_training_nothing_and_ends_in_one_war
          "--max-steps", "1500", "--runs-root", RUNS, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
-    # Wait until the run is on the server with some steps, then stop the server.
+    # Wait until the run is on the server with some steps, then kill the server outright: from
+    # then on every request is refused, whatever the training is doing. (A graceful stop kept
+    # taking requests for a while, so what got lost depended on which process was faster.)
     deadline = time.monotonic() + 120
     logged = []
     while time.monotonic() < deadline and cli.poll() is None:
-        time.sleep(0.5)
+        time.sleep(0.2)
         runs = server.runs()
         if runs:
             logged = server.history(runs[0]["info"]["run_id"], "train/loss")
             if len(logged) >= 5:
                 break
     assert len(logged) >= 5 and cli.poll() is None, "the run never showed on the server while training"
-    server.stop()
+    server.kill()
     out, err = cli.communicate(timeout=600)
     wall = time.monotonic() - started
     assert cli.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
     assert result["status"] == "succeeded" and result["steps"] == 1500
+    # Exactly one warning, naming the server and each thing that did not reach it. The run's end
+    # always met the dead server (it was alive when killed), so at least its status was not set;
+    # metrics and the checkpoint are named when they were still to be sent.
     (warning,) = result["warnings"]
-    assert warning.startswith(f"MLflow at {server.uri}: ") and "metric value(s) were not logged (" in warning, warning
-    assert "train/loss steps" in warning and "metrics.parquet" in warning, warning
+    assert warning.startswith(f"MLflow at {server.uri}: "), warning
+    assert "its status was not set to FINISHED" in warning, warning
+    if "metric value(s) were not logged (" in warning:
+        assert "train/loss steps" in warning, warning
+    assert "metrics.parquet" in warning, warning
     assert f"warning: {warning}" in err
+    # Nothing was lost from the run's own record: every step's loss is in metrics.parquet.
+    rows = pl.read_parquet(Path(result["run_dir"]) / "metrics.parquet")
+    assert rows.filter((pl.col("rank") == 0) & (pl.col("name") == "loss")).height == 1500
     # The end waits a bounded time for the server, not the training's length.
     assert wall - result["elapsed_seconds"] < 30, (wall, result["elapsed_seconds"])

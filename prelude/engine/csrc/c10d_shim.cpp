@@ -4,6 +4,7 @@
 // opaque pointers and error strings: no C++ exception may unwind into Rust.
 
 #include "errors.h"
+#include "torch_compat.h"
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -261,22 +262,10 @@ tb_work* tb_pg_allreduce_start(tb_pg* p, void* tensor, int op, char* err, size_t
   return out;
 }
 
-// torch 2.12 renamed ProcessGroup's flat collectives (`_reduce_scatter_base` and
-// `_allgather_base` stay as deprecated aliases there); trainbook also builds with torch 2.11.
-#if __has_include(<torch/headeronly/version.h>)
-#include <torch/headeronly/version.h>
-#endif
-#if defined(TORCH_VERSION_MAJOR) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12))
-#define TB_REDUCE_SCATTER_FLAT reduce_scatter_single
-#define TB_ALLGATHER_FLAT all_gather_single
-#else
-#define TB_REDUCE_SCATTER_FLAT _reduce_scatter_base
-#define TB_ALLGATHER_FLAT _allgather_base
-#endif
-
-// ZeRO's two collectives, started like the all-reduce so buckets overlap. Both take one flat
-// tensor of world * shard elements and a shard-sized one; the process group's dispatcher picks
-// the backend from the tensors' device (gloo, nccl or a device plugin's, e.g. hccl).
+// ZeRO's two collectives (their names in this torch: torch_compat.h), started like the
+// all-reduce so buckets overlap. Both take one flat tensor of world * shard elements and a
+// shard-sized one; the process group's dispatcher picks the backend from the tensors' device
+// (gloo, nccl or a device plugin's, e.g. hccl).
 tb_work* tb_pg_reduce_scatter_start(tb_pg* p, void* output, void* input, char* err, size_t errlen) {
   tb_work* out = nullptr;
   guarded(err, errlen, [&] {

@@ -9,6 +9,7 @@
 // backward pass runs outside the autocast region that produced the node.
 
 #include "errors.h"
+#include "torch_compat.h"
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
@@ -211,7 +212,7 @@ int tb_checkpointed(void* const* inputs, size_t n, ForwardFn forward, void* ctx,
       return 0;
     }
     auto device = ins[0].device();
-    auto node = c10::make_intrusive<RecomputeBackward>();
+    auto node = trainbook::make_autograd_node<RecomputeBackward>();
     node->rng = save_rng(device);
     node->autocast = autocast_state(device);
     at::Tensor result;

@@ -5,9 +5,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
 
-use common::wait_until;
+use crate::common::wait_until;
 
 use trainbook::engine::testing::process_alive;
 use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
@@ -48,7 +47,7 @@ fn data_parallel_matches_single_worker() {
             .unwrap()
             .join("model.safetensors")
     };
-    let max_diff = common::max_abs_diff(&file(&one), &file(&two));
+    let max_diff = crate::common::max_abs_diff(&file(&one), &file(&two));
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
     assert!(
         (one.param_sum - two.param_sum).abs() < 1e-3,

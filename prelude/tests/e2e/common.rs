@@ -1,10 +1,10 @@
-//! Helpers shared by the integration tests (each test file includes this module).
+//! Helpers shared by the end-to-end tests.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
-#[allow(dead_code)] // not every test file waits
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {

@@ -2,7 +2,6 @@
 //! process on its own loopback address (127.0.0.2 for node 0, 127.0.0.3 for node 1), joined
 //! through node 0's rendezvous store exactly as separate machines would be.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -169,7 +168,7 @@ fn two_nodes_train_like_one() {
         "{}",
         String::from_utf8_lossy(&one.stderr)
     );
-    let max_diff = common::max_abs_diff(
+    let max_diff = crate::common::max_abs_diff(
         &checkpoint(&s0).join("model.safetensors"),
         &checkpoint(&summary(&one)).join("model.safetensors"),
     );

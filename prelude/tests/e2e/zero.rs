@@ -6,8 +6,7 @@
 
 use std::path::PathBuf;
 
-mod common;
-use common::{load, max_abs_diff as max_diff};
+use crate::common::{load, max_abs_diff as max_diff};
 use trainbook::{Configure, ConfigureTraining, JobSpec, OptimizerKind, TrainResult};
 
 fn runs_root() -> PathBuf {

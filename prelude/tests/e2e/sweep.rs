@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
 
-use common::wait_until;
+use crate::common::wait_until;
 use trainbook::api::sweep::SweepStatus;
 use trainbook::engine::testing::{children_of, process_alive};
 use trainbook::{
