@@ -34,7 +34,8 @@ PAIRS="
 2.0.0 0.13.0
 "
 # Pairs other than the pin that trainbook has been built with and whose tests passed (date):
-# the container build switches to them with scripts/use-tch.sh. CI builds only the pin.
+# the container build switches to them with scripts/use-tch.sh. CI builds the pin and checks that
+# each of these still builds against its torch's headers (scripts/check-torch-pairs.sh).
 BUILT="
 2.11.0 0.24.0 2026-11-23
 "
@@ -165,7 +166,7 @@ fi
 
 b=$(built_for "$release")
 if [ -n "$b" ]; then
-  [ "$quiet" = 1 ] || echo "$shown $where <-> tch ${b%% *}: built with trainbook (tests passed ${b#* }, not in CI); switch with scripts/use-tch.sh ${b%% *}"
+  [ "$quiet" = 1 ] || echo "$shown $where <-> tch ${b%% *}: built with trainbook (tests passed ${b#* }; CI checks that it builds); switch with scripts/use-tch.sh ${b%% *}"
   exit 3
 fi
 

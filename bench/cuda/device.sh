@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trainbook's CUDA checks and benchmarks, in one run on a GPU machine (packed by
 # bench/cuda/pack.sh into .gpu/pack.tar.xz; the machine's python3 must hold the same torch):
-#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet]
+#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet|strong]
 #                                    (default all; results in $OUT or ./cuda-out)
 #
 # checks: NCCL collectives (`trainbook check`), the optimizer unit tests on the GPU (the fused
@@ -12,6 +12,10 @@
 #   bench/torch_resnet.py) on the same GPU, one after the other: BERT-base masked-LM from
 #   scratch at 128 tokens and ResNet-50 at 224 px, both bf16; samples/s after warm-up, the ratio,
 #   MFU, and each side's peak GPU memory. bench/cuda/summary.py writes summary.md.
+# TORCH_BASELINES=0 leaves out bench's older PyTorch runs (bench/torch_*.py; the strong ones stay).
+# strong (part of bench too): the strong baselines (bench/cuda/strong.py): PyTorch eager done well
+#   and torch.compile for BERT-base MLM (fused q/k/v, SDPA, the head on the masked positions,
+#   fused AdamW) and ResNet-50 (NCHW, channels-last, channels-last compiled), data on the GPU.
 # scaling: ResNet-50 with 4 and 14 loader threads (is the GPU fed?), BERT at batch 512.
 # One GPU holds one NCCL rank (NCCL refuses two ranks on one device), so every run has 1 worker.
 set -uo pipefail
@@ -93,19 +97,26 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = resnet ]; then
   [ "$what" = resnet ] || run tb_bert 300 "$tb" train bert-mlm "${bert[@]}" --device cuda --precision bf16 --layers 12 \
     --hidden-size 768 --heads 12 --max-steps "${BERT_STEPS:-80}" --optimizer adamw --lr 5e-5 \
     --weight-decay 0.01 --schedule constant --eval-rows 0 --json --log-level warn
-  [ "$what" = resnet ] || run torch_bert 300 "$py" bench/torch_bert.py --task mlm "${bert[@]}" --device cuda --precision bf16 \
+  [ "$what" = resnet ] || [ "${TORCH_BASELINES:-1}" = 0 ] || run torch_bert 300 "$py" bench/torch_bert.py --task mlm "${bert[@]}" --device cuda --precision bf16 \
     --layers 12 --hidden 768 --heads 12 --steps "${BERT_STEPS:-80}" --warmup 20 \
     --data "$TRAINBOOK_DATA/datasets/brown/brown.txt" --model-dir "$TRAINBOOK_DATA/models/all-MiniLM-L6-v2"
   run tb_resnet 300 "$tb" train resnet --workers 1 --device cuda --precision bf16 --arch resnet50 \
     --image-size 224 --global-batch-size "$R" --max-steps "${RESNET_STEPS:-60}" --optimizer adamw \
     --lr 1e-3 --weight-decay 0 --schedule constant --loader-threads 12 --eval-rows 0 --json --log-level warn
-  run torch_resnet 300 "$py" bench/torch_resnet.py --workers 1 --device cuda --precision bf16 \
+  [ "${TORCH_BASELINES:-1}" = 0 ] || run torch_resnet 300 "$py" bench/torch_resnet.py --workers 1 --device cuda --precision bf16 \
     --arch resnet50 --image-size 224 --global-batch-size "$R" --steps "${RESNET_STEPS:-60}" \
     --warmup 20 --num-workers-loader 12 --data "$TRAINBOOK_DATA/datasets/digits/train"
   for r in tb_bert tb_resnet; do
     d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
       && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
   done
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = strong ]; then
+  say "strong baselines: bench/cuda/strong.py"
+  timeout 420 "$py" bench/cuda/strong.py --steps "${STRONG_STEPS:-50}" --warmup 15 > "$out/strong.jsonl"
+  echo "strong $?" >> "$out/exits.txt"
+  cat "$out/strong.jsonl"
 fi
 
 if [ "$what" = scaling ] || [ "$what" = checks+scaling ]; then

@@ -57,6 +57,37 @@ def bert_flops_per_sequence(layers=12, hidden=768, seq=128, vocab=30522, predict
 RESNET50_FLOPS_PER_IMAGE = 3 * 2 * 4.09e9
 
 
+def strong_table(res, measured):
+    """trainbook against the strong baselines (bench/cuda/strong.py), same machine, same call."""
+    path = os.path.join(res, "strong.jsonl")
+    if not os.path.exists(path):
+        return
+    strong = {}
+    for line in open(path):
+        try:
+            j = json.loads(line)
+            strong[j["name"]] = j
+        except (ValueError, KeyError):
+            pass
+    print("\n## Against PyTorch done well (bench/cuda/strong.py: data on the GPU, fused AdamW, bf16)\n")
+    print("| model | run | samples/s (median step) | trainbook ÷ this | MFU | peak GiB |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for model, tb, names, flops in (("BERT-base MLM, 128 tokens, 20 predictions", "tb_bert", ("bert-eager", "bert-compiled"), bert_flops_per_sequence(predicted=20 / 128)),
+                                    ("ResNet-50, 224 px", "tb_resnet", ("resnet-nchw", "resnet-cl", "resnet-cl-compiled"), RESNET50_FLOPS_PER_IMAGE)):
+        batch = next((strong[n]["batch"] for n in names if n in strong), 0)
+        rt = steady_rate(res, tb, batch) if batch else None
+        mfu = lambda r: f"{r * flops / PEAK_BF16:.1%}" + (f" ({r * flops / measured:.1%} of measured)" if measured else "")
+        jt = load(res, tb) or {}
+        mem_t = (jt.get("memory") or [{}])[0].get("peak")
+        if rt:
+            print(f"| {model} | trainbook ({'its loader' if tb == 'tb_resnet' else 'its masking on the fly'}) | {rt:.0f} | 1.00 | {mfu(rt)} | {mem_t / 2**30 if mem_t else 0:.1f} |")
+        for n in names:
+            if n in strong:
+                r = strong[n]["samples_per_second_median_step"]
+                ratio = f"{rt / r:.2f}" if rt else "-"
+                print(f"| {model} | PyTorch {n} | {r:.0f} | {ratio} | {mfu(r)} | {strong[n]['cuda_max_memory_allocated'] / 2**30:.1f} |")
+
+
 def main():
     res = sys.argv[1]
     exits = {}
@@ -129,6 +160,7 @@ def main():
         ratio = f"{rt / rp:.2f}" if rt and rp else "-"
         mean = (jp or {}).get("samples_per_second_after_warmup") or 0
         print(f"| {model} | {batch} | {rt or 0:.0f} | {rp or 0:.0f} ({mean:.0f}) | {ratio} | {mfu(rt)} | {mfu(rp)} | {gib(mem_t)} | {gib(mem_p)} |")
+    strong_table(res, measured)
     scaled = [(n, load(res, n)) for n in ("scale_resnet_loader4", "scale_resnet_loader14", "scale_tb_bert512", "scale_torch_bert512")]
     if any(j for _, j in scaled):
         print("\n## Scaling runs\n")
