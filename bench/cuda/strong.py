@@ -61,6 +61,11 @@ class BertMlm(nn.Module):
         self.transform = nn.Linear(h, h)
         self.ln_head = nn.LayerNorm(h, eps=1e-12)
         self.bias = nn.Parameter(torch.zeros(vocab))
+        for m in self.modules():  # BERT's initialisation
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, ids, mask, positions, labels):
         b, s = ids.shape
@@ -79,7 +84,7 @@ class BertMlm(nn.Module):
 
 
 def bert_batch(b, s, vocab, predictions, dev):
-    ids = torch.randint(1000, vocab, (b, s), device=dev)
+    ids = torch.randint(min(1000, vocab // 2), vocab, (b, s), device=dev)  # past the special tokens
     mask = None  # full blocks, no padding
     positions = torch.rand(b, s, device=dev).argsort(dim=1)[:, :predictions]
     labels = torch.gather(ids, 1, positions)
