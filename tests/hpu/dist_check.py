@@ -73,6 +73,8 @@ if check in ("kill", "hang"):
         os.kill(os.getpid(), signal.SIGKILL if check == "kill" else signal.SIGSTOP)
     time.sleep(0.5)
     start = time.monotonic()
+    # The test waits for this line: from here on, this rank is in the collective that blocks.
+    os.write(2, b"second all_reduce\n")
     try:
         dist.all_reduce(t)
         out["error"] = None

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -223,7 +224,7 @@ def test_busy_device_fails_like_the_bridge(env):
     assert r["errors"] == ["synStatus=20 [Device already acquired] Device acquire failed."] * 2
 
 
-def run_ranks(env, check, world=2, timeout_s=30, limit=120, grace=15):
+def spawn_ranks(env, check, world=2, timeout_s=30):
     port = free_port()
     procs = []
     for rank in range(world):
@@ -231,6 +232,11 @@ def run_ranks(env, check, world=2, timeout_s=30, limit=120, grace=15):
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CHECK": check, "TIMEOUT_S": str(timeout_s)}
         procs.append(subprocess.Popen([sys.executable, str(HERE / "dist_check.py")], env=e, cwd=HERE,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def run_ranks(env, check, world=2, timeout_s=30, limit=120, grace=15):
+    procs = spawn_ranks(env, check, world, timeout_s)
     results = []
     try:
         # Rank 0 reports; the others get a short grace period after it (a stopped or dead peer
@@ -288,9 +294,44 @@ def test_backend_from_registry_on_bare_process_group(env):
 @pytest.mark.parametrize("check", ["kill", "hang"])
 def test_a_dead_or_stuck_peer_leaves_the_survivor_waiting_past_its_timeout(env, check):
     # As HCCL: the group's 1 s timeout is ignored, so rank 0's all_reduce neither returns nor
-    # raises; only killing it (run_ranks after `limit`) ends it. A dead peer is reported once.
-    results = run_ranks(env, check, timeout_s=1, limit=5, grace=0.5)
-    rc, out, err = results[0]
+    # raises; only killing it ends it. A dead peer is reported once. Rank 0 is watched from the
+    # moment it is in the collective that blocks (its stderr says so), however long the start
+    # took, and must still be there three timeouts later.
+    timeout_s = 1
+    procs = spawn_ranks(env, check, timeout_s=timeout_s)
+    # kill: the stand-in's report that the collective failed and it waits (from inside the
+    # collective); hang: dist_check's line just before the collective (rank 1 only stops).
+    expected = "HCCL has no timeout" if check == "kill" else "second all_reduce"
+    lines, seen = [], threading.Event()
+
+    def read_stderr():
+        for line in procs[0].stderr:
+            lines.append(line)
+            if expected in line:
+                seen.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        reached = seen.wait(timeout=120)
+        if reached:
+            time.sleep(3 * timeout_s)
+        running = procs[0].poll() is None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+    reader.join(timeout=10)
+    out = procs[0].stdout.read()
+    err = "".join(lines)
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    assert reached, f"rank 0 did not reach its blocking collective within 120 s:\n{err}"
+    assert running, f"rank 0 ended {3 * timeout_s} s into its collective (rc {procs[0].returncode}):\n{out}{err}"
+    rc = procs[0].returncode
     assert rc == -9 and out == "", (rc, out, err)
     if check == "kill":
         assert "HCCL has no timeout, so this rank waits forever" in err, err

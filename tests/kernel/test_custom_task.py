@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from test_kernel import descendants, error_of, kernel, kernel_pid, run, stream_text, wait_until  # noqa: F401 (kernel: the fixture)
+from test_kernel import cmdline, descendants, error_of, kernel, kernel_pid, run, stream_text, wait_until  # noqa: F401 (kernel: the fixture)
 
 RUNS = tempfile.mkdtemp(prefix="tb-task-runs-")
 
@@ -63,6 +63,22 @@ def fit(workers, batch, extra=""):
     )
 
 
+# The kernels (by client) in which a version of TASK is defined: a test that needs the task but
+# not a particular version defines it only where no earlier test of the module did, so that it
+# also runs alone (`-k`).
+TASK_DEFINED = set()
+
+
+def define_task(kc, version):
+    ok(kc, TASK.replace("VERSION", str(version)))
+    TASK_DEFINED.add(id(kc))
+
+
+def ensure_task(kc):
+    if id(kc) not in TASK_DEFINED:
+        define_task(kc, 1)
+
+
 def ok(kc, code, timeout=240):
     reply, msgs = run(kc, code, timeout=timeout)
     assert reply["status"] == "ok", (error_of(msgs), stream_text(msgs))
@@ -76,7 +92,7 @@ def value(kc, expr):
 
 def test_a_cell_defined_task_trains_on_two_workers_like_one(kernel):
     km, kc = kernel
-    ok(kc, TASK.replace("VERSION", "1"))
+    define_task(kc, 1)
     # 2 workers x 16 samples vs 1 worker x 32, 20 SGD steps: the same parameters.
     ok(kc, fit(2, 32))
     ok(kc, "let two = (r.param_sum, r.param_l2, r.steps, r.metrics.clone());")
@@ -94,7 +110,7 @@ def test_a_cell_defined_task_trains_on_two_workers_like_one(kernel):
     rows = value(kc, 'r.metric_rows.iter().filter(|m| m.name == "margin").count()')
     assert int(rows) == 20
     # No worker outlives its job.
-    assert not [p for p in descendants(kernel_pid(km)) if "worker" in open(f"/proc/{p}/cmdline").read()]
+    assert not [p for p in descendants(kernel_pid(km)) if "worker" in cmdline(p)]
 
 
 def test_f1_equals_one_computed_from_the_checkpoints_predictions(kernel):
@@ -125,7 +141,7 @@ def test_f1_equals_one_computed_from_the_checkpoints_predictions(kernel):
 
 def test_redefining_the_task_runs_the_new_code(kernel):
     km, kc = kernel
-    ok(kc, TASK.replace("VERSION", "2"))
+    define_task(kc, 2)
     ok(kc, fit(2, 32))
     log = value(kc, 'std::fs::read_to_string(r.run_dir.join("logs/rank0.log"))?.contains("task version 2")')
     assert log == "true"
@@ -134,6 +150,8 @@ def test_redefining_the_task_runs_the_new_code(kernel):
 @pytest.mark.parametrize("panic", [False, True])
 def test_a_failing_step_on_rank_1_fails_the_job_with_rank_message_and_place(kernel, panic):
     km, kc = kernel
+    ensure_task(kc)
+    ok(kc, "let kept = 20;")
     code = fit(2, 32).replace("fail_on: None, panic: false", f"fail_on: Some(1), panic: {str(panic).lower()}")
     t0 = __import__("time").monotonic()
     reply, msgs = run(kc, code, timeout=120)
@@ -146,13 +164,15 @@ def test_a_failing_step_on_rank_1_fails_the_job_with_rank_message_and_place(kern
         assert "panic!(" in text, text  # the cell's own line of code
     else:
         assert "no batch for rank 1" in text, text
-    assert elapsed < 20, elapsed
+    # It fails fast, not at the 300 s collective timeout (the bound leaves room for compiling
+    # the cell and starting two workers on a loaded machine).
+    assert elapsed < 60, elapsed
     assert wait_until(
-        lambda: not [p for p in descendants(kernel_pid(km)) if "worker" in open(f"/proc/{p}/cmdline").read()],
+        lambda: not [p for p in descendants(kernel_pid(km)) if "worker" in cmdline(p)],
         5,
     )
-    # The kernel keeps its variables.
-    assert value(kc, "two.2") == "20"
+    # The kernel keeps its variables (one defined before the failed cell).
+    assert value(kc, "kept") == "20"
 
 
 def test_a_task_of_a_deleted_cell_library_is_a_clear_error(kernel):
@@ -227,7 +247,7 @@ def test_a_task_that_fails_at_the_same_step_is_retried_once_not_three_times(kern
 
 def test_a_sweep_over_a_cell_defined_task_sets_its_fields_and_prunes(kernel):
     km, kc = kernel
-    ok(kc, TASK.replace("VERSION", "3"))
+    define_task(kc, 3)
     # `hidden` is the task's own field, `lr` a training option: both swept by name.
     ok(
         kc,
@@ -250,7 +270,7 @@ def test_a_sweep_over_a_cell_defined_task_sets_its_fields_and_prunes(kernel):
     assert f'\\"hidden\\":{shown}' in config.replace(" ", ""), config[:2000]
     acc = float(value(kc, 'result.best()?.metrics["eval_accuracy"]'))
     assert acc > 0.5, acc
-    assert not [p for p in descendants(kernel_pid(km)) if "worker" in open(f"/proc/{p}/cmdline").read()]
+    assert not [p for p in descendants(kernel_pid(km)) if "worker" in cmdline(p)]
     # A field the task does not have fails before anything starts, naming the task's fields.
     reply, msgs = run(
         kc,

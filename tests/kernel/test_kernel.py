@@ -620,7 +620,10 @@ def test_interrupt_stops_workers_and_keeps_variables(kernel):
     content = reply["content"]
     assert content["status"] == "error"
     assert content["ename"] == "Interrupted", content
-    assert took < 5, f"the interrupted cell returned after {took:.1f} s"
+    # The cell returned within the kernel's grace period: this text, not the restart's (a cell
+    # past its grace is killed and its variables lost). The bound only guards against a hang.
+    assert "every variable was kept" in content["evalue"], content
+    assert took < 60, f"the interrupted cell returned after {took:.1f} s"
     assert wait_until(lambda: not any(alive(p) for p in pids), 5), "workers survived"
     _, msgs = run(kc, "kept + 1")
     assert result_text(msgs) == "42", "a variable defined before the interrupt was lost"
@@ -658,16 +661,28 @@ def test_interrupt_of_a_busy_loop_restarts_the_process_and_says_so():
     km, kc = start()
     try:
         run(kc, "let lost = 1;")
-        msg_id = kc.execute("loop { std::thread::sleep(std::time::Duration::from_millis(10)); }")
-        time.sleep(3)
+        msg_id = kc.execute(
+            'println!("spinning");\nloop { std::thread::sleep(std::time::Duration::from_millis(10)); }'
+        )
+        # Interrupt once the loop runs (the cell compiled and started), however long that took.
+        iopub_until(
+            kc,
+            lambda m: m["parent_header"].get("msg_id") == msg_id
+            and m["msg_type"] == "stream"
+            and "spinning" in m["content"]["text"],
+            120,
+        )
         t0 = time.monotonic()
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=60)
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = kc.get_shell_msg(timeout=60)
         assert reply["content"]["status"] == "error"
-        assert "variables are lost" in reply["content"]["evalue"]
-        assert time.monotonic() - t0 < 15
+        assert reply["content"]["ename"] == "Interrupted", reply["content"]
+        evalue = reply["content"]["evalue"]
+        assert "did not stop within the grace period" in evalue, evalue
+        assert "variables are lost" in evalue, evalue
+        assert time.monotonic() - t0 < 60, "the interrupt of a busy loop hung"
         # The prelude is back; the old variable is gone.
         reply, msgs = run(kc, "JobSpec::new(\"synthetic\").into_spec().workers")
         assert reply["status"] == "ok", reply

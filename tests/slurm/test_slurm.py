@@ -31,10 +31,17 @@ JOB = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """`n` distinct free ports: every socket is bound before any is closed (ports picked one
+    after another, each socket closed at once, may coincide)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_until(cond, timeout, step=0.1):
@@ -72,10 +79,10 @@ def cluster():
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
     sock = d / "munge" / "sock"
-    ctld, slurmd = free_port(), free_port()
+    ctld, slurmd, *node_ports = free_ports(2 + len(NODES))
     nodes = "\n".join(
-        f"NodeName={n} NodeAddr={a} NodeHostname={n} Port={free_port()} CPUs=2 State=UNKNOWN"
-        for n, a in NODES.items()
+        f"NodeName={n} NodeAddr={a} NodeHostname={n} Port={port} CPUs=2 State=UNKNOWN"
+        for (n, a), port in zip(NODES.items(), node_ports)
     )
     conf = d / "slurm.conf"
     conf.write_text(f"""ClusterName=trainbook

@@ -99,6 +99,9 @@ pub(super) struct Driver<'a> {
     done_at: Vec<Option<Instant>>,
     /// The steps each rank had taken when it reported an error.
     error_steps: Vec<Option<u64>>,
+    /// The ranks that reported an error this start, in the order their reports arrived: the
+    /// first is the likely cause when several fail (its peers fail because it did).
+    error_order: Vec<usize>,
     /// The restart budget.
     policy: Policy,
     /// Which start of the workers is running (0: the first).
@@ -238,6 +241,9 @@ impl Driver<'_> {
                 if let Some(slot) = self.error_steps.get_mut(rank) {
                     *slot = step;
                 }
+                if !self.error_order.contains(&rank) {
+                    self.error_order.push(rank);
+                }
                 self.line(rank, Stream::Stderr, format!("error: {message}"));
             }
             Event::Done { rank, summary } => {
@@ -371,9 +377,19 @@ fn how_it_failed(exit: &Exit) -> String {
 }
 
 /// The failed worker to blame when several exit at once: one that died by a signal (its peers
-/// then fail with "connection closed" errors moments later), else the lowest rank.
-fn root_cause(failed: &[Exit]) -> Option<&Exit> {
-    failed.iter().min_by_key(|e| (e.signal.is_none(), e.rank))
+/// then fail with "connection closed" errors moments later), else the one whose error report
+/// came first (`error_order`: ranks in the order their errors arrived; a peer fails only after
+/// the cause, however late the exits are polled), else the lowest rank.
+fn root_cause<'e>(failed: &'e [Exit], error_order: &[usize]) -> Option<&'e Exit> {
+    let reported = |rank: usize| {
+        error_order
+            .iter()
+            .position(|&r| r == rank)
+            .unwrap_or(usize::MAX)
+    };
+    failed
+        .iter()
+        .min_by_key(|e| (e.signal.is_none(), reported(e.rank), e.rank))
 }
 
 /// How a job ended once all its workers are gone: a recorded failure wins over a stop, and
@@ -457,6 +473,7 @@ impl<'a> Driver<'a> {
             hangs: Hangs::new(world, job.spec.hang_timeout_secs),
             done_at: vec![None; world],
             error_steps: vec![None; world],
+            error_order: Vec::new(),
             policy: Policy::new(job.spec.max_failures),
             attempt: 0,
             cause: None,
@@ -552,7 +569,9 @@ impl<'a> Driver<'a> {
             let bad = self.failed(exits, remote, rx);
             // The lock is taken and released here: `fail` folds events, which locks again.
             let first_failure = self.job.lock().failure.is_none();
-            if let (Some(first), true) = (root_cause(&bad).cloned(), first_failure) {
+            if let (Some(first), true) =
+                (root_cause(&bad, &self.error_order).cloned(), first_failure)
+            {
                 self.fail(first, bad, workers, rx);
             }
         }
@@ -645,7 +664,9 @@ impl<'a> Driver<'a> {
         let local = self.job.spec.local_ranks();
         let only_local = bad.iter().all(|e| local.contains(&e.rank));
         if self.job.spec.nodes > 1 && !self.joined && first.signal.is_none() && only_local {
-            let deadline = Instant::now() + REMOTE_REPORT_WAIT;
+            // A node is lost only `NODE_LOST_AFTER` after its last `NodeAlive`, which may have
+            // come just before it died: wait that long on top, so that a dead node is named.
+            let deadline = Instant::now() + REMOTE_REPORT_WAIT + NODE_LOST_AFTER;
             let mut lost = None;
             while self.remote_exits.is_empty() && Instant::now() < deadline {
                 if let Ok(m) = rx.recv_timeout(Duration::from_millis(20)) {
@@ -677,7 +698,9 @@ impl<'a> Driver<'a> {
                 return;
             }
             bad.append(&mut self.remote_exits);
-            first = root_cause(&bad).cloned().unwrap_or(first);
+            first = root_cause(&bad, &self.error_order)
+                .cloned()
+                .unwrap_or(first);
         }
         if let Some(fwd) = &self.forward {
             fwd.send(Event::Exited {
@@ -993,6 +1016,7 @@ impl<'a> Driver<'a> {
         self.hangs.reset();
         self.done_at.iter_mut().for_each(|d| *d = None);
         self.error_steps.iter_mut().for_each(|s| *s = None);
+        self.error_order.clear();
         self.remote_exits.clear();
         let mut st = self.job.lock();
         st.failure = None;
@@ -1226,6 +1250,7 @@ mod tests {
             hangs: Hangs::new(job.spec.world_size(), 0),
             done_at: vec![None; job.spec.world_size()],
             error_steps: vec![None; job.spec.world_size()],
+            error_order: Vec::new(),
             policy: Policy::new(0),
             attempt: 0,
             cause: None,
@@ -1363,17 +1388,42 @@ mod tests {
     }
 
     #[test]
-    fn the_root_cause_is_the_worker_killed_by_a_signal_else_the_lowest_rank() {
+    fn the_root_cause_is_a_signal_death_else_the_first_to_report_else_the_lowest_rank() {
         let exit = |rank, code, signal| Exit { rank, code, signal };
         let peers_then_killed = [
             exit(0, Some(1), None),
             exit(3, None, Some(9)),
             exit(1, Some(1), None),
         ];
-        assert_eq!(root_cause(&peers_then_killed).map(|e| e.rank), Some(3));
+        assert_eq!(root_cause(&peers_then_killed, &[]).map(|e| e.rank), Some(3));
+        assert_eq!(
+            root_cause(&peers_then_killed, &[1, 0]).map(|e| e.rank),
+            Some(3)
+        );
         let plain = [exit(2, Some(1), None), exit(1, Some(1), None)];
-        assert_eq!(root_cause(&plain).map(|e| e.rank), Some(1));
-        assert_eq!(root_cause(&[]), None);
+        assert_eq!(root_cause(&plain, &[]).map(|e| e.rank), Some(1));
+        // Rank 1 failed first; rank 0 failed because of it, and both exits are seen at once.
+        let both = [exit(0, Some(1), None), exit(1, Some(1), None)];
+        assert_eq!(root_cause(&both, &[1, 0]).map(|e| e.rank), Some(1));
+        // A rank that reported nothing comes after those that did.
+        assert_eq!(root_cause(&both, &[1]).map(|e| e.rank), Some(1));
+        assert_eq!(root_cause(&[], &[]), None);
+    }
+
+    #[test]
+    fn error_reports_are_ordered_as_they_arrive_and_forgotten_with_the_attempt() {
+        let shared = job(3);
+        let mut d = driver(&shared);
+        for rank in [2, 0, 2] {
+            d.event(Event::Error {
+                rank,
+                message: "boom".into(),
+                step: None,
+            });
+        }
+        assert_eq!(d.error_order, vec![2, 0]);
+        d.forget_attempt(0);
+        assert!(d.error_order.is_empty());
     }
 
     #[test]
