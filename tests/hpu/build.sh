@@ -38,6 +38,11 @@ for arg in "$@"; do
     esac
 done
 
+# One build at a time: parallel test processes (pytest -n) each ask for the stand-in at start.
+mkdir -p "$build"
+exec 9>"$build/lock"
+flock 9
+
 # Where torch is, its version, the Python headers: all without importing torch.
 read -r torch_dir torch_version torch_git py_inc ext_suffix < <("$py" - <<'EOF'
 import importlib.util, os, sysconfig
