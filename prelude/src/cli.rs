@@ -45,6 +45,12 @@ pub enum Command {
     /// Sweep a recipe's options: many trials, several at a time, the unpromising ones stopped
     /// early (ASHA), one live table.
     Sweep(Box<SweepArgs>),
+    /// Prepare a pre-training corpus once: tokenised on every core into token shards that
+    /// `train bert-mlm --data DIR` memory-maps (bounded memory; a stopped run continues).
+    #[command(
+        after_help = "Examples:\n  trainbook prepare --data wiki.jsonl --out wiki-prepared\n  trainbook prepare --data corpus/ --tokenizer my-tokenizer --out corpus-prepared\n  trainbook train bert-mlm --data corpus-prepared --tokenizer my-tokenizer --workers 2\n\nStopped midway (Ctrl-C, a lost machine), the same command continues after the last finished\nshard. A job given raw text prepares it itself, into the data directory's cache."
+    )]
+    Prepare(PrepareArgs),
     /// List the available recipes.
     Recipes,
     /// Tokenizers: `trainbook tokenizer train --data corpus.txt --vocab-size 32000 --out DIR`.
@@ -139,6 +145,94 @@ fn train_tokenizer(args: &TokenizerArgs) -> i32 {
             2
         }
     }
+}
+
+#[derive(Args, Debug)]
+pub struct PrepareArgs {
+    /// The corpus: a .txt file (a text per non-empty line), a table (.parquet, .csv, .tsv,
+    /// .jsonl) or a directory of them (read in name order).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Directory to write the prepared corpus into (created).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The text column of tables.
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    /// Tokenizer directory (tokenizer.json or vocab.txt) [default: the offline uncased BERT
+    /// vocabulary that bert-mlm uses by default]. Jobs must train with the same one.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Share of the texts held out for evaluation (every n-th text; 0: none).
+    #[arg(long, default_value_t = 0.05)]
+    pub eval_fraction: f64,
+    /// Input megabytes per shard.
+    #[arg(long, default_value_t = 64)]
+    pub shard_mb: u64,
+    /// Print a JSON summary as the last line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn prepare(args: &PrepareArgs) -> Result<i32> {
+    let mut spec = trainbook_api::CorpusPreparer::new(&args.data)
+        .text_column(&args.text_column)
+        .eval_fraction(args.eval_fraction)
+        .shard_mb(args.shard_mb);
+    spec.tokenizer = args.tokenizer.clone();
+    let terminal = std::io::stderr().is_terminal();
+    let bar = ProgressBar::with_draw_target(
+        None,
+        if terminal {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+    )?);
+    let mut last = std::time::Instant::now();
+    let result = trainbook_api::runtime::runtime()?.prepare_corpus(&spec, &args.out, &mut |p| {
+        bar.set_length(p.total_bytes);
+        bar.set_position(p.bytes);
+        bar.set_message(format!("{} texts, {} tokens", p.texts, p.tokens));
+        if !terminal && last.elapsed().as_secs() >= 10 {
+            last = std::time::Instant::now();
+            eprintln!("{}", p.line());
+        }
+        Ok(())
+    });
+    bar.finish_and_clear();
+    let r = result?;
+    println!(
+        "prepared {}: {} texts, {} train + {} eval tokens in {} shard{} ({:.1} MB on disk from {:.1} MB of text){}",
+        r.dir.display(),
+        r.texts,
+        r.train_tokens,
+        r.eval_tokens,
+        r.shards,
+        if r.shards == 1 { "" } else { "s" },
+        r.disk_bytes as f64 / 1e6,
+        r.text_bytes as f64 / 1e6,
+        if r.seconds >= 0.05 {
+            format!(", {:.1} s ({:.1} MB/s)", r.seconds, r.text_bytes as f64 / 1e6 / r.seconds)
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "train on it: trainbook train bert-mlm --data {}{}",
+        r.dir.display(),
+        args.tokenizer
+            .as_ref()
+            .map(|t| format!(" --tokenizer {}", t.display()))
+            .unwrap_or_default()
+    );
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    Ok(0)
 }
 
 #[derive(Args, Debug)]
@@ -499,6 +593,7 @@ pub fn main() -> i32 {
         Command::Sweep(args) => exit_code(sweep(&args), args.job.json),
         Command::Plan(args) => exit_code(plan(&args), args.json),
         Command::Train(args) => exit_code(train(&args), args.json),
+        Command::Prepare(args) => exit_code(prepare(&args), args.json),
     }
 }
 

@@ -119,6 +119,15 @@ impl Runtime for Trainbook {
         trainbook_recipes::text::wordpiece::train_and_save(spec, out)
     }
 
+    fn prepare_corpus(
+        &self,
+        spec: &trainbook_api::CorpusPreparer,
+        out: &Path,
+        progress: &mut dyn FnMut(&trainbook_api::PrepareProgress) -> Result<()>,
+    ) -> Result<trainbook_api::PreparedCorpus> {
+        trainbook_recipes::text::corpus::prepare_spec(spec, out, progress)
+    }
+
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>> {
         Ok(Box::new(
             trainbook_recipes::classify::ResnetImageModel::load(dir)?,

@@ -48,6 +48,7 @@ macro_rules! trainer {
 }
 
 pub mod classify;
+pub mod corpus;
 pub mod device;
 pub mod display;
 pub mod job;
@@ -68,6 +69,7 @@ pub mod topology;
 pub mod vision;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
+pub use corpus::{CorpusPreparer, PrepareProgress, PreparedCorpus};
 pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
 pub use job::{running_jobs, stop_all, Job, JobStatus, Restart, TrainError, TrainResult, Update};

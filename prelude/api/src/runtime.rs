@@ -70,6 +70,14 @@ pub trait Runtime: Send + Sync {
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>>;
     /// Trains a WordPiece tokenizer and writes it into `out`.
     fn train_tokenizer(&self, spec: &TokenizerTrainer, out: &Path) -> Result<TrainedTokenizer>;
+    /// Prepares a corpus (see [`crate::corpus::CorpusPreparer::prepare`]); `progress` is called
+    /// as it goes, and an error from it stops the preparation (finished shards are kept).
+    fn prepare_corpus(
+        &self,
+        spec: &crate::corpus::CorpusPreparer,
+        out: &Path,
+        progress: &mut dyn FnMut(&crate::corpus::PrepareProgress) -> Result<()>,
+    ) -> Result<crate::corpus::PreparedCorpus>;
 }
 
 /// The fingerprint of this build of the crate (see the module docs), as a C string.

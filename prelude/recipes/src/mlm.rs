@@ -24,11 +24,15 @@
 //!
 //! Data: a `.txt` file (a text per line), a table with a text column, or a directory: every
 //! such file in it, in name order (e.g. Wikipedia and BookCorpus side by side); without `eval_data`,
-//! every 20th text (5%, `eval_fraction` to change) is held out. The tokenizer: `tokenizer`,
-//! else the model's, else the offline uncased BERT vocabulary of all-MiniLM-L6-v2.
+//! every 20th text (5%, `eval_fraction` to change) is held out. Or a corpus prepared by
+//! `trainbook prepare` (token shards, memory-mapped). Raw text is prepared first, once per
+//! machine and reused by later jobs (`text::corpus`): workers never hold the corpus in memory.
+//! The tokenizer: `tokenizer`, else the model's, else the offline uncased BERT vocabulary of
+//! all-MiniLM-L6-v2.
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
@@ -39,10 +43,10 @@ use trainbook_engine::Device;
 use trainbook_engine::{Layout, Recipe, Split, Step};
 
 use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX};
-use crate::text::cache;
-use crate::text::mlm::{group_texts, Masking};
+use crate::text::corpus::{self, PreparedCorpus};
+use crate::text::mlm::Masking;
 use crate::text::tokenizer::{Padding, TextTokenizer};
-use crate::text::wordpiece::{read_texts, SPECIAL_TOKENS};
+use crate::text::wordpiece::SPECIAL_TOKENS;
 pub use trainbook_api::mlm::{MlmOptions, MlmSettings};
 use trainbook_api::text::{TextOptions, TextSettings};
 
@@ -263,65 +267,115 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         };
         bail!("{} is missing: {fix}", data.unwrap().display());
     }
+    // A directory is checked before any worker starts: a prepared corpus must be complete,
+    // a raw one must hold text files.
+    let given = spec.train.data.as_deref().map(Path::new).or(data);
+    for d in [given, s.text.eval_data.as_deref()].into_iter().flatten() {
+        if d.is_dir() {
+            if corpus::is_prepared(d) {
+                corpus::layout::read_index(d)?;
+            } else {
+                corpus::Corpus::open(d, &s.text.text_column)?;
+            }
+        }
+    }
     hyper.recipe_options = crate::settings_map(&s)?;
     Ok(hyper)
 }
 
-/// File types a corpus directory is read from.
-const CORPUS_EXTENSIONS: &[&str] = &["txt", "parquet", "csv", "tsv", "jsonl", "ndjson", "json"];
-
-/// Reads the texts of `data`: a `.txt` file or a table, every such file of a directory (in
-/// name order), or a dataset id's training table.
-fn read_corpus(data: &str, column: &str) -> Result<Vec<String>> {
+/// A path's corpus: the path itself, else a dataset id's training table.
+fn corpus_path(data: &str) -> Result<PathBuf> {
     let path = Path::new(data);
-    if path.is_file() {
-        return read_texts(path, Some(column));
+    if path.exists() {
+        return Ok(path.to_path_buf());
     }
-    if path.is_dir() {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-            .with_context(|| format!("reading the directory {data}"))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.is_file()
-                    && p.extension()
-                        .and_then(|e| e.to_str())
-                        .is_some_and(|e| CORPUS_EXTENSIONS.contains(&e))
-            })
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            bail!("{data} holds no text file ({}): put the corpus there, a text per line or a table with a text column", CORPUS_EXTENSIONS.join(", "));
-        }
-        let mut texts = Vec::new();
-        for f in &files {
-            texts.extend(read_texts(f, Some(column))?);
-        }
-        return Ok(texts);
-    }
-    let files = crate::assets::resolve_dataset(data)?;
-    read_texts(&files.train, Some(column))
+    Ok(crate::assets::resolve_dataset(data)?.train)
 }
 
-/// The training and held-out texts: `eval_data`'s, or every n-th text of `data` held out.
-fn train_and_eval_texts(data: &str, text: &TextSettings) -> Result<(Vec<String>, Vec<String>)> {
-    let column = text.text_column.as_str();
-    let texts = read_corpus(data, column)?;
-    Ok(match &text.eval_data {
-        Some(f) if text.eval_fraction.is_none() => {
-            (texts, read_corpus(&f.display().to_string(), column)?)
+/// One split's blocks of a prepared corpus, read from its mapped shards when a batch needs them.
+struct Blocks {
+    set: Arc<PreparedCorpus>,
+    split: corpus::Split,
+    len: usize,
+    count: usize,
+}
+
+impl Blocks {
+    fn new(
+        set: &Arc<PreparedCorpus>,
+        split: corpus::Split,
+        len: usize,
+        rows: Option<usize>,
+    ) -> Self {
+        let count = set
+            .stream(split)
+            .blocks(len)
+            .min(rows.unwrap_or(usize::MAX));
+        Blocks {
+            set: set.clone(),
+            split,
+            len,
+            count,
         }
+    }
+
+    fn get(&self, k: usize) -> Result<Vec<i64>> {
+        self.set.stream(self.split).block(k, self.len)
+    }
+}
+
+/// The training and held-out blocks: `eval_data`'s, or every n-th text of `data` held out
+/// (when `data` is a prepared corpus, as it was prepared). Raw text is prepared first, once
+/// per machine (see [`crate::text::corpus::for_job`]).
+fn train_and_eval_blocks(
+    data: &str,
+    hyper: &Hyper,
+    text: &TextSettings,
+    tok: &TextTokenizer,
+    tokenizer_dir: &Path,
+    log: &dyn Fn(String),
+) -> Result<(Blocks, Blocks)> {
+    let column = text.text_column.as_str();
+    let block = text.max_length;
+    let open = |data: &str, every: usize| -> Result<Arc<PreparedCorpus>> {
+        let settings = corpus::PrepareSettings::new(every);
+        let set = corpus::for_job(
+            &corpus_path(data)?,
+            column,
+            tok,
+            tokenizer_dir,
+            &settings,
+            log,
+        )?;
+        Ok(Arc::new(set))
+    };
+    Ok(match &text.eval_data {
+        Some(f) if text.eval_fraction.is_none() => (
+            Blocks::new(
+                &open(data, 0)?,
+                corpus::Split::Train,
+                block,
+                hyper.train_rows,
+            ),
+            Blocks::new(
+                &open(&f.display().to_string(), 0)?,
+                corpus::Split::Train,
+                block,
+                hyper.eval_rows,
+            ),
+        ),
         _ => {
-            let every = (1.0 / text.eval_fraction.unwrap_or(EVAL_FRACTION))
-                .round()
-                .max(2.0) as usize;
-            let (eval, train): (Vec<_>, Vec<_>) = texts
-                .into_iter()
-                .enumerate()
-                .partition(|(i, _)| i % every == every - 1);
+            let every = corpus::eval_every(text.eval_fraction.unwrap_or(EVAL_FRACTION));
+            let set = open(data, every)?;
+            let prepared_every = set.index.manifest.eval_every;
+            if text.eval_fraction.is_some() && prepared_every != every {
+                bail!(
+                    "{data} was prepared holding out every {prepared_every}th text, but eval_fraction asks for every {every}th: prepare it again with `--eval-fraction`, or drop eval_fraction",
+                );
+            }
             (
-                train.into_iter().map(|(_, t)| t).collect(),
-                eval.into_iter().map(|(_, t)| t).collect(),
+                Blocks::new(&set, corpus::Split::Train, block, hyper.train_rows),
+                Blocks::new(&set, corpus::Split::Eval, block, hyper.eval_rows),
             )
         }
     })
@@ -382,8 +436,8 @@ pub struct MlmRecipe {
     config: BertConfig,
     tokenizer_dir: PathBuf,
     masking: Masking,
-    train: Vec<Vec<i64>>,
-    eval: Vec<Vec<i64>>,
+    train: Blocks,
+    eval: Blocks,
     seed: u64,
     /// The epoch of the current training pass (masks change per epoch).
     epoch: Cell<u64>,
@@ -418,37 +472,25 @@ impl MlmRecipe {
         let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?
             .with_max_predictions(s.mlm.max_predictions_per_seq);
 
-        // Texts, the held-out ones, blocks.
-        let data = hyper
-            .data
-            .as_deref()
-            .context("bert-mlm needs data: a .txt file or a table with a text column")?;
-        let (train_texts, eval_texts) = train_and_eval_texts(data, &s.text)?;
+        // Blocks, from the prepared corpus (raw text is prepared first).
+        let data = hyper.data.as_deref().context(
+            "bert-mlm needs data: a .txt file, a table with a text column or a prepared corpus",
+        )?;
         let t0 = std::time::Instant::now();
-        let blocks = |texts: &[String], rows: Option<usize>| -> Result<Vec<Vec<i64>>> {
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let (enc, _) = cache::encode_cached(&tokenizer, &refs, None, &cache::cache_dir())?;
-            let ids = enc
-                .iter()
-                .map(|e| e.ids.iter().map(|&i| i as u32).collect::<Vec<u32>>());
-            let mut b = group_texts(ids, block);
-            b.truncate(rows.unwrap_or(usize::MAX));
-            Ok(b)
-        };
-        let train = blocks(&train_texts, hyper.train_rows)?;
-        let eval = blocks(&eval_texts, hyper.eval_rows)?;
-        if train.is_empty() {
+        let (train, eval) =
+            train_and_eval_blocks(data, hyper, &s.text, &tokenizer, &tokenizer_dir, log)?;
+        if train.count == 0 {
             bail!(
-                "{data} gives no block of {block} tokens ({} texts): use more text or a smaller max_length",
-                train_texts.len()
+                "{data} gives no block of {block} tokens ({} tokens): use more text or a smaller max_length",
+                train.set.stream(train.split).tokens()
             );
         }
         log(format!(
-            "data: {} train / {} eval blocks of {block} tokens from {data} ({} + {} texts, tokenized in {:.1} s; vocabulary {vocab} from {})",
-            train.len(),
-            eval.len(),
-            train_texts.len(),
-            eval_texts.len(),
+            "data: {} train / {} eval blocks of {block} tokens from {data} (prepared corpus {}, {} texts, ready in {:.1} s; vocabulary {vocab} from {})",
+            train.count,
+            eval.count,
+            train.set.dir.display(),
+            train.set.index.texts,
             t0.elapsed().as_secs_f64(),
             tokenizer_dir.display()
         ));
@@ -501,14 +543,14 @@ impl MlmRecipe {
 
     /// Masked inputs and labels of blocks `indices`: this epoch's masks in training, one fixed
     /// mask in evaluation (so epochs are compared on the same task).
-    fn batch(&self, split: Split, indices: &[usize]) -> (Tensor, Tensor) {
+    fn batch(&self, split: Split, indices: &[usize]) -> Result<(Tensor, Tensor)> {
         let (blocks, epoch) = match split {
             Split::Train => (&self.train, self.epoch.get()),
             Split::Eval => (&self.eval, u64::MAX),
         };
         let (mut input, mut labels) = (Vec::new(), Vec::new());
         for &i in indices {
-            let (x, y) = self.masking.apply(&blocks[i], self.seed, epoch, i);
+            let (x, y) = self.masking.apply(&blocks.get(i)?, self.seed, epoch, i);
             input.extend(x);
             labels.extend(y);
         }
@@ -523,10 +565,10 @@ impl MlmRecipe {
             }
         }
         let shape = [indices.len() as i64, -1];
-        (
+        Ok((
             Tensor::from_slice(&input).view(shape),
             Tensor::from_slice(&labels).view(shape),
-        )
+        ))
     }
 }
 
@@ -538,10 +580,10 @@ impl Recipe for MlmRecipe {
         &mut self.vs
     }
     fn train_len(&self) -> usize {
-        self.train.len()
+        self.train.count
     }
     fn eval_len(&self) -> usize {
-        self.eval.len()
+        self.eval.count
     }
     fn plan(&self, split: Split, epoch: u64, _batches: &[&[usize]]) {
         if split == Split::Train {
@@ -549,7 +591,7 @@ impl Recipe for MlmRecipe {
         }
     }
     fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
-        let (input, labels) = self.batch(split, indices);
+        let (input, labels) = self.batch(split, indices)?;
         let d = self.device;
         let (logits, labels) =
             self.model

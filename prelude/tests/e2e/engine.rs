@@ -5,7 +5,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 use crate::common::wait_until;
 
 use trainbook::engine::testing::process_alive;

@@ -14,6 +14,7 @@ mod engine;
 mod example_digits;
 mod multinode;
 mod notebook;
+mod prepare;
 mod resnet_recipe;
 mod restart;
 mod sweep;

@@ -2,7 +2,6 @@
 //! process on its own loopback address (127.0.0.2 for node 0, 127.0.0.3 for node 1), joined
 //! through node 0's rendezvous store exactly as separate machines would be.
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 use crate::common::wait_until;
 
 use nix::sys::signal::{kill, Signal};

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use crate::common::wait_until;
 use trainbook::api::sweep::SweepStatus;
 use trainbook::engine::testing::{children_of, process_alive};

@@ -1,6 +1,8 @@
-//! Text: tokenizers (and their training), text-classification datasets, masked-LM blocks.
+//! Text: tokenizers (and their training), text-classification datasets, masked-LM blocks,
+//! prepared pre-training corpora.
 
 pub mod cache;
+pub mod corpus;
 pub mod dataset;
 pub mod mlm;
 pub mod tokenizer;

@@ -110,6 +110,16 @@ impl TextTokenizer {
         self.encode_inputs(texts.iter().map(|&t| t.into()).collect())
     }
 
+    /// Each text's token ids (with its special tokens) and nothing else: what preparing a
+    /// corpus stores, without the per-token strings and offsets of a full encoding.
+    pub fn encode_ids(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
+        let encs = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(encs.into_iter().map(|e| e.get_ids().to_vec()).collect())
+    }
+
     /// Sentence pairs as Transformers' tokenizer encodes them: `[CLS] a [SEP] b [SEP]`,
     /// segment ids 0 for the first part and 1 for the second, the longer text truncated
     /// first when the pair exceeds `max_length`.

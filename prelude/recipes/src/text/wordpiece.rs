@@ -180,26 +180,7 @@ pub fn read_texts(path: &Path, column: Option<&str>) -> Result<Vec<String>> {
             .collect());
     }
     let df = read_table(path)?;
-    let name = column.unwrap_or("text");
-    let col = df.column(name).map_err(|_| {
-        let names: Vec<String> = df
-            .get_column_names()
-            .iter()
-            .map(|n| n.to_string())
-            .collect();
-        anyhow!(
-            "{} has no column '{name}': its columns are {}; choose one with text_column",
-            path.display(),
-            names.join(", ")
-        )
-    })?;
-    let texts = col.str().map_err(|_| {
-        anyhow!(
-            "column '{name}' of {} holds {}, not text",
-            path.display(),
-            col.dtype()
-        )
-    })?;
+    let texts = super::corpus::source::text_column(path, &df, column.unwrap_or("text"))?;
     Ok(texts.iter().flatten().map(str::to_string).collect())
 }
 

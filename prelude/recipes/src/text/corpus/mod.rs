@@ -1,0 +1,146 @@
+//! Pre-training corpora larger than memory: prepared once (`trainbook prepare`), memory-mapped
+//! by every worker.
+//!
+//! - [`source`]: a corpus (text files, tables, a directory of them) read as a stream of texts;
+//! - [`prepare`]: tokenised on every core into token shards, resumable;
+//! - [`layout`]: the files of a prepared corpus;
+//! - [`mapped`]: a prepared corpus opened, blocks of tokens read from the mapped shards.
+//!
+//! A job given raw text prepares it first, into the machine's cache, once: the workers of a
+//! machine wait for the one that prepares, then all map the same files.
+
+pub mod layout;
+pub mod mapped;
+pub mod prepare;
+pub mod source;
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+pub use layout::{is_prepared, Index, Split};
+pub use mapped::{PreparedCorpus, Stream};
+pub use prepare::{PrepareSettings, Progress, BATCH_BYTES, SHARD_BYTES};
+pub use source::Corpus;
+
+use crate::text::tokenizer::TextTokenizer;
+
+/// Where jobs keep the corpora they prepared: `$TRAINBOOK_CACHE/prepared`, else
+/// `<data dir>/cache/prepared`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("TRAINBOOK_CACHE")
+        .map(|c| PathBuf::from(c).join("prepared"))
+        .unwrap_or_else(|| crate::assets::data_dir().join("cache").join("prepared"))
+}
+
+/// Every `every`-th text held out for a share of `fraction` (0.05: every 20th).
+pub fn eval_every(fraction: f64) -> usize {
+    if fraction <= 0.0 {
+        0
+    } else {
+        (1.0 / fraction).round().max(2.0) as usize
+    }
+}
+
+/// The prepared corpus a job reads: `data` itself when it is one (made with this tokenizer),
+/// else `data` prepared into [`cache_dir`] (keyed by the input files, the tokenizer and the
+/// settings; prepared once, then reused by every worker and every later job).
+pub fn for_job(
+    data: &Path,
+    column: &str,
+    tok: &TextTokenizer,
+    tokenizer_dir: &Path,
+    settings: &PrepareSettings,
+    log: &dyn Fn(String),
+) -> Result<PreparedCorpus> {
+    if is_prepared(data) {
+        let set = PreparedCorpus::open(data)?;
+        set.check_tokenizer(tok.fingerprint(), tokenizer_dir)?;
+        return Ok(set);
+    }
+    let corpus = Corpus::open(data, column)?;
+    let manifest = prepare::manifest(&corpus, tok, tokenizer_dir, settings)?;
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new();
+    serde_json::to_string(&manifest)?.hash(&mut h);
+    let dir = cache_dir().join(format!("{:016x}", h.finish()));
+    if !dir.join(layout::INDEX).is_file() {
+        log(format!(
+            "preparing {} ({:.1} MB) into {} (once; later jobs reuse it)",
+            data.display(),
+            corpus.bytes() as f64 / 1e6,
+            dir.display()
+        ));
+    }
+    let mut last = std::time::Instant::now();
+    let index = prepare::prepare(
+        &corpus,
+        tok,
+        &manifest,
+        settings.batch_bytes,
+        &dir,
+        &mut |p| {
+            if last.elapsed().as_secs() >= 10 {
+                last = std::time::Instant::now();
+                log(p.line());
+            }
+            Ok(())
+        },
+    )?;
+    let set = PreparedCorpus::open(&dir)?;
+    debug_assert_eq!(set.index, index);
+    Ok(set)
+}
+
+/// What `CorpusPreparer::prepare` and `trainbook prepare` do.
+pub fn prepare_spec(
+    spec: &trainbook_api::corpus::CorpusPreparer,
+    out: &Path,
+    progress: &mut dyn FnMut(&Progress) -> Result<()>,
+) -> Result<trainbook_api::corpus::PreparedCorpus> {
+    if !(0.0..1.0).contains(&spec.eval_fraction) {
+        anyhow::bail!(
+            "eval_fraction {} must be at least 0 and below 1 (0.05 holds out every 20th text; 0 none)",
+            spec.eval_fraction
+        );
+    }
+    if spec.shard_mb == 0 {
+        anyhow::bail!("shard_mb must be at least 1 (64 is the default)");
+    }
+    let tokenizer_dir = spec
+        .tokenizer
+        .clone()
+        .unwrap_or_else(crate::assets::minilm_dir);
+    // Whole texts, as bert-mlm tokenises them: grouping, not truncation, makes its blocks.
+    let tok = TextTokenizer::from_model_dir(&tokenizer_dir, 1 << 20)?;
+    let corpus = Corpus::open(&spec.data, spec.text_column.as_deref().unwrap_or("text"))?;
+    let settings = PrepareSettings {
+        shard_bytes: spec.shard_mb << 20,
+        ..PrepareSettings::new(eval_every(spec.eval_fraction))
+    };
+    let manifest = prepare::manifest(&corpus, &tok, &tokenizer_dir, &settings)?;
+    let t0 = std::time::Instant::now();
+    let index = prepare::prepare(
+        &corpus,
+        &tok,
+        &manifest,
+        settings.batch_bytes,
+        out,
+        progress,
+    )?;
+    let disk_bytes = (index.train_tokens + index.eval_tokens) * manifest.width.bytes();
+    Ok(trainbook_api::corpus::PreparedCorpus {
+        dir: std::fs::canonicalize(out).unwrap_or(out.to_path_buf()),
+        texts: index.texts,
+        train_tokens: index.train_tokens,
+        eval_tokens: index.eval_tokens,
+        shards: index.shards.len(),
+        disk_bytes,
+        text_bytes: index.text_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests;

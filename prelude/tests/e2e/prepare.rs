@@ -1,0 +1,192 @@
+//! `trainbook prepare` and jobs reading a prepared corpus, through the command line: a prepared
+//! corpus trains exactly like the raw text it was made from, and bad input is one clear error.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use trainbook::frames::DataType;
+
+fn trainbook(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainbook"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("trainbook-prepare-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn last_json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
+        panic!(
+            "no JSON summary ({e}): {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Rank 0's training losses, in step order.
+fn losses(run_dir: &str) -> Vec<f64> {
+    let df =
+        trainbook::engine::checkpoint::read_metrics(&Path::new(run_dir).join("metrics.parquet"))
+            .unwrap();
+    let int = |name: &str| -> Vec<i64> {
+        let c = df.column(name).unwrap().cast(&DataType::Int64).unwrap();
+        c.i64().unwrap().into_no_null_iter().collect()
+    };
+    let (rank, step) = (int("rank"), int("step"));
+    let names: Vec<String> = df
+        .column("name")
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .map(|n| n.unwrap_or_default().to_string())
+        .collect();
+    let values: Vec<f64> = df
+        .column("value")
+        .unwrap()
+        .f64()
+        .unwrap()
+        .into_no_null_iter()
+        .collect();
+    let mut rows: Vec<(i64, f64)> = (0..df.height())
+        .filter(|&i| rank[i] == 0 && names[i] == "loss")
+        .map(|i| (step[i], values[i]))
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    rows.into_iter().map(|r| r.1).collect()
+}
+
+/// 20 steps of tiny bert-mlm on 2 workers from a prepared corpus and from the raw text it was
+/// made from (prepared by the job into its cache) give the same losses. The blocks themselves
+/// equal the in-memory grouping's (text::corpus's unit tests), and masks depend only on the
+/// block, so these are the losses of the in-memory path too.
+#[test]
+fn a_prepared_corpus_trains_like_its_raw_text() {
+    let d = temp("equal");
+    let text = std::fs::read_to_string(trainbook::recipes::assets::brown_txt()).unwrap();
+    let corpus = d.join("corpus.txt");
+    std::fs::write(
+        &corpus,
+        text.lines().take(3000).collect::<Vec<_>>().join("\n"),
+    )
+    .unwrap();
+    let prepared = d.join("prepared");
+    let out = trainbook(
+        &[
+            "prepare",
+            "--data",
+            corpus.to_str().unwrap(),
+            "--out",
+            prepared.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = last_json(&out);
+    assert!(summary["texts"].as_u64().unwrap() > 2500, "{summary}");
+    assert_eq!(summary["shards"], 1);
+
+    let env = [
+        ("TRAINBOOK_RUNS", d.join("runs")),
+        ("TRAINBOOK_CACHE", d.join("cache")),
+    ];
+    let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+    let train = |data: &Path| {
+        let out = trainbook(
+            &[
+                "train",
+                "bert-mlm",
+                "--preset",
+                "tiny",
+                "--workers",
+                "2",
+                "--device",
+                "cpu",
+                "--data",
+                data.to_str().unwrap(),
+                "--epochs",
+                "2",
+                "--max-steps",
+                "20",
+                "--json",
+            ],
+            &env,
+        );
+        let s = last_json(&out);
+        assert_eq!(s["status"], "succeeded", "{s}");
+        assert_eq!(s["steps"], 20, "{s}");
+        losses(s["run_dir"].as_str().unwrap())
+    };
+    let (from_prepared, from_raw) = (train(&prepared), train(&corpus));
+    assert_eq!(from_prepared.len(), 20);
+    for (step, (a, b)) in from_prepared.iter().zip(&from_raw).enumerate() {
+        assert!((a - b).abs() <= 1e-6, "step {step}: {a} vs {b}");
+    }
+    // The raw text was prepared once, into the cache.
+    assert_eq!(
+        std::fs::read_dir(d.join("cache/prepared")).unwrap().count(),
+        1
+    );
+    std::fs::remove_dir_all(d).ok();
+}
+
+#[test]
+fn bad_input_to_prepare_and_to_a_job_is_one_clear_error() {
+    let d = temp("bad");
+    let table = d.join("table.csv");
+    std::fs::write(&table, "id,body\n1,some text\n").unwrap();
+    let expect = |out: Output, needles: &[&str]| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let errors = stderr.lines().filter(|l| l.starts_with("error")).count();
+        assert_eq!(errors, 1, "{stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "expected {n:?} in {stderr}");
+        }
+    };
+    let out = d.join("out");
+    let (t, o) = (table.to_str().unwrap(), out.to_str().unwrap());
+    expect(
+        trainbook(&["prepare", "--data", t, "--out", o], &[]),
+        &["table.csv", "no column 'text'", "text_column"],
+    );
+    expect(
+        trainbook(
+            &["prepare", "--data", t, "--out", o, "--eval-fraction", "1.5"],
+            &[],
+        ),
+        &["eval_fraction 1.5"],
+    );
+    // A directory that is neither a corpus nor a prepared set.
+    let empty = d.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    expect(
+        trainbook(
+            &[
+                "train",
+                "bert-mlm",
+                "--preset",
+                "tiny",
+                "--data",
+                empty.to_str().unwrap(),
+            ],
+            &[("TRAINBOOK_RUNS", &d)],
+        ),
+        &["holds no text file"],
+    );
+    std::fs::remove_dir_all(d).ok();
+}
