@@ -43,9 +43,9 @@ build: setup
 
 test: build
 	@$(PHASE) "cargo test" env $(PYO3) $(CARGO) test --release $(FEATURES) -- --test-threads=1
-	@# The torch pairs check (a compile) runs beside pytest, whose tests mostly wait on
-	@# processes and leave a core free; its output follows pytest's.
-	@mkdir -p target; $(PHASE) "torch pairs (beside pytest)" scripts/check-torch-pairs.sh > target/torch-pairs.log 2>&1 & pairs=$$!; \
+	@# The torch pairs check (a compile) runs beside pytest at a low priority, on the cycles
+	@# pytest's waiting tests leave free; its output follows pytest's.
+	@mkdir -p target; $(PHASE) "torch pairs (beside pytest)" nice -n 15 scripts/check-torch-pairs.sh > target/torch-pairs.log 2>&1 & pairs=$$!; \
 	  $(PHASE) "pytest" scripts/test-kernel.sh; rc=$$?; \
 	  wait $$pairs; prc=$$?; cat target/torch-pairs.log; \
 	  [ $$rc = 0 ] && [ $$prc = 0 ] || { $(PHASE) --report; exit 1; }

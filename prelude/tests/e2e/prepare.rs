@@ -65,6 +65,24 @@ fn losses(run_dir: &str) -> Vec<f64> {
     rows.into_iter().map(|r| r.1).collect()
 }
 
+/// The first 3,000 lines of the Brown corpus in `d/corpus.txt`, prepared into `d/prepared`
+/// by `trainbook prepare --json`, whose output is returned too.
+fn prepared_brown(d: &Path) -> (PathBuf, PathBuf, Output) {
+    let text = std::fs::read_to_string(trainbook::recipes::assets::brown_txt()).unwrap();
+    let corpus = d.join("corpus.txt");
+    let head: Vec<&str> = text.lines().take(3000).collect();
+    std::fs::write(&corpus, head.join("\n")).unwrap();
+    let prepared = d.join("prepared");
+    let (c, p) = (corpus.to_str().unwrap(), prepared.to_str().unwrap());
+    let out = trainbook(&["prepare", "--data", c, "--out", p, "--json"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (corpus, prepared, out)
+}
+
 /// 20 steps of tiny bert-mlm on 2 workers from a prepared corpus and from the raw text it was
 /// made from (prepared by the job into its cache) give the same losses. The blocks themselves
 /// equal the in-memory grouping's (text::corpus's unit tests), and masks depend only on the
@@ -72,30 +90,7 @@ fn losses(run_dir: &str) -> Vec<f64> {
 #[test]
 fn a_prepared_corpus_trains_like_its_raw_text() {
     let d = temp("equal");
-    let text = std::fs::read_to_string(trainbook::recipes::assets::brown_txt()).unwrap();
-    let corpus = d.join("corpus.txt");
-    std::fs::write(
-        &corpus,
-        text.lines().take(3000).collect::<Vec<_>>().join("\n"),
-    )
-    .unwrap();
-    let prepared = d.join("prepared");
-    let out = trainbook(
-        &[
-            "prepare",
-            "--data",
-            corpus.to_str().unwrap(),
-            "--out",
-            prepared.to_str().unwrap(),
-            "--json",
-        ],
-        &[],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (corpus, prepared, out) = prepared_brown(&d);
     let summary = last_json(&out);
     assert!(summary["texts"].as_u64().unwrap() > 2500, "{summary}");
     assert_eq!(summary["shards"], 1);
@@ -188,5 +183,53 @@ fn bad_input_to_prepare_and_to_a_job_is_one_clear_error() {
         ),
         &["holds no text file"],
     );
+    std::fs::remove_dir_all(d).ok();
+}
+
+/// A job on a prepared corpus whose worker is killed mid-epoch restarts from its newest step
+/// checkpoint, continues at the exact next block, and ends with the parameters of the run that
+/// was never interrupted.
+#[test]
+fn a_killed_job_on_a_prepared_corpus_resumes_at_the_next_block() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus};
+
+    let d = temp("resume");
+    let (_, prepared, _) = prepared_brown(&d);
+    // 120 steps in one epoch of 1,920 blocks, a step checkpoint every 40.
+    let spec = || {
+        JobSpec::new("bert-mlm")
+            .workers(2)
+            .preset("tiny")
+            .device(trainbook::DeviceRequest::Cpu)
+            .runs_root(d.join("runs"))
+            .data(prepared.display().to_string())
+            .train_rows(1920)
+            .max_steps(120)
+            .checkpoint_every(40)
+    };
+    let job = trainbook::launch(spec().max_failures(1)).unwrap();
+    assert!(
+        crate::common::wait_until(std::time::Duration::from_secs(120), || job
+            .progress()
+            .is_some_and(|p| p.step >= 60)),
+        "the job never reached step 60"
+    );
+    kill(Pid::from_raw(job.pids()[1] as i32), Signal::SIGKILL).unwrap();
+    let r = job.wait().expect("the job restarts and succeeds");
+    assert_eq!(r.status, JobStatus::Succeeded);
+    assert_eq!(r.restarts.len(), 1, "{:?}", r.restarts);
+    assert!(r.restarts[0].resumed_step >= 40, "{:?}", r.restarts[0]);
+    let straight = trainbook::fit(spec()).unwrap();
+    assert_eq!(r.steps, straight.steps);
+    let model = |r: &trainbook::TrainResult| {
+        r.last_checkpoint
+            .as_ref()
+            .unwrap()
+            .join("model.safetensors")
+    };
+    let diff = crate::common::max_abs_diff(&model(&r), &model(&straight));
+    assert!(diff <= 1e-5, "max abs parameter difference {diff}");
     std::fs::remove_dir_all(d).ok();
 }

@@ -103,10 +103,12 @@ impl Stream {
                     .with_context(|| format!("opening {}", path.display()))?;
                 // SAFETY: the file is only ever replaced by rename, never written in place, so
                 // the mapped bytes do not change under the reader.
-                Some(
-                    unsafe { Mmap::map(&f) }
-                        .with_context(|| format!("mapping {}", path.display()))?,
-                )
+                let map = unsafe { Mmap::map(&f) }
+                    .with_context(|| format!("mapping {}", path.display()))?;
+                // Blocks are read at random: no read-ahead, no mapping of the pages around a
+                // block, so a worker's resident memory is the blocks it reads.
+                map.advise(memmap2::Advice::Random).ok();
+                Some(map)
             };
             starts.push(tokens);
             tokens += part.tokens;
