@@ -16,9 +16,10 @@ export TRAINBOOK_CUDA
 # 1. System packages: a C++ toolchain, gloo's headers for the c10d shim (headers only:
 #    libtorch carries its own gloo), a font for the labels of the loss plot's PNG, Open MPI's
 #    mpirun, which the multi-node tests launch drivers with, Slurm and munge, with which
-#    tests/slurm starts a two-node cluster on this machine, and eu-stack (elfutils; gdb as a
-#    fallback), which puts a hung worker's native stack in its report.
-apt_pkgs=(build-essential pkg-config libgloo-dev fonts-dejavu-core openmpi-bin slurm-wlm munge elfutils gdb)
+#    tests/slurm starts a two-node cluster on this machine, eu-stack (elfutils; gdb as a
+#    fallback), which puts a hung worker's native stack in its report, and HDF5, whose files
+#    NVIDIA's and Habana's BERT pre-training shards are.
+apt_pkgs=(build-essential pkg-config libgloo-dev libhdf5-dev fonts-dejavu-core openmpi-bin slurm-wlm munge elfutils gdb)
 # The hpu build embeds the Python whose torch trainbook links and needs its headers; a system
 # Python (the Gaudi container's) gets them from python3-dev.
 torch_py=${TRAINBOOK_TORCH_PYTHON:-${PYTHON:-python3}}

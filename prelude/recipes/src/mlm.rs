@@ -32,7 +32,6 @@
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
@@ -43,15 +42,12 @@ use trainbook_engine::Device;
 use trainbook_engine::{Layout, Recipe, Split, Step};
 
 use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX};
-use crate::text::corpus::{self, PreparedCorpus};
 use crate::text::mlm::Masking;
+use crate::text::mlm_source::{self, Sample, Samples};
 use crate::text::tokenizer::{Padding, TextTokenizer};
 use crate::text::wordpiece::SPECIAL_TOKENS;
 pub use trainbook_api::mlm::{MlmOptions, MlmSettings};
 use trainbook_api::text::{TextOptions, TextSettings};
-
-/// Held out for evaluation when neither `eval_data` nor `eval_fraction` is given.
-const EVAL_FRACTION: f64 = 0.05;
 
 /// Presets of `trainbook train bert-mlm --preset NAME`.
 pub const PRESETS: &[(&str, &str)] = &[
@@ -267,118 +263,13 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         };
         bail!("{} is missing: {fix}", data.unwrap().display());
     }
-    // A directory is checked before any worker starts: a prepared corpus must be complete,
-    // a raw one must hold text files.
+    // A directory is checked before any worker starts.
     let given = spec.train.data.as_deref().map(Path::new).or(data);
     for d in [given, s.text.eval_data.as_deref()].into_iter().flatten() {
-        if d.is_dir() {
-            if corpus::is_prepared(d) {
-                corpus::layout::read_index(d)?;
-            } else {
-                corpus::Corpus::open(d, &s.text.text_column)?;
-            }
-        }
+        mlm_source::check_dir(d, &s.text.text_column)?;
     }
     hyper.recipe_options = crate::settings_map(&s)?;
     Ok(hyper)
-}
-
-/// A path's corpus: the path itself, else a dataset id's training table.
-fn corpus_path(data: &str) -> Result<PathBuf> {
-    let path = Path::new(data);
-    if path.exists() {
-        return Ok(path.to_path_buf());
-    }
-    Ok(crate::assets::resolve_dataset(data)?.train)
-}
-
-/// One split's blocks of a prepared corpus, read from its mapped shards when a batch needs them.
-struct Blocks {
-    set: Arc<PreparedCorpus>,
-    split: corpus::Split,
-    len: usize,
-    count: usize,
-}
-
-impl Blocks {
-    fn new(
-        set: &Arc<PreparedCorpus>,
-        split: corpus::Split,
-        len: usize,
-        rows: Option<usize>,
-    ) -> Self {
-        let count = set
-            .stream(split)
-            .blocks(len)
-            .min(rows.unwrap_or(usize::MAX));
-        Blocks {
-            set: set.clone(),
-            split,
-            len,
-            count,
-        }
-    }
-
-    fn get(&self, k: usize) -> Result<Vec<i64>> {
-        self.set.stream(self.split).block(k, self.len)
-    }
-}
-
-/// The training and held-out blocks: `eval_data`'s, or every n-th text of `data` held out
-/// (when `data` is a prepared corpus, as it was prepared). Raw text is prepared first, once
-/// per machine (see [`crate::text::corpus::for_job`]).
-fn train_and_eval_blocks(
-    data: &str,
-    hyper: &Hyper,
-    text: &TextSettings,
-    tok: &TextTokenizer,
-    tokenizer_dir: &Path,
-    log: &dyn Fn(String),
-) -> Result<(Blocks, Blocks)> {
-    let column = text.text_column.as_str();
-    let block = text.max_length;
-    let open = |data: &str, every: usize| -> Result<Arc<PreparedCorpus>> {
-        let settings = corpus::PrepareSettings::new(every);
-        let set = corpus::for_job(
-            &corpus_path(data)?,
-            column,
-            tok,
-            tokenizer_dir,
-            &settings,
-            log,
-        )?;
-        Ok(Arc::new(set))
-    };
-    Ok(match &text.eval_data {
-        Some(f) if text.eval_fraction.is_none() => (
-            Blocks::new(
-                &open(data, 0)?,
-                corpus::Split::Train,
-                block,
-                hyper.train_rows,
-            ),
-            Blocks::new(
-                &open(&f.display().to_string(), 0)?,
-                corpus::Split::Train,
-                block,
-                hyper.eval_rows,
-            ),
-        ),
-        _ => {
-            let every = corpus::eval_every(text.eval_fraction.unwrap_or(EVAL_FRACTION));
-            let set = open(data, every)?;
-            let prepared_every = set.index.manifest.eval_every;
-            if text.eval_fraction.is_some() && prepared_every != every {
-                bail!(
-                    "{data} was prepared holding out every {prepared_every}th text, but eval_fraction asks for every {every}th: prepare it again with `--eval-fraction`, or drop eval_fraction",
-                );
-            }
-            (
-                Blocks::new(&set, corpus::Split::Train, block, hyper.train_rows),
-                Blocks::new(&set, corpus::Split::Eval, block, hyper.eval_rows),
-            )
-        }
-    })
 }
 
 /// The BERT a job builds from scratch: its settings' shape, the tokenizer's vocabulary.
@@ -436,8 +327,8 @@ pub struct MlmRecipe {
     config: BertConfig,
     tokenizer_dir: PathBuf,
     masking: Masking,
-    train: Blocks,
-    eval: Blocks,
+    train: Samples,
+    eval: Samples,
     seed: u64,
     /// The epoch of the current training pass (masks change per epoch).
     epoch: Cell<u64>,
@@ -477,20 +368,17 @@ impl MlmRecipe {
             "bert-mlm needs data: a .txt file, a table with a text column or a prepared corpus",
         )?;
         let t0 = std::time::Instant::now();
+        let rows = (hyper.train_rows, hyper.eval_rows);
         let (train, eval) =
-            train_and_eval_blocks(data, hyper, &s.text, &tokenizer, &tokenizer_dir, log)?;
+            mlm_source::train_and_eval(data, rows, &s.text, &tokenizer, &tokenizer_dir, log)?;
         if train.count == 0 {
-            bail!(
-                "{data} gives no block of {block} tokens ({} tokens): use more text or a smaller max_length",
-                train.set.stream(train.split).tokens()
-            );
+            bail!("{data} gives no training sample of {block} tokens ({}): use more text or a smaller max_length", train.describe());
         }
         log(format!(
-            "data: {} train / {} eval blocks of {block} tokens from {data} (prepared corpus {}, {} texts, ready in {:.1} s; vocabulary {vocab} from {})",
+            "data: {} train / {} eval samples of {block} tokens from {data}: {}, ready in {:.1} s; vocabulary {vocab} from {}",
             train.count,
             eval.count,
-            train.set.dir.display(),
-            train.set.index.texts,
+            train.describe(),
             t0.elapsed().as_secs_f64(),
             tokenizer_dir.display()
         ));
@@ -543,16 +431,27 @@ impl MlmRecipe {
 
     /// Masked inputs and labels of blocks `indices`: this epoch's masks in training, one fixed
     /// mask in evaluation (so epochs are compared on the same task).
-    fn batch(&self, split: Split, indices: &[usize]) -> Result<(Tensor, Tensor)> {
-        let (blocks, epoch) = match split {
+    fn batch(&self, split: Split, indices: &[usize]) -> Result<Batch> {
+        let (samples, epoch) = match split {
             Split::Train => (&self.train, self.epoch.get()),
             Split::Eval => (&self.eval, u64::MAX),
         };
         let (mut input, mut labels) = (Vec::new(), Vec::new());
+        let (mut mask, mut types) = (Vec::new(), Vec::new());
         for &i in indices {
-            let (x, y) = self.masking.apply(&blocks.get(i)?, self.seed, epoch, i);
-            input.extend(x);
-            labels.extend(y);
+            match samples.get(i, self.masking.vocab_size)? {
+                Sample::Block(block) => {
+                    let (x, y) = self.masking.apply(&block, self.seed, epoch, i);
+                    input.extend(x);
+                    labels.extend(y);
+                }
+                Sample::Masked(s) => {
+                    input.extend(s.input_ids);
+                    labels.extend(s.labels);
+                    mask.extend(s.input_mask);
+                    types.extend(s.segment_ids);
+                }
+            }
         }
         // A batch with nothing selected has no loss; predict one token as itself (it happens
         // about never at BERT's sizes, but a tiny block must not end a run).
@@ -565,11 +464,22 @@ impl MlmRecipe {
             }
         }
         let shape = [indices.len() as i64, -1];
-        Ok((
-            Tensor::from_slice(&input).view(shape),
-            Tensor::from_slice(&labels).view(shape),
-        ))
+        let tensor = |v: &[i64]| (!v.is_empty()).then(|| Tensor::from_slice(v).view(shape));
+        Ok(Batch {
+            input: Tensor::from_slice(&input).view(shape),
+            labels: Tensor::from_slice(&labels).view(shape),
+            attention_mask: tensor(&mask),
+            token_types: tensor(&types),
+        })
     }
+}
+
+/// A batch's tensors; HDF5 shards bring their own attention mask and segment ids.
+struct Batch {
+    input: Tensor,
+    labels: Tensor,
+    attention_mask: Option<Tensor>,
+    token_types: Option<Tensor>,
 }
 
 impl Recipe for MlmRecipe {
@@ -591,11 +501,17 @@ impl Recipe for MlmRecipe {
         }
     }
     fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
-        let (input, labels) = self.batch(split, indices)?;
+        let b = self.batch(split, indices)?;
         let d = self.device;
-        let (logits, labels) =
-            self.model
-                .forward_masked(&d.put(&input)?, None, None, &d.put(&labels)?, train);
+        let put = |t: &Option<Tensor>| t.as_ref().map(|t| d.put(t)).transpose();
+        let (mask, types) = (put(&b.attention_mask)?, put(&b.token_types)?);
+        let (logits, labels) = self.model.forward_masked(
+            &d.put(&b.input)?,
+            mask.as_ref(),
+            types.as_ref(),
+            &d.put(&b.labels)?,
+            train,
+        );
         let logits = logits.to_kind(Kind::Float);
         let loss = logits.cross_entropy_for_logits(&labels);
         let accuracy = logits

@@ -4,6 +4,8 @@
 pub mod cache;
 pub mod corpus;
 pub mod dataset;
+pub mod hdf5_shards;
 pub mod mlm;
+pub mod mlm_source;
 pub mod tokenizer;
 pub mod wordpiece;

@@ -1,0 +1,215 @@
+//! NVIDIA's and Habana's BERT pre-training shards: HDF5 files of already masked sequences, as
+//! `create_pretraining_data.py` writes them and Habana's BERT-1.5B job (002) reads them
+//! (`hdf5_lower_case_1_seq_len_128_max_pred_20_masked_lm_prob_0.15_random_seed_12345_dupe_factor_5/books_wiki`).
+//!
+//! Each file holds, for N sequences of `seq` tokens with up to `max_pred` predictions:
+//! `input_ids`, `input_mask`, `segment_ids` (N × seq), `masked_lm_positions`, `masked_lm_ids`
+//! (N × max_pred; position 0 marks an unused slot, [CLS] is never predicted) and
+//! `next_sentence_labels` (N). Sequences are read one at a time when a batch needs them: the
+//! files are never loaded whole.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::models::bert::IGNORE_INDEX;
+
+/// File extensions of HDF5 shards.
+const EXTENSIONS: &[&str] = &["hdf5", "h5"];
+
+const LAYOUT: &str = "the BERT pre-training layout is input_ids, input_mask, segment_ids [N, seq]; masked_lm_positions, masked_lm_ids [N, max_pred]; next_sentence_labels [N]";
+
+/// One sequence, ready for the model.
+pub struct Sequence {
+    pub input_ids: Vec<i64>,
+    pub input_mask: Vec<i64>,
+    pub segment_ids: Vec<i64>,
+    /// The original token at each masked position, [`IGNORE_INDEX`] elsewhere.
+    pub labels: Vec<i64>,
+    pub next_sentence_label: Option<i64>,
+}
+
+struct Shard {
+    path: PathBuf,
+    file: hdf5::File,
+    rows: usize,
+    has_nsp: bool,
+}
+
+/// A directory of HDF5 shards, opened and checked.
+pub struct Hdf5Shards {
+    pub dir: PathBuf,
+    shards: Vec<Shard>,
+    /// The global index of each shard's first sequence.
+    starts: Vec<usize>,
+    pub rows: usize,
+    pub seq_len: usize,
+    pub max_pred: usize,
+}
+
+/// Whether `dir` holds HDF5 shards.
+pub fn is_hdf5_dir(dir: &Path) -> bool {
+    dir.is_dir() && !shard_files(dir).is_empty()
+}
+
+fn shard_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| EXTENSIONS.contains(&e))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn shape(file: &hdf5::File, path: &Path, field: &str) -> Result<Option<Vec<usize>>> {
+    match file.dataset(field) {
+        Ok(ds) => Ok(Some(ds.shape())),
+        Err(_) if field == "next_sentence_labels" => Ok(None),
+        Err(_) => bail!("{} has no dataset '{field}': {LAYOUT}", path.display()),
+    }
+}
+
+impl Hdf5Shards {
+    /// Opens every shard of `dir` (in name order) and checks each one's datasets and shapes.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let files = shard_files(dir);
+        if files.is_empty() {
+            bail!("{} holds no .hdf5 or .h5 file", dir.display());
+        }
+        let (mut shards, mut starts, mut rows) = (Vec::new(), Vec::new(), 0usize);
+        let mut dims: Option<(usize, usize, PathBuf)> = None;
+        for path in files {
+            let file = hdf5::File::open(&path).map_err(|e| {
+                anyhow!(
+                    "{} is not a readable HDF5 file ({e}): the shard is damaged or incomplete",
+                    path.display()
+                )
+            })?;
+            let ids = shape(&file, &path, "input_ids")?.expect("required");
+            let [n, seq] = ids[..] else {
+                bail!(
+                    "{}: dataset 'input_ids' has shape {ids:?}, not [N, seq]: {LAYOUT}",
+                    path.display()
+                );
+            };
+            // Predictions per sequence: the first shard's, else this one's positions.
+            let positions = shape(&file, &path, "masked_lm_positions")?.expect("required");
+            let max_pred = match &dims {
+                Some((_, p, _)) => *p,
+                None => positions.get(1).copied().unwrap_or(0),
+            };
+            for (field, want) in [
+                ("input_mask", vec![n, seq]),
+                ("segment_ids", vec![n, seq]),
+                ("masked_lm_positions", vec![n, max_pred]),
+                ("masked_lm_ids", vec![n, max_pred]),
+                ("next_sentence_labels", vec![n]),
+            ] {
+                if let Some(got) = shape(&file, &path, field)? {
+                    if got != want && !(field == "next_sentence_labels" && got == [n, 1]) {
+                        bail!(
+                            "{}: dataset '{field}' has shape {got:?} where {want:?} is expected (input_ids {:?}, {max_pred} predictions per sequence): {LAYOUT}",
+                            path.display(),
+                            ids
+                        );
+                    }
+                }
+            }
+            match &dims {
+                Some((s, p, first)) if (*s, *p) != (seq, max_pred) => bail!(
+                    "{} holds {seq}-token sequences with {max_pred} predictions but {} holds {s} with {p}: a directory is one set of shards",
+                    path.display(),
+                    first.display()
+                ),
+                None => dims = Some((seq, max_pred, path.clone())),
+                _ => {}
+            }
+            let has_nsp = file.dataset("next_sentence_labels").is_ok();
+            starts.push(rows);
+            rows += n;
+            shards.push(Shard {
+                path,
+                file,
+                rows: n,
+                has_nsp,
+            });
+        }
+        let (seq_len, max_pred, _) = dims.expect("at least one shard");
+        Ok(Hdf5Shards {
+            dir: dir.to_path_buf(),
+            shards,
+            starts,
+            rows,
+            seq_len,
+            max_pred,
+        })
+    }
+
+    /// Whether every shard has next-sentence labels.
+    pub fn has_next_sentence_labels(&self) -> bool {
+        self.shards.iter().all(|s| s.has_nsp)
+    }
+
+    /// Sequence `i` (global, shards in name order); token ids must be below `vocab`.
+    pub fn get(&self, i: usize, vocab: i64) -> Result<Sequence> {
+        let k = self.starts.partition_point(|&s| s <= i) - 1;
+        let shard = &self.shards[k];
+        let row = i - self.starts[k];
+        if row >= shard.rows {
+            bail!(
+                "sequence {i} is past the end of the shards ({} sequences)",
+                self.rows
+            );
+        }
+        let read = |field: &str| -> Result<Vec<i64>> {
+            let ds = shard.file.dataset(field)?;
+            let v = if ds.ndim() == 1 {
+                ds.read_slice_1d::<i64, _>(row..row + 1)?
+            } else {
+                ds.read_slice_1d::<i64, _>((row, ..))?
+            };
+            Ok(v.to_vec())
+        };
+        let context = |field: &str| {
+            format!(
+                "reading '{field}' of sequence {row} in {}",
+                shard.path.display()
+            )
+        };
+        let input_ids = read("input_ids").with_context(|| context("input_ids"))?;
+        if let Some(&bad) = input_ids.iter().find(|&&t| t < 0 || t >= vocab) {
+            bail!(
+                "{} holds token id {bad}, outside the tokenizer's vocabulary of {vocab}: train with the vocabulary the shards were made with (--tokenizer DIR with its vocab.txt)",
+                shard.path.display()
+            );
+        }
+        let positions =
+            read("masked_lm_positions").with_context(|| context("masked_lm_positions"))?;
+        let ids = read("masked_lm_ids").with_context(|| context("masked_lm_ids"))?;
+        let mut labels = vec![IGNORE_INDEX; input_ids.len()];
+        for (&p, &id) in positions.iter().zip(&ids) {
+            // Unused slots hold position 0 ([CLS], never predicted).
+            if p > 0 && (p as usize) < labels.len() {
+                labels[p as usize] = id;
+            }
+        }
+        Ok(Sequence {
+            input_mask: read("input_mask").with_context(|| context("input_mask"))?,
+            segment_ids: read("segment_ids").with_context(|| context("segment_ids"))?,
+            next_sentence_label: match shard.has_nsp {
+                true => read("next_sentence_labels")?.first().copied(),
+                false => None,
+            },
+            input_ids,
+            labels,
+        })
+    }
+}
