@@ -47,10 +47,11 @@ mkdir -p target/release/cells
 cp -f "$api" target/release/cells/libtrainbook_api.rlib
 
 # Cells that name `trainbook_torch` (tch and custom tasks) link the prelude library itself, and
-# with it libtorch's libraries: their directory, as torch-sys's build script found it.
-printf '%s\n' "$messages" | grep '"reason":"build-script-executed"' | grep '"package_id":"[^"]*torch-sys' \
+# with it the native libraries it needs (libtorch's, HDF5's): their directories, as the build
+# scripts (torch-sys', hdf5-sys') found them.
+printf '%s\n' "$messages" | grep '"reason":"build-script-executed"' \
     | grep -o '"native=[^"]*"' | sed 's/^"native=//; s/"$//' | sort -u > target/release/cells/native-dirs
-if [ ! -s target/release/cells/native-dirs ]; then
+if ! grep -q . target/release/cells/native-dirs || ! printf '%s\n' "$messages" | grep '"package_id":"[^"]*torch-sys' | grep -q '"native='; then
     echo "build-prelude: cargo reported no libtorch library directory (torch-sys's linked paths)" >&2
     exit 1
 fi
