@@ -104,6 +104,7 @@ pub mod notebook {
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
 pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
+    pub use crate::corpus::{CorpusPreparer, PreparedCorpus};
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::display::ShowValue;
     pub use crate::job::{stop_all, Job, JobStatus, Restart, TrainResult, Update};

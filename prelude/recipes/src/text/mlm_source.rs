@@ -109,11 +109,15 @@ impl Samples {
     /// What the samples are read from, for the job's log.
     pub fn describe(&self) -> String {
         match &self.source {
-            Source::Tokens { set, .. } => format!(
-                "prepared corpus {} ({} texts)",
-                set.dir.display(),
-                set.index.texts
-            ),
+            Source::Tokens { set, .. } => {
+                let docs = |split| set.index.shards.iter().map(|r| r.part(split).docs).sum::<u64>();
+                format!(
+                    "prepared corpus {} ({} + {} texts)",
+                    set.dir.display(),
+                    docs(corpus::Split::Train),
+                    docs(corpus::Split::Eval)
+                )
+            }
             Source::Hdf5 { shards, .. } => format!(
                 "HDF5 shards in {} ({} sequences of {} tokens, up to {} predictions each, masked when the shards were made)",
                 shards.dir.display(),
