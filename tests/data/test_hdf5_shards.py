@@ -70,6 +70,10 @@ def test_shards_in_the_pretraining_layout_train_20_steps(tmp_path):
     # The next-sentence labels are read and said to be unused, once.
     assert log.count("next_sentence_labels are read and not trained") == 1, log[-3000:]
     assert 0 < s["final_train_loss"] < 20, s
+    # Already tokenised and masked: `trainbook prepare` says to train on them directly.
+    p = subprocess.run([str(TRAINBOOK), "prepare", "--data", str(shards), "--out", str(tmp_path / "p")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "nothing to prepare" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("damage, field", [("drop", "masked_lm_ids"), ("bad_shape", "masked_lm_positions")])

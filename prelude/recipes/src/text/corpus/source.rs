@@ -41,6 +41,13 @@ impl Corpus {
                 .filter(|p| p.is_file() && has_corpus_extension(p))
                 .collect();
             files.sort();
+            if files.is_empty() && crate::text::hdf5_shards::is_hdf5_dir(path) {
+                bail!(
+                    "{} holds HDF5 pre-training shards, which are tokenised and masked already: train on them directly (`--data {}`), there is nothing to prepare",
+                    path.display(),
+                    path.display()
+                );
+            }
             if files.is_empty() {
                 bail!(
                     "{} holds no text file ({}): put the corpus there, a text per line or a table with a text column",
