@@ -4,6 +4,8 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::last_json;
+
 fn runs_root() -> std::path::PathBuf {
     let d = std::env::temp_dir().join("trainbook-cli-tests");
     std::fs::create_dir_all(&d).unwrap();
@@ -32,17 +34,6 @@ fn trainbook(args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Output 
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn last_json(out: &Output) -> serde_json::Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| {
-        panic!(
-            "last stdout line is not JSON ({e}): {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end tests.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 /// Polls `f` every 10 ms until it holds or `timeout` passes; whether it held.
@@ -41,4 +42,23 @@ pub fn max_abs_diff(a: &Path, b: &Path) -> f64 {
                 .double_value(&[])
         })
         .fold(0.0, f64::max)
+}
+
+/// The JSON summary a `--json` command prints as its last stdout line.
+pub fn last_json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
+        panic!(
+            "last stdout line is not JSON ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The weights file of a run's last checkpoint.
+pub fn last_model(r: &trainbook::TrainResult) -> PathBuf {
+    r.last_checkpoint
+        .as_ref()
+        .expect("a final checkpoint")
+        .join("model.safetensors")
 }

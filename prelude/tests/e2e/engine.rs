@@ -40,13 +40,10 @@ fn data_parallel_matches_single_worker() {
     let two = run(2);
     assert_eq!(one.steps, 20);
     assert_eq!(two.steps, 20);
-    let file = |r: &trainbook::TrainResult| {
-        r.last_checkpoint
-            .as_ref()
-            .unwrap()
-            .join("model.safetensors")
-    };
-    let max_diff = crate::common::max_abs_diff(&file(&one), &file(&two));
+    let max_diff = crate::common::max_abs_diff(
+        &crate::common::last_model(&one),
+        &crate::common::last_model(&two),
+    );
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
     assert!(
         (one.param_sum - two.param_sum).abs() < 1e-3,

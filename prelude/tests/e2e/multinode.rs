@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::last_json;
+
 const NODE0: &str = "127.0.0.2";
 const NODE1: &str = "127.0.0.3";
 
@@ -82,16 +84,6 @@ fn finish(mut child: Child, deadline: Duration) -> Output {
     child.wait_with_output().unwrap()
 }
 
-fn summary(out: &Output) -> serde_json::Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
-        panic!(
-            "last stdout line is not JSON ({e}): {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
 fn with_flags(mut args: Vec<String>, node: usize, port: u16) -> Vec<String> {
     let addr = if node == 0 { NODE0 } else { NODE1 };
     args.extend(
@@ -143,7 +135,7 @@ fn two_nodes_train_like_one() {
     );
     assert!(out1.status.success(), "node 1 failed: {err1}");
     assert!(err1.contains("node 1 of 2, ranks 1-1 of 2"), "{err1}");
-    let s0 = summary(&out0);
+    let s0 = last_json(&out0);
     assert_eq!(s0["status"], "succeeded");
     assert_eq!(s0["workers"], 2);
     assert_eq!(s0["steps"], 20);
@@ -155,7 +147,7 @@ fn two_nodes_train_like_one() {
         rank1.contains("loss"),
         "rank 1's lines reach node 0: {rank1}"
     );
-    let run1 = PathBuf::from(summary(&out1)["run_dir"].as_str().unwrap());
+    let run1 = PathBuf::from(last_json(&out1)["run_dir"].as_str().unwrap());
     assert_eq!(
         run1.file_name().unwrap().to_string_lossy(),
         format!("{}-node1", run0.file_name().unwrap().to_string_lossy())
@@ -169,7 +161,7 @@ fn two_nodes_train_like_one() {
     );
     let max_diff = crate::common::max_abs_diff(
         &checkpoint(&s0).join("model.safetensors"),
-        &checkpoint(&summary(&one)).join("model.safetensors"),
+        &checkpoint(&last_json(&one)).join("model.safetensors"),
     );
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
 }
@@ -215,7 +207,7 @@ fn a_worker_killed_on_node_1_fails_node_0_naming_its_rank() {
     );
     assert!(!out0.status.success());
     assert!(!out1.status.success());
-    let s0 = summary(&out0);
+    let s0 = last_json(&out0);
     assert_eq!(s0["status"], "failed");
     let error = s0["error"].as_str().unwrap_or_default();
     assert!(
@@ -256,7 +248,7 @@ fn node_1_s_driver_killed_is_named_lost_by_node_0() {
         "node 0 took {took:?} to fail"
     );
     assert!(!out0.status.success());
-    let error = summary(&out0)["error"]
+    let error = last_json(&out0)["error"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -322,7 +314,7 @@ fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
     let n1 = start(&named(1), &[]);
     let out0 = finish(n0, Duration::from_secs(120));
     let out1 = finish(n1, Duration::from_secs(60));
-    let s0 = summary(&out0);
+    let s0 = last_json(&out0);
     assert!(
         out0.status.success() && out1.status.success(),
         "node 0: {}\nnode 1: {}",
@@ -336,7 +328,7 @@ fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
     // The same job on one node, unbroken.
     let mut one = job_args("2", "300");
     one.extend(["--runs-root".to_string(), runs_root().display().to_string()]);
-    let straight = summary(&finish(start(&one, &[]), Duration::from_secs(120)));
+    let straight = last_json(&finish(start(&one, &[]), Duration::from_secs(120)));
     let (a, b) = (
         s0["param_l2"].as_f64().unwrap(),
         straight["param_l2"].as_f64().unwrap(),
@@ -369,7 +361,7 @@ fn a_worker_killed_on_node_1_restarts_both_nodes() {
         String::from_utf8_lossy(&out0.stderr),
         String::from_utf8_lossy(&out1.stderr)
     );
-    let s0 = summary(&out0);
+    let s0 = last_json(&out0);
     let restarts = s0["restarts"].as_array().unwrap();
     assert_eq!(restarts.len(), 1, "{s0}");
     assert_eq!(restarts[0]["rank"], 1, "{s0}");
@@ -423,7 +415,7 @@ fn slurm_and_open_mpi_environments_place_the_nodes() {
             err1.contains("node 1 of 2, ranks 1-1 of 2, rendezvous at 127.0.0.2"),
             "{launcher}: {err1}"
         );
-        let s0 = summary(&out0);
+        let s0 = last_json(&out0);
         assert_eq!(s0["workers"], 2, "{launcher}");
         assert_eq!(s0["steps"], 4, "{launcher}");
     }

@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use trainbook::frames::DataType;
 
+use crate::common::last_json;
+
 fn trainbook(args: &[&str], env: &[(&str, &Path)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainbook"));
     cmd.args(args);
@@ -20,16 +22,6 @@ fn temp(name: &str) -> PathBuf {
     std::fs::remove_dir_all(&d).ok();
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn last_json(out: &Output) -> serde_json::Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
-        panic!(
-            "no JSON summary ({e}): {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 /// Rank 0's training losses, in step order.
@@ -223,13 +215,10 @@ fn a_killed_job_on_a_prepared_corpus_resumes_at_the_next_block() {
     assert!(r.restarts[0].resumed_step >= 40, "{:?}", r.restarts[0]);
     let straight = trainbook::fit(spec()).unwrap();
     assert_eq!(r.steps, straight.steps);
-    let model = |r: &trainbook::TrainResult| {
-        r.last_checkpoint
-            .as_ref()
-            .unwrap()
-            .join("model.safetensors")
-    };
-    let diff = crate::common::max_abs_diff(&model(&r), &model(&straight));
+    let diff = crate::common::max_abs_diff(
+        &crate::common::last_model(&r),
+        &crate::common::last_model(&straight),
+    );
     assert!(diff <= 1e-5, "max abs parameter difference {diff}");
     std::fs::remove_dir_all(d).ok();
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::wait_until;
+use crate::common::{last_model, wait_until};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -46,17 +46,10 @@ fn signal(pid: u32, s: Signal) {
     kill(Pid::from_raw(pid as i32), s).unwrap();
 }
 
-fn model(r: &TrainResult) -> PathBuf {
-    r.last_checkpoint
-        .as_ref()
-        .expect("a final checkpoint")
-        .join("model.safetensors")
-}
-
 /// The run ends where the same run without the failure ends.
 fn assert_same_run(restarted: &TrainResult, straight: &TrainResult) {
     assert_eq!(restarted.steps, straight.steps);
-    let diff = crate::common::max_abs_diff(&model(restarted), &model(straight));
+    let diff = crate::common::max_abs_diff(&last_model(restarted), &last_model(straight));
     assert!(diff <= 1e-5, "max abs parameter difference {diff}");
     assert!(
         (restarted.param_l2 - straight.param_l2).abs() <= 1e-5,
@@ -338,7 +331,7 @@ fn a_killed_driver_resumes_on_re_run_and_a_finished_run_is_not_trained_again() {
         .join("checkpoints")
         .join(last)
         .join("model.safetensors");
-    let diff = crate::common::max_abs_diff(&resumed_model, &model(&straight));
+    let diff = crate::common::max_abs_diff(&resumed_model, &last_model(&straight));
     assert!(diff <= 1e-5, "max abs parameter difference {diff}");
 
     // The same command once more: the run is done, and says so.

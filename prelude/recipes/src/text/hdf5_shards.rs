@@ -53,20 +53,7 @@ pub fn is_hdf5_dir(dir: &Path) -> bool {
 }
 
 fn shard_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.is_file()
-                && p.extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| EXTENSIONS.contains(&e))
-        })
-        .collect();
-    files.sort();
-    files
+    super::corpus::source::files_with_extensions(dir, EXTENSIONS).unwrap_or_default()
 }
 
 fn shape(file: &hdf5::File, path: &Path, field: &str) -> Result<Option<Vec<usize>>> {

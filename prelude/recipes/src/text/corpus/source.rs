@@ -34,13 +34,7 @@ impl Corpus {
         let files = if path.is_file() {
             vec![path.to_path_buf()]
         } else if path.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                .with_context(|| format!("reading the directory {}", path.display()))?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_file() && has_corpus_extension(p))
-                .collect();
-            files.sort();
+            let files = files_with_extensions(path, CORPUS_EXTENSIONS)?;
             if files.is_empty() && crate::text::hdf5_shards::is_hdf5_dir(path) {
                 bail!(
                     "{} holds HDF5 pre-training shards, which are tokenised and masked already: train on them directly (`--data {}`), there is nothing to prepare",
@@ -99,10 +93,21 @@ impl Corpus {
     }
 }
 
-fn has_corpus_extension(p: &Path) -> bool {
-    p.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| CORPUS_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+/// The files of `dir` whose extension is one of `extensions` (any case), in name order.
+pub fn files_with_extensions(dir: &Path, extensions: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading the directory {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| extensions.contains(&e.to_ascii_lowercase().as_str()))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 struct Batcher {
