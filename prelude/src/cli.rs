@@ -150,7 +150,8 @@ fn train_tokenizer(args: &TokenizerArgs) -> i32 {
 #[derive(Args, Debug)]
 pub struct PrepareArgs {
     /// The corpus: a .txt file (a text per non-empty line), a table (.parquet, .csv, .tsv,
-    /// .jsonl) or a directory of them (read in name order).
+    /// .jsonl, .arrow), a directory of them (read in name order), a directory Hugging Face
+    /// datasets' save_to_disk wrote (a DatasetDict: its train split), or a directory of those.
     #[arg(long)]
     pub data: PathBuf,
     /// Directory to write the prepared corpus into (created).

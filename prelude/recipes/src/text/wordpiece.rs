@@ -200,11 +200,19 @@ pub fn train_and_save(
     } else {
         spec.data.clone()
     };
-    let mut texts = Vec::new();
-    for path in &sources {
-        texts.extend(read_texts(path, spec.text_column.as_deref())?);
-    }
-    if texts.is_empty() {
+    let settings = WordPieceSettings {
+        vocab_size: spec.vocab_size,
+        min_frequency: spec.min_frequency,
+        lowercase: spec.lowercase,
+        limit_alphabet: spec.limit_alphabet,
+    };
+    let column = spec.text_column.as_deref().unwrap_or("text");
+    let corpora = sources
+        .iter()
+        .map(|path| super::corpus::Corpus::open(path, column))
+        .collect::<Result<Vec<_>>>()?;
+    let (tok, texts, first) = train_streaming(corpora, &settings)?;
+    let Some(first) = first else {
         bail!(
             "no text in {}: give files with text (.txt lines or a table's text column)",
             sources
@@ -213,17 +221,10 @@ pub fn train_and_save(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-    }
-    let settings = WordPieceSettings {
-        vocab_size: spec.vocab_size,
-        min_frequency: spec.min_frequency,
-        lowercase: spec.lowercase,
-        limit_alphabet: spec.limit_alphabet,
     };
-    let tok = train(texts.iter(), &settings)?;
     let (tokenizer_json, vocab_txt) = save(&tok, out)?;
     let example = tok
-        .encode(texts[0].as_str(), true)
+        .encode(first.as_str(), true)
         .map_err(|e| anyhow!("encoding an example: {e}"))?
         .get_tokens()
         .to_vec();
@@ -232,8 +233,40 @@ pub fn train_and_save(
         tokenizer_json,
         vocab_txt,
         vocab_size: tok.get_vocab_size(true),
-        texts: texts.len(),
+        texts,
         seconds: t0.elapsed().as_secs_f64(),
         example,
     })
+}
+
+/// Trains on `corpora` read as a stream (a reader thread hands batches of texts through a
+/// short queue), so memory holds the trainer's word counts, not the corpus. Returns the
+/// tokenizer, the number of texts and the first one.
+fn train_streaming(
+    corpora: Vec<super::corpus::Corpus>,
+    settings: &WordPieceSettings,
+) -> Result<(Tokenizer, usize, Option<String>)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<String>>(4);
+    let reader = std::thread::spawn(move || -> Result<(usize, Option<String>)> {
+        let (mut count, mut first) = (0, None);
+        for corpus in &corpora {
+            corpus.for_each_batch(4 << 20, |texts, _| {
+                count += texts.len();
+                if first.is_none() {
+                    first = texts.first().cloned();
+                }
+                // The trainer stopped early (an error): stop reading.
+                tx.send(texts)
+                    .map_err(|_| anyhow!("the tokenizer trainer stopped"))
+            })?;
+        }
+        Ok((count, first))
+    });
+    let trained = train(rx.into_iter().flatten(), settings);
+    let read = reader
+        .join()
+        .map_err(|_| anyhow!("the corpus reader thread panicked"))?;
+    let tok = trained?;
+    let (count, first) = read?;
+    Ok((tok, count, first))
 }

@@ -1,7 +1,8 @@
 //! Pre-training corpora larger than memory: prepared once (`trainbook prepare`), memory-mapped
 //! by every worker.
 //!
-//! - [`source`]: a corpus (text files, tables, a directory of them) read as a stream of texts;
+//! - [`source`]: a corpus (text files, tables, a directory of them, a Hugging Face `datasets`
+//!   directory) read as a stream of texts;
 //! - [`prepare`]: tokenised on every core into token shards, resumable;
 //! - [`layout`]: the files of a prepared corpus;
 //! - [`mapped`]: a prepared corpus opened, blocks of tokens read from the mapped shards.
@@ -9,6 +10,7 @@
 //! A job given raw text prepares it first, into the machine's cache, once: the workers of a
 //! machine wait for the one that prepares, then all map the same files.
 
+mod arrow;
 pub mod layout;
 pub mod mapped;
 pub mod prepare;

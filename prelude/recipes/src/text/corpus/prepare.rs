@@ -131,8 +131,14 @@ pub fn prepare(
     let manifest_path = out.join(MANIFEST);
     if manifest_path.is_file() {
         let there: Manifest = read_json(&manifest_path)?;
-        if there != *manifest {
+        // A preparation stopped before its first shard (a wrong text column, say) has nothing
+        // to lose: the new settings replace it.
+        let started = shard_record_path(out, 0).is_file();
+        if there != *manifest && started {
             bail!("{}", other_preparation(out, &there, manifest));
+        }
+        if there != *manifest {
+            trainbook_engine::checkpoint::write_json_atomic(&manifest_path, manifest)?;
         }
     } else {
         trainbook_engine::checkpoint::write_json_atomic(&manifest_path, manifest)?;

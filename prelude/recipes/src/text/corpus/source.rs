@@ -12,8 +12,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use polars::prelude::*;
 
+use super::arrow::{hf_dataset_files, is_hf_dataset, read_arrow};
+
 /// File types a corpus is read from.
-pub const CORPUS_EXTENSIONS: &[&str] = &["txt", "parquet", "csv", "tsv", "jsonl", "ndjson", "json"];
+pub const CORPUS_EXTENSIONS: &[&str] = &[
+    "txt", "parquet", "csv", "tsv", "jsonl", "ndjson", "json", "arrow",
+];
 
 /// Rows of a parquet file read at a time.
 const PARQUET_ROWS: usize = 65_536;
@@ -28,13 +32,21 @@ pub struct Corpus {
 }
 
 impl Corpus {
-    /// A file, or every corpus file of a directory in name order (e.g. Wikipedia and
-    /// BookCorpus side by side).
+    /// A file, a directory `datasets`' `save_to_disk` wrote, or every corpus file of a
+    /// directory in name order, else every saved dataset among its subdirectories in name
+    /// order (e.g. Wikipedia and BookCorpus side by side).
     pub fn open(path: &Path, column: &str) -> Result<Self> {
         let files = if path.is_file() {
             vec![path.to_path_buf()]
+        } else if is_hf_dataset(path) {
+            hf_dataset_files(path)?
         } else if path.is_dir() {
-            let files = files_with_extensions(path, CORPUS_EXTENSIONS)?;
+            let mut files = files_with_extensions(path, CORPUS_EXTENSIONS)?;
+            if files.is_empty() {
+                for dir in saved_datasets(path)? {
+                    files.extend(hf_dataset_files(&dir)?);
+                }
+            }
             if files.is_empty() && crate::text::hdf5_shards::is_hdf5_dir(path) {
                 bail!(
                     "{} holds HDF5 pre-training shards, which are tokenised and masked already: train on them directly (`--data {}`), there is nothing to prepare",
@@ -44,7 +56,7 @@ impl Corpus {
             }
             if files.is_empty() {
                 bail!(
-                    "{} holds no text file ({}): put the corpus there, a text per line or a table with a text column",
+                    "{} holds no text file ({}) and no directory datasets' save_to_disk wrote: put the corpus there, a text per line or a table with a text column",
                     path.display(),
                     CORPUS_EXTENSIONS.join(", ")
                 );
@@ -91,6 +103,18 @@ impl Corpus {
         }
         batch.flush(batch.done_before, &mut each)
     }
+}
+
+/// The subdirectories of `dir` that `datasets`' `save_to_disk` wrote, in name order.
+fn saved_datasets(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading the directory {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && is_hf_dataset(p))
+        .collect();
+    dirs.sort();
+    Ok(dirs)
 }
 
 /// The files of `dir` whose extension is one of `extensions` (any case), in name order.
@@ -147,7 +171,7 @@ impl Batcher {
     }
 }
 
-type Push<'a> = dyn FnMut(String, u64) -> Result<()> + 'a;
+pub(super) type Push<'a> = dyn FnMut(String, u64) -> Result<()> + 'a;
 
 fn read_file(path: &Path, column: &str, push: &mut Push) -> Result<()> {
     let ext = path
@@ -160,6 +184,7 @@ fn read_file(path: &Path, column: &str, push: &mut Push) -> Result<()> {
         "jsonl" | "ndjson" | "json" => read_json_lines(path, column, push),
         "csv" | "tsv" => read_csv(path, column, if ext == "tsv" { b'\t' } else { b',' }, push),
         "parquet" => read_parquet(path, column, push),
+        "arrow" => read_arrow(path, column, push),
         other => bail!(
             "{}: unsupported file type '.{other}': use {}",
             path.display(),
@@ -353,11 +378,12 @@ fn read_parquet(path: &Path, column: &str, push: &mut Push) -> Result<()> {
 }
 
 fn no_column(path: &Path, df: &DataFrame, column: &str) -> anyhow::Error {
-    let names: Vec<String> = df
-        .get_column_names()
-        .iter()
-        .map(|n| n.to_string())
-        .collect();
+    let names: Vec<&str> = df.get_column_names().iter().map(|n| n.as_str()).collect();
+    missing_column(path, &names, column)
+}
+
+/// A table at `path` with the columns `names` has no `column`.
+pub(super) fn missing_column(path: &Path, names: &[&str], column: &str) -> anyhow::Error {
     anyhow!(
         "{} has no column '{column}': its columns are {}; choose one with text_column",
         path.display(),
