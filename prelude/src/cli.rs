@@ -170,6 +170,12 @@ pub struct PrepareArgs {
     /// Input megabytes per shard.
     #[arg(long, default_value_t = 64)]
     pub shard_mb: u64,
+    /// Prepare one slice of the shards, I/N (e.g. 1/4), into an --out that every slice shares
+    /// (several machines preparing one set in parallel); `auto` takes the rank and the count
+    /// from Slurm (SLURM_PROCID/SLURM_NTASKS) or torchrun-style RANK/WORLD_SIZE. The slice that
+    /// ends last writes index.json.
+    #[arg(long, value_name = "I/N|auto")]
+    pub slice: Option<String>,
     /// Print a JSON summary as the last line.
     #[arg(long)]
     pub json: bool,
@@ -181,6 +187,7 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
         .eval_fraction(args.eval_fraction)
         .shard_mb(args.shard_mb);
     spec.tokenizer = args.tokenizer.clone();
+    spec.slice = args.slice.as_deref().map(parse_slice).transpose()?;
     let terminal = std::io::stderr().is_terminal();
     let bar = ProgressBar::with_draw_target(
         None,
@@ -206,6 +213,24 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
     });
     bar.finish_and_clear();
     let r = result?;
+    if !r.is_complete() {
+        let (index, count) = spec.slice.unwrap_or((0, 1));
+        let pending: Vec<String> = r
+            .pending_slices
+            .iter()
+            .map(|s| format!("{s}/{count}"))
+            .collect();
+        println!(
+            "slice {index}/{count} of {} is prepared ({} shards in all); still to end: {} (the last slice to end writes index.json)",
+            r.dir.display(),
+            r.shards,
+            pending.join(", ")
+        );
+        if args.json {
+            println!("{}", serde_json::to_string(&r)?);
+        }
+        return Ok(0);
+    }
     println!(
         "prepared {}: {} texts, {} train + {} eval tokens in {} shard{} ({:.1} MB on disk from {:.1} MB of text){}",
         r.dir.display(),
@@ -234,6 +259,36 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
         println!("{}", serde_json::to_string(&r)?);
     }
     Ok(0)
+}
+
+/// `I/N`, or `auto`: the rank and the number of ranks from Slurm or a torchrun-style launcher.
+fn parse_slice(text: &str) -> Result<(usize, usize)> {
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let (index, count) = if text == "auto" {
+        match (env("SLURM_PROCID"), env("SLURM_NTASKS"), env("RANK"), env("WORLD_SIZE")) {
+            (Some(i), Some(n), _, _) | (_, _, Some(i), Some(n)) => (i, n),
+            _ => anyhow::bail!(
+                "--slice auto found no rank: run it under srun (SLURM_PROCID, SLURM_NTASKS) or set RANK and WORLD_SIZE, or give --slice I/N"
+            ),
+        }
+    } else {
+        let parsed = text
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.trim().parse().ok()?, n.trim().parse().ok()?)));
+        parsed.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--slice {text}: write I/N, e.g. 0/4 for the first of 4 slices, or auto"
+            )
+        })?
+    };
+    if count == 0 || index >= count {
+        anyhow::bail!("--slice {index}/{count}: I must be at least 0 and below N");
+    }
+    Ok((index, count))
 }
 
 #[derive(Args, Debug)]

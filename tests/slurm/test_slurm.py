@@ -257,3 +257,30 @@ def test_a_cancelled_job_submitted_again_resumes_from_its_checkpoint(cluster):
     assert s["status"] == "succeeded", (s, err[-2000:])
     assert "resumed from" in err, err[-2000:]
     assert abs(s["param_l2"] - straight(env, 400)["param_l2"]) <= 1e-5
+
+
+def test_srun_prepares_a_corpus_in_slices_into_one_set(cluster):
+    """`srun trainbook prepare --slice auto`: each task tokenises its share of the shards into
+    the shared --out; the set equals one prepared whole, and the last task writes the index."""
+    d, env = cluster
+    brown = ROOT / ".data/datasets/brown/brown.txt"
+    args = ["prepare", "--data", str(brown), "--shard-mb", "1", "--json"]
+    out = subprocess.run(
+        ["srun", "--nodes", "2", "--ntasks-per-node", "1", str(TRAINBOOK), *args,
+         "--out", str(d / "sliced"), "--slice", "auto"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    assert len(results) == 2, out.stdout
+    assert any(r["pending_slices"] == [] for r in results), out.stdout
+    assert "slice " in out.stdout or all(r["pending_slices"] == [] for r in results), out.stdout
+    whole = subprocess.run([str(TRAINBOOK), *args, "--out", str(d / "whole")],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    w = json.loads(whole.stdout.splitlines()[-1])
+    assert w["shards"] >= 4, w
+    tokens = lambda p: [(f.name, f.read_bytes()) for f in sorted(p.glob("*.tokens"))]
+    assert tokens(d / "sliced") == tokens(d / "whole")
+    index = json.loads((d / "sliced" / "index.json").read_text())
+    assert index["texts"] == w["texts"] and len(index["shards"]) == w["shards"]

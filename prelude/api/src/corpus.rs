@@ -20,7 +20,9 @@ use crate::runtime::runtime;
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CorpusPreparer {
     /// A `.txt` file (a text per non-empty line), a table (`.parquet`, `.csv`, `.tsv`,
-    /// `.jsonl`) or a directory of them, read in name order.
+    /// `.jsonl`, `.arrow`), a directory of them (read in name order), a directory Hugging Face
+    /// datasets' `save_to_disk` wrote (a `DatasetDict`: its `train` split), or a directory of
+    /// such directories.
     pub data: PathBuf,
     /// The text column of tables (default `text`).
     pub text_column: Option<String>,
@@ -31,6 +33,11 @@ pub struct CorpusPreparer {
     pub eval_fraction: f64,
     /// Input megabytes per shard (default 64).
     pub shard_mb: u64,
+    /// `(index, count)`: prepare only slice `index` of `count` (the shards `k` with
+    /// `k % count == index`), as one rank of a job spread over several machines that share the
+    /// output directory; the slice that ends last writes the index. Default: the whole corpus.
+    #[serde(default)]
+    pub slice: Option<(usize, usize)>,
 }
 
 impl CorpusPreparer {
@@ -41,6 +48,7 @@ impl CorpusPreparer {
             tokenizer: None,
             eval_fraction: 0.05,
             shard_mb: 64,
+            slice: None,
         }
     }
     /// The text column of the tables (default `text`).
@@ -62,6 +70,12 @@ impl CorpusPreparer {
     /// Input megabytes per shard.
     pub fn shard_mb(mut self, mb: u64) -> Self {
         self.shard_mb = mb;
+        self
+    }
+    /// Prepares only slice `index` of `count` (see [`CorpusPreparer::slice`]): e.g. each rank
+    /// of a job `slice(rank, world_size)` into one shared directory.
+    pub fn slice(mut self, index: usize, count: usize) -> Self {
+        self.slice = Some((index, count));
         self
     }
     /// Prepares into `out` (created); continues a stopped preparation of the same input there,
@@ -137,4 +151,16 @@ pub struct PreparedCorpus {
     pub text_bytes: u64,
     /// Seconds this call spent (0 when it was already prepared).
     pub seconds: f64,
+    /// Slices (of a preparation spread over several processes) still to end; empty when the
+    /// set is complete and jobs can read it. The counts above cover the shards finished so
+    /// far until then.
+    #[serde(default)]
+    pub pending_slices: Vec<usize>,
+}
+
+impl PreparedCorpus {
+    /// Whether every shard and the index are written (jobs can read it).
+    pub fn is_complete(&self) -> bool {
+        self.pending_slices.is_empty()
+    }
 }

@@ -122,24 +122,37 @@ pub fn prepare_spec(
         ..PrepareSettings::new(eval_every(spec.eval_fraction))
     };
     let manifest = prepare::manifest(&corpus, &tok, &tokenizer_dir, &settings)?;
+    let slice = spec
+        .slice
+        .map_or(prepare::Slice::WHOLE, |(index, count)| prepare::Slice {
+            index,
+            count,
+        });
     let t0 = std::time::Instant::now();
-    let index = prepare::prepare(
+    let outcome = prepare::prepare_slice(
         &corpus,
         &tok,
         &manifest,
         settings.batch_bytes,
         out,
+        slice,
         progress,
     )?;
-    let disk_bytes = (index.train_tokens + index.eval_tokens) * manifest.width.bytes();
+    let (texts, shards, records, pending_slices) = match outcome {
+        Ok(index) => (index.texts, index.shards.len(), index.shards, Vec::new()),
+        Err(p) => (p.texts, p.shards, p.finished, p.slices),
+    };
+    let sum = |f: fn(&layout::ShardRecord) -> u64| records.iter().map(f).sum::<u64>();
+    let (train_tokens, eval_tokens) = (sum(|r| r.train.tokens), sum(|r| r.eval.tokens));
     Ok(trainbook_api::corpus::PreparedCorpus {
         dir: std::fs::canonicalize(out).unwrap_or(out.to_path_buf()),
-        texts: index.texts,
-        train_tokens: index.train_tokens,
-        eval_tokens: index.eval_tokens,
-        shards: index.shards.len(),
-        disk_bytes,
-        text_bytes: index.text_bytes,
+        texts,
+        train_tokens,
+        eval_tokens,
+        shards,
+        disk_bytes: (train_tokens + eval_tokens) * manifest.width.bytes(),
+        text_bytes: sum(|r| r.text_bytes),
+        pending_slices,
         seconds: t0.elapsed().as_secs_f64(),
     })
 }

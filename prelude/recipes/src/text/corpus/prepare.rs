@@ -88,6 +88,11 @@ pub struct DirLock(#[allow(dead_code)] File);
 
 impl DirLock {
     pub fn take(dir: &Path) -> Result<Self> {
+        Self::take_named(dir, ".lock")
+    }
+
+    /// The lock file `name` in `dir`.
+    pub fn take_named(dir: &Path, name: &str) -> Result<Self> {
         use std::os::fd::AsRawFd;
         std::fs::create_dir_all(dir).with_context(|| {
             format!(
@@ -95,7 +100,7 @@ impl DirLock {
                 dir.display()
             )
         })?;
-        let path = dir.join(".lock");
+        let path = dir.join(name);
         let f = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         // SAFETY: flock on a descriptor this function owns.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -109,6 +114,37 @@ impl DirLock {
     }
 }
 
+/// Which shards a process prepares (a slice of the input): shard `k` when `k % count == index`.
+/// Every slice reads the
+/// whole input (reading is far faster than tokenising) to know where each shard starts, and
+/// tokenises only its own shards, so parts on several machines sharing `out` prepare one set
+/// in parallel; the slice that ends last writes `index.json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Slice {
+    /// The whole corpus, in one process.
+    pub const WHOLE: Slice = Slice { index: 0, count: 1 };
+
+    fn owns(&self, shard: usize) -> bool {
+        shard % self.count == self.index
+    }
+}
+
+/// A slice that ended before the others: what is finished, and which slices are still to end.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pending {
+    pub texts: u64,
+    pub shards: usize,
+    /// Records of the shards finished so far (every slice's), in order up to the first gap.
+    pub finished: Vec<ShardRecord>,
+    /// Slices with a shard still unwritten.
+    pub slices: Vec<usize>,
+}
+
 /// Prepares `corpus` into `out` (created), continuing a stopped preparation of the same input
 /// and settings; returns at once when `out` already holds it. `progress` is called after each
 /// batch; an error from it stops the preparation (finished shards are kept).
@@ -120,78 +156,305 @@ pub fn prepare(
     out: &Path,
     progress: &mut dyn FnMut(&Progress) -> Result<()>,
 ) -> Result<Index> {
-    let _lock = DirLock::take(out)?;
-    if out.join(INDEX).is_file() {
-        let index = read_index(out)?;
-        if index.manifest == *manifest {
-            return Ok(index);
-        }
-        bail!("{}", other_preparation(out, &index.manifest, manifest));
+    match prepare_slice(
+        corpus,
+        tok,
+        manifest,
+        batch_bytes,
+        out,
+        Slice::WHOLE,
+        progress,
+    )? {
+        Ok(index) => Ok(index),
+        Err(p) => bail!(
+            "{}: shards of slices {:?} are missing after a whole preparation",
+            out.display(),
+            p.slices
+        ),
     }
-    let manifest_path = out.join(MANIFEST);
-    if manifest_path.is_file() {
-        let there: Manifest = read_json(&manifest_path)?;
-        // A preparation stopped before its first shard (a wrong text column, say) has nothing
-        // to lose: the new settings replace it.
-        let started = shard_record_path(out, 0).is_file();
-        if there != *manifest && started {
-            bail!("{}", other_preparation(out, &there, manifest));
-        }
-        if there != *manifest {
-            trainbook_engine::checkpoint::write_json_atomic(&manifest_path, manifest)?;
-        }
+}
+
+/// [`prepare`] of one slice: the index when every slice has ended, else what is pending.
+pub fn prepare_slice(
+    corpus: &Corpus,
+    tok: &TextTokenizer,
+    manifest: &Manifest,
+    batch_bytes: usize,
+    out: &Path,
+    slice: Slice,
+    progress: &mut dyn FnMut(&Progress) -> Result<()>,
+) -> Result<std::result::Result<Index, Pending>> {
+    if slice.count == 0 || slice.index >= slice.count {
+        bail!(
+            "slice {}/{} does not exist: slices are numbered 0 to count - 1",
+            slice.index,
+            slice.count
+        );
+    }
+    // One process per slice at a time; the whole directory's lock guards the manifest and the
+    // index (held throughout by a whole preparation).
+    let _part_lock = if slice.count > 1 {
+        Some(DirLock::take_named(
+            out,
+            &format!(".lock-slice-{}-of-{}", slice.index, slice.count),
+        )?)
     } else {
-        trainbook_engine::checkpoint::write_json_atomic(&manifest_path, manifest)?;
-    }
-    remove_temporaries(out);
-    let t0 = std::time::Instant::now();
-    let mut records = finished_shards(out, manifest);
-    let resume = records.last().map_or(0, |r| r.end_text);
-    let mut p = Progress {
-        total_bytes: corpus.bytes(),
-        resumed_texts: resume,
-        ..Default::default()
+        None
     };
-    let mut writer: Option<ShardWriter> = None;
-    let mut next = 0u64;
+    let mut dir_lock = Some(DirLock::take(out)?);
+    if let Some(index) = existing_index(out, manifest)? {
+        return Ok(Ok(index));
+    }
+    check_manifest(out, manifest)?;
+    if slice.count > 1 {
+        dir_lock = None;
+    }
+    remove_temporaries(out, slice);
+    let t0 = std::time::Instant::now();
+    let mut run = PartRun {
+        out,
+        manifest,
+        slice,
+        cutter: Cutter {
+            shard: 0,
+            first: 0,
+            bytes: 0,
+            limit: manifest.shard_bytes,
+        },
+        write: Vec::new(),
+        writer: None,
+        next: 0,
+        p: Progress {
+            total_bytes: corpus.bytes(),
+            ..Default::default()
+        },
+    };
     corpus.for_each_batch(batch_bytes, |texts, done| {
-        let first = next;
-        next += texts.len() as u64;
-        p.bytes = done;
-        p.texts = next;
-        if next <= resume {
-            return progress(&p);
+        run.batch(tok, &texts, done)?;
+        run.p.seconds = t0.elapsed().as_secs_f64();
+        progress(&run.p)
+    })?;
+    let texts = run.next;
+    if let Some(w) = run.writer.take() {
+        w.finish(texts)?;
+    }
+    let shards = run.cutter.shard + usize::from(run.cutter.first < texts);
+    if dir_lock.is_none() {
+        dir_lock = Some(DirLock::take(out)?);
+    }
+    let result = finish_index(out, manifest, slice, texts, shards, t0);
+    drop(dir_lock);
+    result
+}
+
+/// The index already in `out`, when it is this preparation's.
+fn existing_index(out: &Path, manifest: &Manifest) -> Result<Option<Index>> {
+    if !out.join(INDEX).is_file() {
+        return Ok(None);
+    }
+    let index = read_index(out)?;
+    if index.manifest == *manifest {
+        return Ok(Some(index));
+    }
+    bail!("{}", other_preparation(out, &index.manifest, manifest));
+}
+
+/// Writes the manifest, or checks the one there is this preparation's.
+fn check_manifest(out: &Path, manifest: &Manifest) -> Result<()> {
+    let manifest_path = out.join(MANIFEST);
+    if !manifest_path.is_file() {
+        return trainbook_engine::checkpoint::write_json_atomic(&manifest_path, manifest);
+    }
+    let there: Manifest = read_json(&manifest_path)?;
+    if there == *manifest {
+        return Ok(());
+    }
+    // A preparation stopped before its first shard (a wrong text column, say) has nothing to
+    // lose: the new settings replace it.
+    let started = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| is_record_name(&e.file_name().to_string_lossy()));
+    if started {
+        bail!("{}", other_preparation(out, &there, manifest));
+    }
+    trainbook_engine::checkpoint::write_json_atomic(&manifest_path, manifest)
+}
+
+fn is_record_name(name: &str) -> bool {
+    name.starts_with("shard-") && name.ends_with(".json")
+}
+
+/// Where shards start and end: a shard ends after the text that brings its text bytes to the
+/// limit, so the cuts depend on the input alone.
+struct Cutter {
+    shard: usize,
+    /// The current shard's first text.
+    first: u64,
+    bytes: u64,
+    limit: u64,
+}
+
+impl Cutter {
+    /// Text `g` of `len` bytes: its shard, that shard's first text, and whether the shard ends
+    /// after it.
+    fn place(&mut self, g: u64, len: u64) -> (usize, u64, bool) {
+        let at = (self.shard, self.first);
+        self.bytes += len;
+        let ends = self.bytes >= self.limit;
+        if ends {
+            self.shard += 1;
+            self.first = g + 1;
+            self.bytes = 0;
         }
-        let skip = resume.saturating_sub(first) as usize;
-        let refs: Vec<&str> = texts[skip..].iter().map(String::as_str).collect();
+        (at.0, at.1, ends)
+    }
+}
+
+/// One slice's pass over the input.
+struct PartRun<'a> {
+    out: &'a Path,
+    manifest: &'a Manifest,
+    slice: Slice,
+    cutter: Cutter,
+    /// Whether each shard started so far (not yet ended) is written by this pass.
+    write: Vec<(usize, bool)>,
+    writer: Option<ShardWriter>,
+    /// Texts read so far.
+    next: u64,
+    p: Progress,
+}
+
+impl PartRun<'_> {
+    fn batch(&mut self, tok: &TextTokenizer, texts: &[String], done: u64) -> Result<()> {
+        let first = self.next;
+        self.next += texts.len() as u64;
+        self.p.bytes = done;
+        self.p.texts = self.next;
+        let places: Vec<(usize, u64, bool)> = texts
+            .iter()
+            .enumerate()
+            .map(|(k, t)| self.cutter.place(first + k as u64, t.len() as u64))
+            .collect();
+        let mut mine = Vec::with_capacity(texts.len());
+        for &(shard, shard_first, _) in &places {
+            mine.push(self.decide(shard, shard_first));
+        }
+        let refs: Vec<&str> = texts
+            .iter()
+            .zip(&mine)
+            .filter(|(_, &m)| m)
+            .map(|(t, _)| t.as_str())
+            .collect();
+        if refs.is_empty() {
+            return Ok(());
+        }
         let ids = tok.encode_ids(&refs)?;
-        for (k, (text, ids)) in refs.iter().zip(&ids).enumerate() {
-            let g = first + (skip + k) as u64;
-            if writer.is_none() {
-                writer = Some(ShardWriter::create(out, records.len(), g, manifest.width)?);
+        let mut ids = ids.iter();
+        for (k, (text, &(shard, shard_first, ends))) in texts.iter().zip(&places).enumerate() {
+            if !mine[k] {
+                continue;
             }
-            let w = writer.as_mut().expect("open shard");
-            let split = match manifest.eval_every {
+            let g = first + k as u64;
+            let ids = ids.next().expect("an encoding per text");
+            if self.writer.is_none() {
+                self.writer = Some(ShardWriter::create(
+                    self.out,
+                    shard,
+                    shard_first,
+                    self.manifest.width,
+                )?);
+            }
+            let w = self.writer.as_mut().expect("open shard");
+            let split = match self.manifest.eval_every {
                 e if e > 0 && g % e as u64 == e as u64 - 1 => Split::Eval,
                 _ => Split::Train,
             };
             w.push(split, ids)?;
             w.text_bytes += text.len() as u64;
-            p.tokens += ids.len() as u64;
-            if w.text_bytes >= manifest.shard_bytes {
-                records.push(writer.take().expect("open shard").finish(g + 1)?);
+            self.p.tokens += ids.len() as u64;
+            if ends {
+                self.writer.take().expect("open shard").finish(g + 1)?;
             }
         }
-        p.seconds = t0.elapsed().as_secs_f64();
-        progress(&p)
-    })?;
-    if let Some(w) = writer.take() {
-        records.push(w.finish(next)?);
+        Ok(())
+    }
+
+    /// Whether this pass writes `shard` (first text `first`): a shard of this slice not
+    /// finished by an earlier run. Decided once, when the shard starts.
+    fn decide(&mut self, shard: usize, first: u64) -> bool {
+        if let Some(&(_, w)) = self.write.iter().find(|(s, _)| *s == shard) {
+            return w;
+        }
+        self.write.retain(|(s, _)| *s + 1 >= shard);
+        let w = self.slice.owns(shard)
+            && match finished_shard(self.out, self.manifest, shard, Some(first)) {
+                Some(r) => {
+                    self.p.resumed_texts += r.end_text - r.first_text;
+                    false
+                }
+                None => true,
+            };
+        self.write.push((shard, w));
+        w
+    }
+}
+
+/// Shard `shard`'s record when it starts at text `first` (when known) and its files match it.
+fn finished_shard(
+    out: &Path,
+    manifest: &Manifest,
+    shard: usize,
+    first: Option<u64>,
+) -> Option<ShardRecord> {
+    let r = read_json::<ShardRecord>(&shard_record_path(out, shard)).ok()?;
+    let sizes_match = [Split::Train, Split::Eval].iter().all(|&s| {
+        std::fs::metadata(tokens_path(out, s, shard))
+            .is_ok_and(|m| m.len() == r.part(s).tokens * manifest.width.bytes())
+    });
+    (r.shard == shard && first.is_none_or(|f| r.first_text == f) && sizes_match).then_some(r)
+}
+
+/// After a slice's pass: every shard's record read back (each starting where the one before
+/// ended); the index written when all `shards` are there.
+fn finish_index(
+    out: &Path,
+    manifest: &Manifest,
+    slice: Slice,
+    texts: u64,
+    shards: usize,
+    t0: std::time::Instant,
+) -> Result<std::result::Result<Index, Pending>> {
+    let mut records: Vec<ShardRecord> = Vec::with_capacity(shards);
+    let mut parts = std::collections::BTreeSet::new();
+    for shard in 0..shards {
+        // Each shard starts where the one before ended; after a gap, where its record says.
+        let first = match records.last() {
+            _ if !parts.is_empty() => None,
+            Some(r) => Some(r.end_text),
+            None => Some(0),
+        };
+        match finished_shard(out, manifest, shard, first) {
+            Some(r) if parts.is_empty() => records.push(r),
+            Some(_) => {}
+            None => {
+                parts.insert(shard % slice.count);
+            }
+        }
+    }
+    if !parts.is_empty() {
+        return Ok(Err(Pending {
+            texts,
+            shards,
+            finished: records,
+            slices: parts.into_iter().collect(),
+        }));
     }
     let sum = |f: fn(&ShardRecord) -> u64| records.iter().map(f).sum::<u64>();
     let index = Index {
         manifest: manifest.clone(),
-        texts: next,
+        texts,
         text_bytes: sum(|r| r.text_bytes),
         train_tokens: sum(|r| r.train.tokens),
         eval_tokens: sum(|r| r.eval.tokens),
@@ -206,7 +469,7 @@ pub fn prepare(
         );
     }
     trainbook_engine::checkpoint::write_json_atomic(&out.join(INDEX), &index)?;
-    Ok(index)
+    Ok(Ok(index))
 }
 
 fn show_files(files: &[PathBuf]) -> String {
@@ -228,34 +491,18 @@ fn other_preparation(out: &Path, there: &Manifest, wanted: &Manifest) -> String 
     )
 }
 
-/// Files a preparation that was killed left half-written.
-fn remove_temporaries(out: &Path) {
+/// Files a killed preparation of this slice left half-written (another slice's are its own).
+fn remove_temporaries(out: &Path, slice: Slice) {
     for entry in std::fs::read_dir(out).into_iter().flatten().flatten() {
-        if entry.file_name().to_string_lossy().contains(".tmp-") {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((stem, _)) = name.split_once(".tmp-") else {
+            continue;
+        };
+        let shard = stem.split(['-', '.']).find_map(|s| s.parse::<usize>().ok());
+        if shard.is_none_or(|k| slice.owns(k)) {
             std::fs::remove_file(entry.path()).ok();
         }
     }
-}
-
-/// The finished shards, in order, up to the first one missing or not matching its files.
-fn finished_shards(out: &Path, manifest: &Manifest) -> Vec<ShardRecord> {
-    let mut records = Vec::new();
-    loop {
-        let shard = records.len();
-        let Ok(r) = read_json::<ShardRecord>(&shard_record_path(out, shard)) else {
-            break;
-        };
-        let expected_first = records.last().map_or(0, |p: &ShardRecord| p.end_text);
-        let sizes_match = [Split::Train, Split::Eval].iter().all(|&s| {
-            std::fs::metadata(tokens_path(out, s, shard))
-                .is_ok_and(|m| m.len() == r.part(s).tokens * manifest.width.bytes())
-        });
-        if r.shard != shard || r.first_text != expected_first || !sizes_match {
-            break;
-        }
-        records.push(r);
-    }
-    records
 }
 
 /// One split's files of the shard being written.

@@ -134,6 +134,86 @@ fn a_stopped_preparation_continues_and_ends_the_same() {
     std::fs::remove_dir_all(d).ok();
 }
 
+/// The token and record files of a prepared directory, by name (the index holds timings).
+fn shard_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tokens") || n.ends_with(".docs") || n.starts_with("shard-"))
+        .map(|n| (n.clone(), std::fs::read(dir.join(&n)).unwrap()))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Slices of a preparation (each process a share of the shards, as the ranks of a multi-node
+/// job run it) end with exactly the files of a whole preparation; the slice that ends last
+/// writes the index, the others say which slices are still to run; a stopped slice continues.
+#[test]
+fn slices_prepared_apart_make_the_whole_set() {
+    let d = temp("slices");
+    let path = brown(&d, 3000);
+    let corpus = Corpus::open(&path, "text").unwrap();
+    let s = settings(20, 16 << 10);
+    let (tok, dir) = tokenizer();
+    let m = prepare::manifest(&corpus, &tok, &dir, &s).unwrap();
+    let whole = prepare_into(&corpus, &d.join("whole"), &s, &mut |_| Ok(())).unwrap();
+    assert!(whole.shards.len() >= 6, "{} shards", whole.shards.len());
+
+    let out = d.join("sliced");
+    let run = |index, progress: &mut dyn FnMut(&Progress) -> Result<()>| {
+        let slice = prepare::Slice { index, count: 3 };
+        prepare::prepare_slice(&corpus, &tok, &m, s.batch_bytes, &out, slice, progress)
+    };
+    // Slice 2 stopped midway, then slice 0 alone: two slices pending.
+    let mut calls = 0;
+    assert!(run(2, &mut |_| {
+        calls += 1;
+        anyhow::ensure!(calls < 8, "stopped by the test");
+        Ok(())
+    })
+    .is_err());
+    let pending = run(0, &mut |_| Ok(())).unwrap().unwrap_err();
+    assert_eq!(pending.slices, vec![1, 2]);
+    assert_eq!(pending.shards, whole.shards.len());
+    assert!(!out.join(layout::INDEX).exists());
+    // Slices 1 and 2 side by side (2 continues after its finished shards): the last writes the
+    // index.
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| run(1, &mut |_| Ok(())).unwrap());
+        let b = scope.spawn(|| run(2, &mut |_| Ok(())).unwrap());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let index = a.or(b).expect("the last slice to end writes the index");
+    assert_eq!(index.shards, whole.shards);
+    assert_eq!(
+        (index.texts, index.train_tokens),
+        (whole.texts, whole.train_tokens)
+    );
+    assert_eq!(shard_files(&out), shard_files(&d.join("whole")));
+    let set = PreparedCorpus::open(&out).unwrap();
+    assert_eq!(set.index.shards, whole.shards);
+    // Done: any slice returns the index at once.
+    assert_eq!(
+        run(0, &mut |_| panic!("nothing to do")).unwrap().unwrap(),
+        index
+    );
+    let e = prepare::prepare_slice(
+        &corpus,
+        &tok,
+        &m,
+        s.batch_bytes,
+        &out,
+        prepare::Slice { index: 3, count: 3 },
+        &mut |_| Ok(()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("slice 3/3 does not exist"), "{e}");
+    std::fs::remove_dir_all(d).ok();
+}
+
 #[test]
 fn damaged_or_foreign_sets_are_refused_with_the_fix() {
     let d = temp("bad");
