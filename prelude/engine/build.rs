@@ -12,6 +12,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/device.cpp");
     println!("cargo:rerun-if-changed=csrc/recompute.cpp");
     println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
+    println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/errors.h");
     println!("cargo:rerun-if-changed=csrc/torch_compat.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
@@ -63,6 +64,7 @@ fn main() {
         .file("csrc/device.cpp")
         .file("csrc/recompute.cpp")
         .file("csrc/grad_hooks.cpp")
+        .file("csrc/profiler.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(&gloo_include)

@@ -798,6 +798,9 @@ fn train(args: &TrainArgs) -> Result<i32> {
     } else {
         eprintln!("{}", view.dashboard().summary_text());
     }
+    if let Some(p) = &summary.profile {
+        eprint!("{}", p.table(15));
+    }
     for w in &summary.warnings {
         eprintln!("warning: {w}");
     }

@@ -181,7 +181,64 @@ impl NotebookDisplay for TrainResult {
         for w in &self.warnings {
             pairs.push(("warning", w.clone()));
         }
-        summary("trainbook-result", pairs).bundle()
+        let mut bundle = summary("trainbook-result", pairs).bundle();
+        if let Some(p) = &self.profile {
+            append(&mut bundle, profile_grid(p).bundle());
+        }
+        bundle
+    }
+}
+
+/// The step profiler's top operators (and device kernels), under the result.
+fn profile_grid(p: &trainbook_api::StepProfile) -> Grid {
+    let rows: Vec<(&str, &trainbook_api::OpTime)> = p
+        .ops
+        .iter()
+        .take(15)
+        .map(|o| ("operator", o))
+        .chain(p.kernels.iter().take(10).map(|k| ("kernel", k)))
+        .collect();
+    Grid {
+        columns: ["", "name", "self ms", "calls", "% step"]
+            .map(String::from)
+            .to_vec(),
+        dtypes: None,
+        align: vec![Align::Left, Align::Left],
+        rows: rows
+            .iter()
+            .map(|(kind, o)| {
+                Row::Cells(vec![
+                    kind.to_string(),
+                    o.name.clone(),
+                    format!("{:.3}", o.self_ms),
+                    o.calls.to_string(),
+                    format!("{:.1}", 100.0 * o.share),
+                ])
+            })
+            .collect(),
+        caption: Some(format!(
+            "profiled steps {} on rank 0: {:.2} ms a step, {:.0}% inside operators; traces: {}",
+            p.steps,
+            p.step_ms,
+            100.0 * p.covered,
+            p.traces
+                .first()
+                .and_then(|t| t.parent())
+                .map_or(String::new(), |d| d.display().to_string())
+        )),
+        class: "trainbook-profile",
+    }
+}
+
+/// `more`'s HTML and text after `bundle`'s.
+fn append(bundle: &mut trainbook_widgets::Bundle, more: trainbook_widgets::Bundle) {
+    for (mime, value) in more {
+        let joined = match (bundle.get(&mime).and_then(|v| v.as_str()), value.as_str()) {
+            (Some(a), Some(b)) => format!("{a}\n{b}"),
+            (None, Some(b)) => b.to_string(),
+            _ => continue,
+        };
+        bundle.insert(mime, serde_json::Value::String(joined));
     }
 }
 

@@ -199,6 +199,15 @@ def test_tables_and_results_render_as_html(kernel):
     assert reply["status"] == "ok", reply
     assert ">epoch</th>" in rich_result(msgs)["text/html"]
 
+    # A profiled run shows its top operators under the summary.
+    reply, msgs = run(kc, SHORT_JOB.replace(".workers(2)", ".workers(2).max_steps(6).profile(2..4)")
+                      + "\njob.wait()?")
+    assert reply["status"] == "ok", reply
+    data = rich_result(msgs)
+    assert '<table class="trainbook-result"' in data["text/html"]
+    assert '<table class="trainbook-profile"' in data["text/html"], data["text/html"][-2000:]
+    assert "profiled steps 2..4 on rank 0" in data["text/plain"] and "traces: " in data["text/plain"]
+
     reply, msgs = run(kc, "job")
     assert reply["status"] == "ok", reply
     data = rich_result(msgs)

@@ -211,6 +211,8 @@ pub struct TrainResult {
     /// What went wrong beside the training, e.g. an MLflow server that was down (the metrics
     /// it did not get are named).
     pub warnings: Vec<String>,
+    /// What the step profiler recorded (`profile`), rank 0's operators.
+    pub profile: Option<crate::profile::StepProfile>,
 }
 
 impl TrainResult {
@@ -268,6 +270,7 @@ impl TrainResult {
             "memory": self.memory,
             "restarts": self.restarts,
             "warnings": self.warnings,
+            "profile": self.profile,
         })
     }
 }

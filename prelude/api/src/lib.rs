@@ -58,6 +58,7 @@ pub mod metric;
 pub mod mlm;
 pub mod options;
 pub mod params;
+pub mod profile;
 pub mod run;
 pub mod runtime;
 pub mod spec;
@@ -77,6 +78,7 @@ pub use logs::LogLevel;
 pub use memory::{Footprint, MemoryPlan};
 pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
 pub use params::{Param, ParamError};
+pub use profile::{OpTime, ProfileSteps, StepProfile};
 pub use run::{fit, launch, Plan, Train, View, ViewOptions};
 pub use spec::{
     Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,

@@ -222,6 +222,11 @@ crate::options! {
         /// Evaluate on the first N held-out rows (0: no evaluation).
         #[arg(value_name = "N")]
         eval_rows: usize => Option<usize>,
+        /// Record these optimizer steps with libtorch's profiler on every rank (e.g. 20..25):
+        /// a Chrome trace per rank in the run directory's profile/ (Perfetto, TensorBoard) and
+        /// a table of the operators with the most time.
+        #[arg(value_name = "START..END")]
+        profile: crate::profile::ProfileSteps [into] => Option<crate::profile::ProfileSteps>,
     }
     extra {
         /// The recipe's own resolved options (text or image settings), by name.
@@ -268,6 +273,7 @@ impl Hyper {
             data: None,
             train_rows: None,
             eval_rows: None,
+            profile: None,
             recipe_options: Default::default(),
         }
     }

@@ -15,6 +15,7 @@ mod example_digits;
 mod multinode;
 mod notebook;
 mod prepare;
+mod profile;
 mod resnet_recipe;
 mod restart;
 mod sweep;

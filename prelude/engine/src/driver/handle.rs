@@ -363,11 +363,42 @@ impl JobControl for JobHandle {
             memory: summaries.iter().map(|s| s.memory.clone()).collect(),
             restarts: st.restarts.clone(),
             warnings: st.warnings.clone(),
+            profile: s0.profile.clone().map(|mut p| {
+                p.traces = traces(&self.job.run_dir, p.traces);
+                p
+            }),
             elapsed: if st.status.is_finished() {
                 st.elapsed
             } else {
                 self.job.started.elapsed().as_secs_f64()
             },
         })
+    }
+}
+
+/// Every rank's trace in the run directory's profile/ (rank 0's first), else the ones given.
+fn traces(run_dir: &std::path::Path, given: Vec<std::path::PathBuf>) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(run_dir.join("profile"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".pt.trace.json"))
+        .collect();
+    // rank10 after rank9: by the number in the name.
+    found.sort_by_key(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+        name.and_then(|n| {
+            n.trim_start_matches("rank")
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+    });
+    if found.is_empty() {
+        given
+    } else {
+        found
     }
 }

@@ -196,6 +196,12 @@ fn worker_commands(
             if let Some(a) = &node_addr {
                 vars.push((env::NODE_ADDR.into(), a.clone()));
             }
+            // The step profiler's Kineto logs its own start, stop and (on a machine without a
+            // GPU) a failed GPU count as errors to stderr: kept out of the job's log unless
+            // the user asks for them.
+            if std::env::var_os("KINETO_LOG_LEVEL").is_none() {
+                vars.push(("KINETO_LOG_LEVEL".into(), "6".into()));
+            }
             vars.extend(visible_devices_env(
                 node.device,
                 spec.visible_devices.as_deref(),

@@ -43,6 +43,9 @@ pub(crate) struct WorkerSummary {
     pub metrics: std::collections::BTreeMap<String, f64>,
     #[serde(default)]
     pub memory: trainbook_api::job::MemoryUse,
+    /// Rank 0's step profile, when the job profiled steps.
+    #[serde(default)]
+    pub profile: Option<trainbook_api::profile::StepProfile>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -21,6 +21,7 @@ mod heartbeat;
 pub(crate) mod jobs;
 mod optim;
 mod precision;
+mod profiler;
 pub(crate) mod recipe;
 pub(crate) mod recompute;
 mod sampler;

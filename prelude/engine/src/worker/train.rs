@@ -21,6 +21,7 @@ use crate::worker::dist::ProcessGroup;
 use crate::worker::heartbeat::{self, Busy};
 use crate::worker::optim::{LrSchedule, OptimizerConfig};
 use crate::worker::precision::autocast;
+use crate::worker::profiler::{self, StepProfiler};
 use crate::worker::recipe::{Recipe, Split};
 use crate::worker::sampler::{self, DistributedSampler};
 use crate::worker::scores::Confusion;
@@ -306,6 +307,9 @@ pub(crate) struct Trainer<'a> {
     final_train_loss: f64,
     final_metrics: BTreeMap<String, f64>,
     written: Written,
+    /// The step profiler, when the job asks for one (`profile`).
+    profiler: Option<StepProfiler>,
+    profile: Option<trainbook_api::profile::StepProfile>,
 }
 
 impl<'a> Trainer<'a> {
@@ -404,10 +408,23 @@ impl<'a> Trainer<'a> {
                 resumed.as_ref().map(|(d, _)| d.as_path()),
                 step,
             ),
+            profiler: h.profile.map(|steps| {
+                let cuda = matches!(ctx.device, crate::worker::device::Device::Cuda(_));
+                StepProfiler::new(steps, &ctx.run_dir, rank, cuda)
+            }),
+            profile: None,
         };
         heartbeat::set_step(step);
         if rank == 0 {
             trainer.announce();
+            if let Some(p) = h
+                .profile
+                .filter(|p| p.start >= total_steps || p.end <= step)
+            {
+                ctx.events.log(format!(
+                    "profile steps {p} are outside this run's steps {step}..{total_steps}: nothing will be recorded"
+                ));
+            }
         }
         Ok(trainer)
     }
@@ -448,6 +465,16 @@ impl<'a> Trainer<'a> {
                 break;
             }
         }
+        // Training ended inside the profiled steps: what was recorded is saved.
+        if let Some(path) = self
+            .profiler
+            .as_mut()
+            .map(|p| p.finish())
+            .transpose()?
+            .flatten()
+        {
+            self.profiled(&path)?;
+        }
         Ok(self.summary())
     }
 
@@ -476,7 +503,17 @@ impl<'a> Trainer<'a> {
                 self.skip -= 1;
                 continue;
             }
+            if let Some(p) = self.profiler.as_mut() {
+                p.before_step(self.step)?;
+            }
             self.step(epoch, group, &mut sums)?;
+            let saved = match self.profiler.as_mut() {
+                Some(p) => p.after_step(self.step)?,
+                None => None,
+            };
+            if let Some(path) = saved {
+                self.profiled(&path)?;
+            }
         }
         self.clock.train_time += self.clock.epoch_start.elapsed();
         Ok(sums)
@@ -844,6 +881,24 @@ impl<'a> Trainer<'a> {
         }
     }
 
+    /// A trace was saved: rank 0 sums it into the top-ops table (and says where it is).
+    fn profiled(&mut self, path: &Path) -> Result<()> {
+        if self.ctx.rank != 0 {
+            return Ok(());
+        }
+        let steps = self.h.profile.expect("a profiler was asked for");
+        let summary = profiler::summarize(path, steps)?;
+        self.ctx.events.log(format!(
+            "profiled steps {}: {:.1} ms a step, top operator {}; Chrome traces in {} (Perfetto, TensorBoard)",
+            summary.steps,
+            summary.step_ms,
+            summary.ops.first().map_or("none", |o| o.name.as_str()),
+            path.parent().unwrap_or(path).display()
+        ));
+        self.profile = Some(summary);
+        Ok(())
+    }
+
     /// This rank's summary: steps, throughput, final metrics, a parameter fingerprint, memory.
     fn summary(self) -> WorkerSummary {
         let vs = self.recipe.vars();
@@ -877,6 +932,7 @@ impl<'a> Trainer<'a> {
             device: self.ctx.device_name.clone(),
             metrics: self.final_metrics,
             memory,
+            profile: self.profile,
         }
     }
 }
