@@ -248,7 +248,6 @@ fn pipeline(threads: usize, batches: usize) {
         plan,
         64,
         mode,
-        transforms::Normalize::IMAGENET,
         threads,
         4,
         trainbook::engine::Device::Cpu,

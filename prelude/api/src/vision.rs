@@ -80,6 +80,10 @@ crate::options! {
         /// Threads per worker that decode and augment images ahead of the training loop.
         #[arg(value_name = "N")]
         loader_threads: usize => usize,
+        /// Model and batches in channels-last memory (NHWC), which convolutions run faster on
+        /// (cuDNN, oneDNN) [default: on for CUDA and CPU, off for Gaudi].
+        #[arg(value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        channels_last: bool => Option<bool>,
     }
     extra {
         /// The training augmentation (the preset's).

@@ -7,6 +7,7 @@
 #include "errors.h"
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
+#include <c10/core/GradMode.h>
 
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,35 @@ at::Tensor* tb_to_device(const at::Tensor* t, int type, int index, char* err, si
 at::Tensor* tb_to_device_of(const at::Tensor* t, const at::Tensor* like, char* err,
                             size_t errlen) {
   return guarded(err, errlen, [&] { return t->to(like->device()); });
+}
+
+// `t` with its memory in channels-last order (NHWC) when `channels_last`, else in the usual
+// contiguous order; the logical shape stays NCHW. tch has no memory formats.
+at::Tensor* tb_contiguous_as(const at::Tensor* t, int channels_last, char* err, size_t errlen) {
+  return guarded(err, errlen, [&] {
+    return t->contiguous(channels_last ? at::MemoryFormat::ChannelsLast
+                                       : at::MemoryFormat::Contiguous);
+  });
+}
+
+// A parameter's storage swapped for a channels-last copy, in place: the same variable (the
+// optimizer's references stay valid), as `model.to(memory_format=torch.channels_last)` does.
+int tb_channels_last_(at::Tensor* t, char* err, size_t errlen) {
+  try {
+    if (t->dim() == 4) {
+      c10::AutoGradMode no_grad(false);
+      t->set_data(t->contiguous(at::MemoryFormat::ChannelsLast));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, errlen, trim_what(e.what()));
+  }
+  return -1;
+}
+
+// Whether `t` is laid out channels-last.
+int tb_is_channels_last(const at::Tensor* t) {
+  return t->dim() == 4 && t->is_contiguous(at::MemoryFormat::ChannelsLast) ? 1 : 0;
 }
 
 // The device of `t` in c10 numbering (tch only knows the ones it has names for).

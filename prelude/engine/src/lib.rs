@@ -49,7 +49,9 @@ pub fn stop_all() -> usize {
 }
 
 // What a recipe is, and what a worker gives it.
-pub use worker::device::{on_hpu, Device, OnDeviceOf};
+pub use worker::device::{
+    is_channels_last, memory_format, on_hpu, vars_channels_last, Device, OnDeviceOf,
+};
 pub use worker::dist::{BackendHandle, InitOptions};
 pub use worker::jobs::CHECK;
 pub use worker::recipe::{
@@ -63,8 +65,9 @@ pub use worker::{main as worker_main, Hpu, HpuBridge};
 pub mod checkpoint {
     pub use crate::driver::metrics::read_parquet as read_metrics;
     pub use crate::shared::checkpoint::{
-        latest, write_atomic, write_file_atomic, write_json_atomic, RunConfig, RunStatus,
-        TrainerState, CHECKPOINTS, MODEL, OPTIMIZER, RUN_CONFIG, RUN_STATUS, TRAINER_STATE,
+        latest, save_vars, write_atomic, write_file_atomic, write_json_atomic, write_tensors,
+        RunConfig, RunStatus, TrainerState, CHECKPOINTS, MODEL, OPTIMIZER, RUN_CONFIG, RUN_STATUS,
+        TRAINER_STATE,
     };
 }
 

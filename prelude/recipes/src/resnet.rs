@@ -23,7 +23,7 @@ use trainbook_engine::Device;
 use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
-use crate::vision::transforms::{Augment, Normalize};
+use crate::vision::transforms::{normalize_on_device, Augment, Normalize};
 use trainbook_api::spec::Hyper;
 use trainbook_api::spec::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
@@ -57,6 +57,7 @@ fn preset(name: &str) -> Result<Preset> {
         arch,
         image_size,
         loader_threads: 2,
+        channels_last: None,
         augment,
     };
     let rows = |hyper: Hyper, data: &str, rows: Option<(usize, usize)>| Hyper {
@@ -98,6 +99,16 @@ fn preset(name: &str) -> Result<Preset> {
         },
         other => return Err(crate::unknown_preset("resnet", other, PRESETS)),
     })
+}
+
+/// Channels-last where it measures faster (docs/benchmarks.md): cuDNN's convolutions on CUDA,
+/// oneDNN's on CPUs (ResNet-50 1.06-1.11x here, ResNet-18 even); not on Gaudi, whose graph
+/// compiler picks its own layouts.
+fn channels_last_by_default(device: Device) -> bool {
+    match device {
+        Device::Cuda(_) | Device::Cpu => true,
+        Device::Hpu(_) => false,
+    }
 }
 
 /// Where the reference's hymenoptera folder is looked for.
@@ -166,6 +177,8 @@ pub struct ResnetRecipe {
     rows: [Vec<usize>; 2],
     pipelines: Mutex<[Option<Pipeline>; 2]>,
     device: Device,
+    /// Weights and batches stored channels-last (NHWC).
+    channels_last: bool,
 }
 
 fn slot(split: Split) -> usize {
@@ -227,6 +240,10 @@ impl ResnetRecipe {
             }
         }
         device.place_vars(&mut vs)?;
+        let channels_last = v.channels_last.unwrap_or(channels_last_by_default(device));
+        if channels_last {
+            trainbook_engine::vars_channels_last(&vs)?;
+        }
         Ok(Self {
             vs,
             model,
@@ -239,6 +256,7 @@ impl ResnetRecipe {
             rows,
             pipelines: Mutex::new([None, None]),
             device,
+            channels_last,
         })
     }
 
@@ -278,7 +296,6 @@ impl Recipe for ResnetRecipe {
             folder_batches,
             self.size,
             self.mode(split, epoch),
-            IMAGENET,
             self.loader_threads,
             4,
             self.device,
@@ -299,16 +316,18 @@ impl Recipe for ResnetRecipe {
                 &rows,
                 self.size,
                 self.mode(split, 0),
-                &IMAGENET,
             )?
         };
-        let logits = self.model.forward_t(&self.device.put(&b.images)?, train);
+        // The pixels travel as uint8 and become normalised floats on the device.
+        let images = self.device.put(&b.images)?;
+        let images = normalize_on_device(&images, &IMAGENET, self.channels_last)?;
+        let logits = self.model.forward_t(&images, train);
         Ok(Step::classification(logits, self.device.put(&b.labels)?))
     }
     /// `model.safetensors` (torchvision names) and `config.json` with the architecture, input
     /// size and class names, which `ImageClassifier::load` reads.
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vs.save(dir.join(crate::checkpoint::MODEL))?;
+        trainbook_engine::checkpoint::save_vars(&self.vs, &dir.join(crate::checkpoint::MODEL))?;
         crate::checkpoint::ImageModelConfig {
             architecture: self.arch,
             image_size: self.size,

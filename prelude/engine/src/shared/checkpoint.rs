@@ -283,3 +283,21 @@ mod tests {
         assert!(e.contains("checkpoints/epoch-0"), "{e}");
     }
 }
+
+/// Writes named tensors as safetensors, each in the usual contiguous layout (a channels-last
+/// weight is copied into NCHW order first: safetensors stores the logical order).
+pub fn write_tensors(named: &[(String, tch::Tensor)], path: &Path) -> Result<()> {
+    let dense: Vec<(&str, tch::Tensor)> = named
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.contiguous()))
+        .collect();
+    tch::Tensor::write_safetensors(&dense, path)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A variable store's weights as safetensors ([`write_tensors`]).
+pub fn save_vars(vs: &tch::nn::VarStore, path: &Path) -> Result<()> {
+    let mut named: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    write_tensors(&named, path)
+}

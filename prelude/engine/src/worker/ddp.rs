@@ -144,7 +144,8 @@ impl GradSync {
             let mut dst = bucket.flat.narrow(0, off, n);
             let g = self.params[i].grad();
             if g.defined() {
-                dst.copy_(&g.view([-1]));
+                // reshape: a channels-last gradient is read in its logical order (a copy).
+                dst.copy_(&g.reshape([-1]));
             } else {
                 let _ = dst.zero_();
             }
@@ -161,7 +162,9 @@ impl GradSync {
             if !g.defined() {
                 return Err(missing_gradient(i, &self.params[i]));
             }
-            g.view([-1]).copy_(&bucket.flat.narrow(0, off, n));
+            // Written through the gradient's own shape, whatever its memory format.
+            let mut g = g;
+            g.copy_(&bucket.flat.narrow(0, off, n).view(g.size().as_slice()));
         }
         Ok(())
     }
@@ -177,14 +180,14 @@ pub(crate) fn broadcast_parameters(pg: &ProcessGroup, tensors: &[Tensor]) -> Res
         for bucket in &sync.buckets {
             let mut flat = bucket.flat.shallow_clone();
             for &(i, off, n) in &bucket.slots {
-                flat.narrow(0, off, n).copy_(&tensors[i].view([-1]));
+                flat.narrow(0, off, n).copy_(&tensors[i].reshape([-1]));
             }
             pg.broadcast(&[&flat], 0)?;
             for &(i, off, n) in &bucket.slots {
+                let shape = tensors[i].size();
                 tensors[i]
                     .shallow_clone()
-                    .view([-1])
-                    .copy_(&flat.narrow(0, off, n));
+                    .copy_(&flat.narrow(0, off, n).view(shape.as_slice()));
             }
             let _ = &mut flat;
         }

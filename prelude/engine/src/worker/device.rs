@@ -11,7 +11,7 @@ use std::os::raw::{c_char, c_int};
 use anyhow::Result;
 use tch::{nn, Kind, Tensor};
 
-use crate::shared::ffi::call_ptr;
+use crate::shared::ffi::{call_ptr, call_status};
 
 pub(crate) use trainbook_api::device::DeviceKind;
 
@@ -30,6 +30,42 @@ extern "C" {
         errlen: usize,
     ) -> *mut torch_sys::C_tensor;
     fn tb_device_of(t: *const torch_sys::C_tensor, device_type: *mut c_int, index: *mut c_int);
+    fn tb_contiguous_as(
+        t: *const torch_sys::C_tensor,
+        channels_last: c_int,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut torch_sys::C_tensor;
+    fn tb_channels_last_(t: *mut torch_sys::C_tensor, err: *mut c_char, errlen: usize) -> c_int;
+    fn tb_is_channels_last(t: *const torch_sys::C_tensor) -> c_int;
+}
+
+/// `t` (N, C, H, W) with its memory in channels-last order (NHWC) when `channels_last`, else
+/// in the usual NCHW order; the shape does not change. Convolutions on CUDA (and oneDNN on
+/// CPUs) run faster on channels-last inputs and weights, and hand channels-last outputs on.
+pub fn memory_format(t: &Tensor, channels_last: bool) -> Result<Tensor> {
+    wrap("changing a tensor's memory format", |e, n| {
+        // SAFETY: `t` is a live tensor; the buffer is valid for its length.
+        unsafe { tb_contiguous_as(t.as_ptr(), c_int::from(channels_last), e, n) }
+    })
+}
+
+/// Every 4-dimensional variable of `vs` (convolution weights) stored channels-last, in place
+/// (the variables keep their identity), as `model.to(memory_format=torch.channels_last)`.
+pub fn vars_channels_last(vs: &nn::VarStore) -> Result<()> {
+    for (name, mut v) in vs.variables() {
+        call_status(&format!("storing {name} channels-last"), |e, n| {
+            // SAFETY: `v` is a live variable; the shim swaps its data under no_grad.
+            unsafe { tb_channels_last_(v.as_mut_ptr(), e, n) }
+        })?;
+    }
+    Ok(())
+}
+
+/// Whether `t` is a 4-dimensional tensor stored channels-last.
+pub fn is_channels_last(t: &Tensor) -> bool {
+    // SAFETY: a read-only query of a live tensor.
+    unsafe { tb_is_channels_last(t.as_ptr()) == 1 }
 }
 
 /// c10::DeviceType numbers (c10/core/DeviceType.h).

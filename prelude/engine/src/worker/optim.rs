@@ -582,9 +582,7 @@ fn state_suffixes(cfg: &OptimizerConfig) -> &'static [&'static str] {
 
 /// Writes named optimizer state as safetensors.
 pub(crate) fn save_state(named: &[(String, Tensor)], path: &Path) -> Result<()> {
-    let refs: Vec<(&str, &Tensor)> = named.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    Tensor::write_safetensors(&refs, path)
-        .with_context(|| format!("writing optimizer state {}", path.display()))
+    crate::shared::checkpoint::write_tensors(named, path).context("writing optimizer state")
 }
 
 #[cfg(test)]

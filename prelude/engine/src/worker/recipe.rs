@@ -146,8 +146,9 @@ pub trait Recipe {
     }
     /// Writes a loadable checkpoint into `dir` (an empty directory).
     fn save(&self, dir: &Path) -> Result<()> {
-        self.vars()
-            .save(dir.join(crate::shared::checkpoint::MODEL))?;
-        Ok(())
+        crate::shared::checkpoint::save_vars(
+            self.vars(),
+            &dir.join(crate::shared::checkpoint::MODEL),
+        )
     }
 }

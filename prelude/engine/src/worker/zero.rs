@@ -313,10 +313,10 @@ impl ShardedOptimizer {
 
     fn unpack(&self, b: usize, flat: &Tensor) {
         for &(i, off, n) in &self.shards[b].slots {
+            let shape = self.params[i].size();
             self.params[i]
                 .shallow_clone()
-                .view([-1])
-                .copy_(&flat.narrow(0, off, n));
+                .copy_(&flat.narrow(0, off, n).view(shape.as_slice()));
         }
     }
 

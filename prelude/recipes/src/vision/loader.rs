@@ -16,7 +16,7 @@ use tch::Tensor;
 use trainbook_engine::Device;
 
 use super::folder::ImageFolder;
-use super::transforms::{eval_transform, train_transform, Augment, Normalize};
+use super::transforms::{eval_selection, train_selection, Augment};
 
 /// How samples are turned into tensors.
 #[derive(Clone, Copy, Debug)]
@@ -29,21 +29,16 @@ pub enum Mode {
     Eval,
 }
 
-/// One prepared batch: images `(n, 3, size, size)` float32 and labels `(n,)` int64.
+/// One prepared batch: images `(n, size, size, 3)` uint8 (the pixels, a quarter of the bytes of
+/// floats to copy and to pin; normalised on the device) and labels `(n,)` int64.
 pub struct Batch {
     pub indices: Vec<usize>,
     pub images: Tensor,
     pub labels: Tensor,
 }
 
-/// Prepares one sample.
-pub fn sample(
-    folder: &ImageFolder,
-    i: usize,
-    size: u32,
-    mode: Mode,
-    norm: &Normalize,
-) -> Result<Tensor> {
+/// Prepares one sample: uint8 `(size, size, 3)`.
+pub fn sample(folder: &ImageFolder, i: usize, size: u32, mode: Mode) -> Result<Tensor> {
     let img = crate::vision::folder::load(folder, i)?;
     Ok(match mode {
         Mode::Train {
@@ -56,23 +51,17 @@ pub fn sample(
                 .wrapping_add(epoch.wrapping_mul(0xBF58_476D_1CE4_E5B9))
                 .wrapping_add(i as u64);
             let mut rng = rand::rngs::StdRng::seed_from_u64(key);
-            train_transform(&img, size, &mut rng, norm, augment)?
+            train_selection(&img, size, &mut rng, augment)?.hwc()?
         }
-        Mode::Eval => eval_transform(&img, size, norm)?,
+        Mode::Eval => eval_selection(&img, size)?.hwc()?,
     })
 }
 
 /// Builds a batch synchronously (also what the background threads run).
-pub fn batch(
-    folder: &ImageFolder,
-    indices: &[usize],
-    size: u32,
-    mode: Mode,
-    norm: &Normalize,
-) -> Result<Batch> {
+pub fn batch(folder: &ImageFolder, indices: &[usize], size: u32, mode: Mode) -> Result<Batch> {
     let images = indices
         .iter()
-        .map(|&i| sample(folder, i, size, mode, norm))
+        .map(|&i| sample(folder, i, size, mode))
         .collect::<Result<Vec<_>>>()?;
     let labels: Vec<i64> = indices
         .iter()
@@ -101,7 +90,6 @@ impl Pipeline {
         batches: Vec<Vec<usize>>,
         size: u32,
         mode: Mode,
-        norm: Normalize,
         threads: usize,
         depth: usize,
         device: Device,
@@ -121,7 +109,7 @@ impl Pipeline {
                         return;
                     }
                     // Pinned here, off the training loop's path, when the batch goes to a GPU.
-                    let out = batch(&folder, &batches[b], size, mode, &norm).map(|mut b| {
+                    let out = batch(&folder, &batches[b], size, mode).map(|mut b| {
                         b.images = device.pin(b.images);
                         b
                     });
@@ -166,7 +154,6 @@ pub fn take(
     indices: &[usize],
     size: u32,
     mode: Mode,
-    norm: &Normalize,
 ) -> Result<Batch> {
     if let Some(p) = pipeline {
         if let Some(b) = p.next_batch() {
@@ -176,5 +163,5 @@ pub fn take(
             }
         }
     }
-    batch(folder, indices, size, mode, norm).context("preparing a batch")
+    batch(folder, indices, size, mode).context("preparing a batch")
 }

@@ -21,7 +21,7 @@ use anyhow::{bail, Result};
 use image::imageops::{self, FilterType};
 use image::RgbImage;
 use rand::Rng;
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 /// `transforms.Normalize(mean, std)` applied after `ToTensor()` (values in [0, 1]).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -141,9 +141,49 @@ pub fn random_resized_crop_params(
 
 pub use trainbook_api::vision::Augment;
 
-/// Training transform: RandomResizedCrop(size, (`augment.min_scale`, 1), [`RATIO`]) with
-/// bilinear resampling, RandomHorizontalFlip(0.5) when `augment.flip`, ToTensor, Normalize.
-/// Returns a float32 `[3, size, size]` tensor.
+/// The pixels a transform chose: `crop` of `image`, mirrored left-right when `flip`.
+pub struct Selection<'a> {
+    image: std::borrow::Cow<'a, RgbImage>,
+    crop: Crop,
+    flip: bool,
+}
+
+impl Selection<'_> {
+    /// ToTensor + Normalize: float32 `[3, h, w]`.
+    pub fn chw(&self, norm: &Normalize) -> Result<Tensor> {
+        chw_tensor(&self.image, self.crop, self.flip, norm)
+    }
+
+    /// The pixels as they are: uint8 `[h, w, 3]` (a quarter of the float bytes to copy; the
+    /// device turns them into normalised floats, see [`normalize_on_device`]).
+    pub fn hwc(&self) -> Result<Tensor> {
+        hwc_tensor(&self.image, self.crop, self.flip)
+    }
+}
+
+/// Training selection: RandomResizedCrop(size, (`augment.min_scale`, 1), [`RATIO`]) with
+/// bilinear resampling, RandomHorizontalFlip(0.5) when `augment.flip`.
+pub fn train_selection(
+    img: &RgbImage,
+    size: u32,
+    rng: &mut impl Rng,
+    augment: Augment,
+) -> Result<Selection<'static>> {
+    check_inputs(img, size, size as u64 * size as u64)?;
+    let scale = (augment.min_scale, SCALE.1);
+    let c = random_resized_crop_params(img.width(), img.height(), scale, RATIO, rng);
+    let region = imageops::crop_imm(img, c.left, c.top, c.width, c.height);
+    let resized = imageops::resize(&*region, size, size, FilterType::Triangle);
+    let flip = augment.flip && rng.gen::<f64>() < 0.5;
+    Ok(Selection {
+        crop: full(&resized),
+        image: std::borrow::Cow::Owned(resized),
+        flip,
+    })
+}
+
+/// Training transform: [`train_selection`], ToTensor, Normalize. Returns a float32
+/// `[3, size, size]` tensor.
 pub fn train_transform(
     img: &RgbImage,
     size: u32,
@@ -151,30 +191,50 @@ pub fn train_transform(
     norm: &Normalize,
     augment: Augment,
 ) -> Result<Tensor> {
-    check_inputs(img, size, size as u64 * size as u64)?;
-    let scale = (augment.min_scale, SCALE.1);
-    let c = random_resized_crop_params(img.width(), img.height(), scale, RATIO, rng);
-    let region = imageops::crop_imm(img, c.left, c.top, c.width, c.height);
-    let resized = imageops::resize(&*region, size, size, FilterType::Triangle);
-    let flip = augment.flip && rng.gen::<f64>() < 0.5;
-    chw_tensor(&resized, full(&resized), flip, norm)
+    train_selection(img, size, rng, augment)?.chw(norm)
 }
 
-/// Evaluation transform: Resize the shorter side to `size * 256 / 224` (bilinear), CenterCrop
-/// `size`, ToTensor, Normalize. Returns a float32 `[3, size, size]` tensor.
-pub fn eval_transform(img: &RgbImage, size: u32, norm: &Normalize) -> Result<Tensor> {
+/// Evaluation selection: Resize the shorter side to `size * 256 / 224` (bilinear), CenterCrop
+/// `size`.
+pub fn eval_selection(img: &RgbImage, size: u32) -> Result<Selection<'_>> {
     check_inputs(img, size, 0)?;
     let (nw, nh) = resize_shorter_dims(img.width(), img.height(), eval_resize_size(size));
     check_inputs(img, size, nw as u64 * nh as u64)?;
-    let resized;
+    let crop = center_crop_params(nw, nh, size);
     // torchvision returns the image untouched when it already has the target size.
-    let src = if (nw, nh) == img.dimensions() {
-        img
+    let image = if (nw, nh) == img.dimensions() {
+        std::borrow::Cow::Borrowed(img)
     } else {
-        resized = imageops::resize(img, nw, nh, FilterType::Triangle);
-        &resized
+        std::borrow::Cow::Owned(imageops::resize(img, nw, nh, FilterType::Triangle))
     };
-    chw_tensor(src, center_crop_params(nw, nh, size), false, norm)
+    Ok(Selection {
+        image,
+        crop,
+        flip: false,
+    })
+}
+
+/// Evaluation transform: [`eval_selection`], ToTensor, Normalize. Returns a float32
+/// `[3, size, size]` tensor.
+pub fn eval_transform(img: &RgbImage, size: u32, norm: &Normalize) -> Result<Tensor> {
+    eval_selection(img, size)?.chw(norm)
+}
+
+/// A batch of uint8 `[n, h, w, 3]` pixels as normalised float32 `[n, 3, h, w]`, computed where
+/// the batch is (on the device): `(x / 255 - mean) / std`, ToTensor and Normalize's float32
+/// arithmetic. The result is stored channels-last (NHWC memory, the pixels' own order) when
+/// `channels_last`, else in the usual NCHW order.
+pub fn normalize_on_device(x: &Tensor, norm: &Normalize, channels_last: bool) -> Result<Tensor> {
+    let opts = (Kind::Float, x.device());
+    let mean = Tensor::f_from_slice(&norm.mean)?
+        .f_to_device(opts.1)?
+        .f_view([1, 3, 1, 1])?;
+    let std = Tensor::f_from_slice(&norm.std)?
+        .f_to_device(opts.1)?
+        .f_view([1, 3, 1, 1])?;
+    let x = x.f_permute([0, 3, 1, 2])?.f_to_kind(opts.0)?;
+    let y = ((x / 255.0) - mean) / std;
+    trainbook_engine::memory_format(&y, channels_last)
 }
 
 /// `ToTensor()` + `Normalize` of a whole image: float32 `[3, height, width]`.
@@ -243,9 +303,28 @@ fn check_inputs(img: &RgbImage, size: u32, out_pixels: u64) -> Result<()> {
     Ok(())
 }
 
-/// ToTensor + Normalize of `crop` of `img` (mirrored left-right when `flip`), as float32 CHW.
-fn chw_tensor(img: &RgbImage, crop: Crop, flip: bool, norm: &Normalize) -> Result<Tensor> {
-    let lut = norm.table()?;
+/// `crop` of `img` (mirrored left-right when `flip`) as uint8 HWC.
+fn hwc_tensor(img: &RgbImage, crop: Crop, flip: bool) -> Result<Tensor> {
+    check_crop(img, crop)?;
+    let (w, h) = (crop.width as usize, crop.height as usize);
+    let stride = img.width() as usize * 3;
+    let raw = img.as_raw();
+    let mut out = Vec::with_capacity(3 * w * h);
+    for y in 0..h {
+        let start = (crop.top as usize + y) * stride + crop.left as usize * 3;
+        let row = &raw[start..start + 3 * w];
+        if flip {
+            for px in row.chunks_exact(3).rev() {
+                out.extend_from_slice(px);
+            }
+        } else {
+            out.extend_from_slice(row);
+        }
+    }
+    Ok(Tensor::f_from_slice(&out)?.f_view([h as i64, w as i64, 3])?)
+}
+
+fn check_crop(img: &RgbImage, crop: Crop) -> Result<()> {
     if crop.left as u64 + crop.width as u64 > img.width() as u64
         || crop.top as u64 + crop.height as u64 > img.height() as u64
     {
@@ -255,6 +334,13 @@ fn chw_tensor(img: &RgbImage, crop: Crop, flip: bool, norm: &Normalize) -> Resul
             img.height()
         );
     }
+    Ok(())
+}
+
+/// ToTensor + Normalize of `crop` of `img` (mirrored left-right when `flip`), as float32 CHW.
+fn chw_tensor(img: &RgbImage, crop: Crop, flip: bool, norm: &Normalize) -> Result<Tensor> {
+    let lut = norm.table()?;
+    check_crop(img, crop)?;
     let (w, h) = (crop.width as usize, crop.height as usize);
     let (stride, plane) = (img.width() as usize * 3, w * h);
     let raw = img.as_raw();
@@ -536,5 +622,37 @@ mod tests {
         };
         let err = eval_transform(&img, 8, &bad).unwrap_err();
         assert!(err.to_string().contains("std must be a positive"), "{err}");
+    }
+
+    /// The uint8 pixels normalised on the device equal the host's float transform (ToTensor +
+    /// Normalize, torchvision's arithmetic) exactly, in either memory format: a job's losses
+    /// are those of float NCHW batches.
+    #[test]
+    fn pixels_normalised_on_the_device_equal_the_float_transform() {
+        let img = RgbImage::from_fn(61, 47, |x, y| {
+            Rgb([
+                (x * 7 % 256) as u8,
+                (y * 13 % 256) as u8,
+                ((x + y) * 5 % 256) as u8,
+            ])
+        });
+        let mut rng = StdRng::seed_from_u64(3);
+        let train = train_selection(&img, 32, &mut rng, Augment::TORCHVISION).unwrap();
+        for sel in [train, eval_selection(&img, 32).unwrap()] {
+            let want = sel.chw(&Normalize::IMAGENET).unwrap().unsqueeze(0);
+            let pixels = sel.hwc().unwrap();
+            assert_eq!(pixels.kind(), Kind::Uint8);
+            assert_eq!(pixels.size(), [32, 32, 3]);
+            for channels_last in [false, true] {
+                let got =
+                    normalize_on_device(&pixels.unsqueeze(0), &Normalize::IMAGENET, channels_last)
+                        .unwrap();
+                assert_eq!(got.size(), [1, 3, 32, 32]);
+                assert_eq!(trainbook_engine::is_channels_last(&got), channels_last);
+                assert_eq!(got.is_contiguous(), !channels_last);
+                let diff = (&got - &want).abs().max().double_value(&[]);
+                assert_eq!(diff, 0.0, "max difference {diff}");
+            }
+        }
     }
 }
