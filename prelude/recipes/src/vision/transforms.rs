@@ -225,14 +225,15 @@ pub fn eval_transform(img: &RgbImage, size: u32, norm: &Normalize) -> Result<Ten
 /// arithmetic. The result is stored channels-last (NHWC memory, the pixels' own order) when
 /// `channels_last`, else in the usual NCHW order.
 pub fn normalize_on_device(x: &Tensor, norm: &Normalize, channels_last: bool) -> Result<Tensor> {
-    let opts = (Kind::Float, x.device());
-    let mean = Tensor::f_from_slice(&norm.mean)?
-        .f_to_device(opts.1)?
-        .f_view([1, 3, 1, 1])?;
-    let std = Tensor::f_from_slice(&norm.std)?
-        .f_to_device(opts.1)?
-        .f_view([1, 3, 1, 1])?;
-    let x = x.f_permute([0, 3, 1, 2])?.f_to_kind(opts.0)?;
+    use trainbook_engine::OnDeviceOf;
+    // On the batch's device, named through the batch (tch cannot name every device).
+    let stat = |v: &[f32; 3]| -> Result<Tensor> {
+        Ok(Tensor::f_from_slice(v)?
+            .to_device_of(x)
+            .f_view([1, 3, 1, 1])?)
+    };
+    let (mean, std) = (stat(&norm.mean)?, stat(&norm.std)?);
+    let x = x.f_permute([0, 3, 1, 2])?.f_to_kind(Kind::Float)?;
     let y = ((x / 255.0) - mean) / std;
     trainbook_engine::memory_format(&y, channels_last)
 }
