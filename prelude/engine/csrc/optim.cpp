@@ -134,4 +134,17 @@ int tb_fused_sgd(void* const* params, void* const* grads, void* const* momentum_
   }
   return -1;
 }
+
+// Drops each parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`, its default): the
+// next backward pass hands its gradient over instead of adding it to zeros, so a step does no
+// fill and no add per parameter.
+void tb_grads_to_none(void* const* params, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      static_cast<at::Tensor*>(params[i])->mutable_grad().reset();
+    } catch (...) {
+    }
+  }
+}
+
 }

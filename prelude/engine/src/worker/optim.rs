@@ -126,6 +126,7 @@ pub(crate) struct Piece {
 pub(crate) type SumOverRanks<'a> = &'a dyn Fn(&Tensor) -> Result<()>;
 
 extern "C" {
+    fn tb_grads_to_none(params: *const *mut c_void, n: usize);
     fn tb_fused_adamw(
         params: *const *mut c_void,
         grads: *const *mut c_void,
@@ -228,13 +229,16 @@ impl Optimizer {
         self.steps
     }
 
+    /// Drops every gradient before a step's backward passes (PyTorch's default,
+    /// `set_to_none=True`): the first micro-batch's gradient is handed over, not added to zeros.
     pub(crate) fn zero_grad(&mut self) {
-        for (_, p) in &self.params {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.detach_().zero_();
-            }
-        }
+        let ptrs: Vec<*mut c_void> = self
+            .params
+            .iter()
+            .map(|(_, p)| p.as_ptr() as *mut c_void)
+            .collect();
+        // SAFETY: live parameter tensors; the helper only resets their gradient slot.
+        unsafe { tb_grads_to_none(ptrs.as_ptr(), ptrs.len()) }
     }
 
     /// Scales gradients so their global L2 norm is at most `max_norm`; returns the norm
