@@ -518,9 +518,8 @@ impl Recipe for MlmRecipe {
             .argmax(-1, false)
             .eq_tensor(&labels)
             .to_kind(Kind::Float)
-            .mean(Kind::Float)
-            .double_value(&[]);
-        Ok(Step::loss(loss).metric("masked_accuracy", accuracy))
+            .mean(Kind::Float);
+        Ok(Step::loss(loss).metric_tensor("masked_accuracy", &accuracy))
     }
     fn perplexity(&self) -> bool {
         true

@@ -97,6 +97,9 @@ pub struct Step {
     /// Named scalars for this batch (e.g. a perplexity): each becomes a metric of the step
     /// (averaged over micro-batches) and, averaged over the epoch and the ranks, of the epoch.
     pub metrics: Vec<(String, f64)>,
+    /// The same, still on the device (0-dimensional tensors): read once per step, after the
+    /// update is queued, so computing them makes the host wait for nothing.
+    pub device_metrics: Vec<(String, Tensor)>,
 }
 
 impl Step {
@@ -106,6 +109,7 @@ impl Step {
             loss,
             predictions: None,
             metrics: Vec::new(),
+            device_metrics: Vec::new(),
         }
     }
 
@@ -124,6 +128,24 @@ impl Step {
     pub fn metric(mut self, name: impl Into<String>, value: f64) -> Self {
         self.metrics.push((name.into(), value));
         self
+    }
+
+    /// Adds a named scalar that is still a 0-dimensional tensor on the device: prefer it to
+    /// [`Step::metric`] on accelerators (no `.item()` in the step).
+    pub fn metric_tensor(mut self, name: impl Into<String>, value: &Tensor) -> Self {
+        self.device_metrics.push((name.into(), value.detach()));
+        self
+    }
+
+    /// Every metric as a number (reads the device's: the host waits for them).
+    pub fn all_metrics(&self) -> Vec<(String, f64)> {
+        let mut all = self.metrics.clone();
+        all.extend(
+            self.device_metrics
+                .iter()
+                .map(|(n, t)| (n.clone(), t.double_value(&[]))),
+        );
+        all
     }
 }
 

@@ -69,6 +69,57 @@ impl MetricSums {
     }
 }
 
+/// A step's numbers, kept on the device until the update is queued, then read in one
+/// transfer: an `.item()` per micro-batch would make the host wait for each forward and
+/// backward pass before queuing the next work, leaving an accelerator idle meanwhile.
+#[derive(Default)]
+struct StepScalars {
+    values: Vec<Tensor>,
+    /// Per micro-batch: samples, whether it counted hits, host metrics, device metrics' names.
+    batches: Vec<(usize, bool, Vec<(String, f64)>, Vec<String>)>,
+}
+
+impl StepScalars {
+    fn push(
+        &mut self,
+        n: usize,
+        loss: &Tensor,
+        hits: Option<Tensor>,
+        host: Vec<(String, f64)>,
+        device: Vec<(String, Tensor)>,
+    ) {
+        let scalar = |t: &Tensor| t.detach().to_kind(Kind::Double).reshape([1]);
+        self.values.push(scalar(loss));
+        if let Some(h) = &hits {
+            self.values.push(scalar(h));
+        }
+        self.values.extend(device.iter().map(|(_, t)| scalar(t)));
+        let names = device.into_iter().map(|(name, _)| name).collect();
+        self.batches.push((n, hits.is_some(), host, names));
+    }
+
+    /// The loss summed over samples, the samples, the metrics; hits go into `sums`.
+    fn read(self, sums: &mut EpochSums) -> Result<(f64, usize, MetricSums)> {
+        let all = Tensor::cat(&self.values, 0).to_device(tch::Device::Cpu);
+        let mut values = Vec::<f64>::try_from(&all)?.into_iter();
+        let (mut loss_sum, mut samples, mut metrics) = (0.0, 0, MetricSums::default());
+        for (n, counted, mut host, names) in self.batches {
+            let mut next = || values.next().context("a step scalar is missing");
+            loss_sum += next()? * n as f64;
+            samples += n;
+            if counted {
+                sums.correct += next()?;
+                sums.counted += n as f64;
+            }
+            for name in names {
+                host.push((name, next()?));
+            }
+            metrics.add(&host, n);
+        }
+        Ok((loss_sum, samples, metrics))
+    }
+}
+
 /// One rank's evaluation of an epoch.
 #[derive(Default)]
 struct EvalSums {
@@ -534,30 +585,25 @@ impl<'a> Trainer<'a> {
                 .wrapping_add((self.step * world as u64 + rank as u64) as i64),
         );
         self.update.zero_grad();
-        let (mut loss_sum, mut n) = (0.0f64, 0usize);
-        let mut metrics = MetricSums::default();
+        let mut scalars = StepScalars::default();
         for batch in group {
-            let (loss, hits, batch_metrics) = autocast(h.precision, ctx.device, || {
+            let (loss, hits, out) = autocast(h.precision, ctx.device, || {
                 let out = self.recipe.step(Split::Train, batch, true)?;
                 let hits = out.predictions.as_ref().map(|(logits, labels)| {
                     logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
                 });
-                Ok((out.loss, hits, out.metrics))
+                Ok((out.loss.shallow_clone(), hits, out))
             })?;
-            if let Some(hits) = hits {
-                sums.correct += hits.double_value(&[]);
-                sums.counted += batch.len() as f64;
-            }
             // Gradients add up over micro-batches; average them like one big batch.
             (&loss / group.len() as f64).backward();
-            loss_sum += loss.double_value(&[]) * batch.len() as f64;
-            n += batch.len();
-            metrics.add(&batch_metrics, batch.len());
+            scalars.push(batch.len(), &loss, hits, out.metrics, out.device_metrics);
         }
         // Each rank's share of the global batch (equal shards: 1/world).
         let lr = self.schedule.at(self.step);
         self.update
             .step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
+        // The step's numbers, read once the update is queued.
+        let (loss_sum, n, metrics) = scalars.read(sums)?;
         let l = loss_sum / n.max(1) as f64;
         if !l.is_finite() {
             bail!("loss became {l} at step {} (epoch {epoch}): lower the learning rate or enable gradient clipping", self.step);
@@ -669,7 +715,7 @@ impl<'a> Trainer<'a> {
                 if let Some((logits, labels)) = &out.predictions {
                     e.confusion.add(logits, labels)?;
                 }
-                e.metrics.add(&out.metrics, batch.len());
+                e.metrics.add(&out.all_metrics(), batch.len());
                 heartbeat::tick();
             }
             Ok(e)
