@@ -19,6 +19,7 @@ use trainbook_api::logs::Stream;
 use super::dedup::Deduplicator;
 use super::dllog::DlLog;
 use super::handle::JobState;
+use super::incoming::Incoming;
 use super::metrics;
 use super::mlflow::{Mlflow, RunInfo};
 use super::processes::{Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
@@ -41,12 +42,6 @@ const NODE_LOST_AFTER: Duration = Duration::from_millis(2000);
 const REMOTE_DONE_WAIT: Duration = Duration::from_secs(10);
 /// Log lines kept in memory per job (the run directory has them all).
 const MEMORY_LOG_LINES: usize = 10_000;
-
-/// What reaches the event loop: a worker’s event, or a line of a local worker’s raw output.
-pub(super) enum Incoming {
-    Event(Event),
-    Raw(RawOutput),
-}
 
 /// How to start this node’s workers again: their commands, where their output goes, and the
 /// rendezvous store through which the nodes of a job agree on each start.

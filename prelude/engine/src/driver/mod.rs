@@ -16,6 +16,7 @@ pub(crate) mod dedup;
 mod dllog;
 mod drive;
 mod handle;
+mod incoming;
 pub(crate) mod memory;
 pub(crate) mod metrics;
 mod mlflow;
@@ -38,8 +39,9 @@ use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::env;
 use crate::worker::jobs::JobKind;
 use crate::worker::recipe::Registry;
-use drive::{Incoming, Start};
+use drive::Start;
 use handle::{JobHandle, JobState};
+use incoming::Incoming;
 use processes::WorkerCommand;
 use rendezvous::Node;
 

@@ -17,7 +17,7 @@ use trainbook_api::device::DeviceKind;
 use trainbook_api::spec::{JobSpec, Resume};
 use trainbook_api::topology::DEFAULT_MASTER_PORT;
 
-use super::drive::Incoming;
+use super::incoming::Incoming;
 use super::placement;
 use crate::shared::checkpoint::{self, RunConfig, RunStatus};
 use crate::shared::events::{self, Collector, Emitter};
