@@ -279,6 +279,23 @@ impl Hyper {
     }
 }
 
+impl Hyper {
+    /// Samples per micro-batch on each of `world` workers; an error naming the fix when the
+    /// global batch cannot give every worker and micro-batch a sample. The driver checks it
+    /// before any worker starts, each worker again with its own numbers.
+    pub fn local_batch(&self, world: usize) -> Result<usize> {
+        let accum = self.grad_accum.max(1);
+        if self.global_batch_size < world * accum {
+            bail!(
+                "global batch size {} is smaller than {world} workers x {accum} micro-batches: raise global_batch_size to at least {}, or use fewer workers or micro-batches",
+                self.global_batch_size,
+                world * accum
+            );
+        }
+        Ok(self.global_batch_size / (world * accum))
+    }
+}
+
 fn one() -> usize {
     1
 }

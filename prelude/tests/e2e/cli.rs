@@ -120,6 +120,50 @@ fn zero_workers() {
     );
 }
 
+/// A preset's global batch that cannot give each of 32 workers (or each micro-batch) a sample
+/// is refused by the driver before any worker starts, naming the fix.
+#[test]
+fn a_global_batch_smaller_than_the_workers_is_refused_before_launch() {
+    let started = std::time::Instant::now();
+    expect_clear_error(
+        &[
+            "train",
+            "bert-mlm",
+            "--preset",
+            "tiny",
+            "--workers",
+            "32",
+            "--device",
+            "cpu",
+        ],
+        &[],
+        &[
+            "global batch size 16 is smaller than 32 workers x 1 micro-batches",
+            "raise global_batch_size to at least 32",
+        ],
+    );
+    expect_clear_error(
+        &[
+            "train",
+            "bert-mlm",
+            "--preset",
+            "tiny",
+            "--workers",
+            "4",
+            "--grad-accum",
+            "8",
+        ],
+        &[],
+        &["smaller than 4 workers x 8 micro-batches"],
+    );
+    // Two refusals, no worker process started: well under a second each here.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn unknown_recipe() {
     expect_clear_error(

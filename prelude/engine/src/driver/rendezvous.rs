@@ -126,6 +126,10 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
     // The preset and every option resolved here, before any process starts: a bad option
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
+    // What every worker would reject for the job's shape, refused before any of them starts.
+    if let Some(h) = &hyper {
+        h.local_batch(spec.world_size())?;
+    }
     let device = placement::resolve(spec.device, spec.workers)?;
     // A job that cannot fit its devices fails here, before its run directory exists.
     if let (Some(h), JobKind::Recipe(entry)) = (&hyper, recipes.job_kind(&spec.recipe)?) {

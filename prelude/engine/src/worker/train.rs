@@ -986,13 +986,7 @@ impl<'a> Trainer<'a> {
 /// Samples per forward pass on one worker, with a note when the global batch does not divide.
 fn local_batch(ctx: &WorkerContext, h: &Hyper) -> Result<usize> {
     let (world, accum) = (ctx.world_size, h.grad_accum.max(1));
-    if h.global_batch_size < world * accum {
-        bail!(
-            "global batch size {} is smaller than {world} workers x {accum} micro-batches",
-            h.global_batch_size
-        );
-    }
-    let local_batch = h.global_batch_size / (world * accum);
+    let local_batch = h.local_batch(world)?;
     if ctx.rank == 0 && !h.global_batch_size.is_multiple_of(world * accum) {
         ctx.events.log(format!(
             "note: global batch {} is not divisible by {world} workers x {accum} micro-batches; using {} per micro-batch ({} in all)",
