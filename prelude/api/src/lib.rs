@@ -67,6 +67,7 @@ pub mod table;
 pub mod text;
 pub mod tokenizer;
 pub mod topology;
+pub mod view;
 pub mod vision;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};

@@ -411,7 +411,7 @@ pub struct JobSpec {
     pub dedup: DedupConfig,
     /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
     #[serde(skip)]
-    pub view: crate::run::ViewOptions,
+    pub view: crate::view::ViewOptions,
 }
 
 /// An MLflow tracking URI trainbook can log to: an HTTP(S) tracking server (trainbook speaks
