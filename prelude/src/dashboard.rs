@@ -55,7 +55,7 @@ impl JobDashboard {
             title,
             world,
             job.run_dir().display().to_string(),
-            crate::run::dashboard_options(&trainbook_api::run::view_options(spec))?,
+            dashboard_options(&trainbook_api::run::view_options(spec))?,
         );
         d.dash.progress.status = status(job.status());
         Ok(d)
@@ -264,4 +264,17 @@ fn log_line(s: &Shown) -> LogLine {
         repeats: s.repeats.as_ref().map(|r| r.to_string()),
         is_error: s.is_error,
     }
+}
+
+/// The widgets' options for a job's view, with the log level resolved.
+pub fn dashboard_options(
+    view: &trainbook_api::ViewOptions,
+) -> anyhow::Result<trainbook_widgets::DashboardOptions> {
+    Ok(trainbook_widgets::DashboardOptions {
+        plot: view.plot,
+        logs: view.logs,
+        log_level: view.log_level()?,
+        log_y: view.log_scale,
+        ..Default::default()
+    })
 }

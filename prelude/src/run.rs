@@ -15,9 +15,10 @@ use trainbook_api::classify::{ImageModel, TextModel};
 use trainbook_api::run::view_options;
 use trainbook_api::runtime::{Bundle, Runtime};
 use trainbook_api::{Hyper, Job, JobSpec};
-use trainbook_api::{Plan, Table, ViewOptions};
+use trainbook_api::{Plan, Table};
 use trainbook_recipes::REGISTRY;
 
+use crate::dashboard::dashboard_options;
 use crate::{display, notebook};
 
 /// The runtime (one per process).
@@ -133,17 +134,6 @@ impl Runtime for Trainbook {
             trainbook_recipes::classify::ResnetImageModel::load(dir)?,
         ))
     }
-}
-
-/// The widgets' options for a job's view, with the log level resolved.
-pub fn dashboard_options(view: &ViewOptions) -> Result<trainbook_widgets::DashboardOptions> {
-    Ok(trainbook_widgets::DashboardOptions {
-        plot: view.plot,
-        logs: view.logs,
-        log_level: view.log_level()?,
-        log_y: view.log_scale,
-        ..Default::default()
-    })
 }
 
 // Registration before `main`: a program only names `trainbook_api` items (re-exported here), so

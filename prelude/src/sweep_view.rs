@@ -55,7 +55,7 @@ impl SweepDashboard {
     /// The view of `sweep` as it stands now.
     pub fn new(sweep: &SweepJob) -> Result<SweepDashboard> {
         let spec = sweep.spec();
-        let options = crate::run::dashboard_options(&spec.base.view)?;
+        let options = crate::dashboard::dashboard_options(&spec.base.view)?;
         let trials = sweep.trial_states();
         let title = format!(
             "sweep · {} · {} trials · {} · {} on {} ({})",
