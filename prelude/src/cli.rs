@@ -798,23 +798,30 @@ fn train(args: &TrainArgs) -> Result<i32> {
     } else {
         eprintln!("{}", view.dashboard().summary_text());
     }
+    let wait_error = result.as_ref().err().map(|e| format!("{e:#}"));
+    Ok(report_end(&summary, wait_error, args.json))
+}
+
+/// What follows a job's summary in the terminal: the profiler's table, warnings, an error the
+/// summary does not carry, the JSON line; returns the exit code.
+fn report_end(summary: &trainbook_api::TrainResult, wait_error: Option<String>, json: bool) -> i32 {
     if let Some(p) = &summary.profile {
         eprint!("{}", p.table(15));
     }
     for w in &summary.warnings {
         eprintln!("warning: {w}");
     }
-    if let (Err(e), None) = (&result, &summary.error) {
-        eprintln!("error: {e:#}");
+    if let (Some(e), None) = (wait_error, &summary.error) {
+        eprintln!("error: {e}");
     }
-    if args.json {
+    if json {
         println!("{}", summary.to_json());
     }
-    Ok(if summary.status == JobStatus::Succeeded {
+    if summary.status == JobStatus::Succeeded {
         0
     } else {
         1
-    })
+    }
 }
 
 fn sweep(args: &SweepArgs) -> Result<i32> {
