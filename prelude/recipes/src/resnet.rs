@@ -23,7 +23,7 @@ use trainbook_engine::Device;
 use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
-use crate::vision::transforms::{normalize_on_device, Augment, Normalize};
+use crate::vision::transforms::{Augment, DeviceNormalize, Normalize};
 use trainbook_api::spec::Hyper;
 use trainbook_api::spec::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
@@ -179,6 +179,8 @@ pub struct ResnetRecipe {
     device: Device,
     /// Weights and batches stored channels-last (NHWC).
     channels_last: bool,
+    /// ImageNet's mean and std, on the device.
+    normalize: DeviceNormalize,
 }
 
 fn slot(split: Split) -> usize {
@@ -257,6 +259,7 @@ impl ResnetRecipe {
             pipelines: Mutex::new([None, None]),
             device,
             channels_last,
+            normalize: DeviceNormalize::new(&IMAGENET, device)?,
         })
     }
 
@@ -320,7 +323,7 @@ impl Recipe for ResnetRecipe {
         };
         // The pixels travel as uint8 and become normalised floats on the device.
         let images = self.device.put(&b.images)?;
-        let images = normalize_on_device(&images, &IMAGENET, self.channels_last)?;
+        let images = self.normalize.apply(&images, self.channels_last)?;
         let logits = self.model.forward_t(&images, train);
         Ok(Step::classification(logits, self.device.put(&b.labels)?))
     }

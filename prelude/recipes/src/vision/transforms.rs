@@ -155,7 +155,7 @@ impl Selection<'_> {
     }
 
     /// The pixels as they are: uint8 `[h, w, 3]` (a quarter of the float bytes to copy; the
-    /// device turns them into normalised floats, see [`normalize_on_device`]).
+    /// device turns them into normalised floats, see [`DeviceNormalize`]).
     pub fn hwc(&self) -> Result<Tensor> {
         hwc_tensor(&self.image, self.crop, self.flip)
     }
@@ -220,22 +220,33 @@ pub fn eval_transform(img: &RgbImage, size: u32, norm: &Normalize) -> Result<Ten
     eval_selection(img, size)?.chw(norm)
 }
 
-/// A batch of uint8 `[n, h, w, 3]` pixels as normalised float32 `[n, 3, h, w]`, computed where
-/// the batch is (on the device): `(x / 255 - mean) / std`, ToTensor and Normalize's float32
-/// arithmetic. The result is stored channels-last (NHWC memory, the pixels' own order) when
-/// `channels_last`, else in the usual NCHW order.
-pub fn normalize_on_device(x: &Tensor, norm: &Normalize, channels_last: bool) -> Result<Tensor> {
-    use trainbook_engine::OnDeviceOf;
-    // On the batch's device, named through the batch (tch cannot name every device).
-    let stat = |v: &[f32; 3]| -> Result<Tensor> {
-        Ok(Tensor::f_from_slice(v)?
-            .to_device_of(x)
-            .f_view([1, 3, 1, 1])?)
-    };
-    let (mean, std) = (stat(&norm.mean)?, stat(&norm.std)?);
-    let x = x.f_permute([0, 3, 1, 2])?.f_to_kind(Kind::Float)?;
-    let y = ((x / 255.0) - mean) / std;
-    trainbook_engine::memory_format(&y, channels_last)
+/// Normalize's mean and std as `(1, 3, 1, 1)` float32 tensors on a device, made once per
+/// job: copying them there for every batch would make the host wait for the device each step.
+pub struct DeviceNormalize {
+    mean: Tensor,
+    std: Tensor,
+}
+
+impl DeviceNormalize {
+    pub fn new(norm: &Normalize, device: trainbook_engine::Device) -> Result<Self> {
+        let stat = |v: &[f32; 3]| -> Result<Tensor> {
+            device.put(&Tensor::f_from_slice(v)?.f_view([1, 3, 1, 1])?)
+        };
+        Ok(DeviceNormalize {
+            mean: stat(&norm.mean)?,
+            std: stat(&norm.std)?,
+        })
+    }
+
+    /// A batch of uint8 `[n, h, w, 3]` pixels (on the same device) as normalised float32
+    /// `[n, 3, h, w]`: `(x / 255 - mean) / std`, ToTensor and Normalize's float32 arithmetic.
+    /// Stored channels-last (NHWC memory, the pixels' own order) when `channels_last`, else in
+    /// the usual NCHW order.
+    pub fn apply(&self, x: &Tensor, channels_last: bool) -> Result<Tensor> {
+        let x = x.f_permute([0, 3, 1, 2])?.f_to_kind(Kind::Float)?;
+        let y = ((x / 255.0) - &self.mean) / &self.std;
+        trainbook_engine::memory_format(&y, channels_last)
+    }
 }
 
 /// `ToTensor()` + `Normalize` of a whole image: float32 `[3, height, width]`.
@@ -645,9 +656,12 @@ mod tests {
             assert_eq!(pixels.kind(), Kind::Uint8);
             assert_eq!(pixels.size(), [32, 32, 3]);
             for channels_last in [false, true] {
-                let got =
-                    normalize_on_device(&pixels.unsqueeze(0), &Normalize::IMAGENET, channels_last)
-                        .unwrap();
+                let norm =
+                    DeviceNormalize::new(&Normalize::IMAGENET, trainbook_engine::Device::Cpu);
+                let got = norm
+                    .unwrap()
+                    .apply(&pixels.unsqueeze(0), channels_last)
+                    .unwrap();
                 assert_eq!(got.size(), [1, 3, 32, 32]);
                 assert_eq!(trainbook_engine::is_channels_last(&got), channels_last);
                 assert_eq!(got.is_contiguous(), !channels_last);
