@@ -7,7 +7,6 @@ and habana_frameworks.torch must be imported before torch (see its __init__.py).
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,12 +50,6 @@ def run_py(env, code, extra=None, timeout=120, settle_autograd=False):
 def last_json(proc):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_tensors_report_hpu_and_round_trip(env):

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINBOOK = ROOT / "target" / "release" / "trainbook"
@@ -29,19 +30,6 @@ JOB = [
     "--optimizer", "sgd", "--dropout", "0", "--seed", "5", "--global-batch-size", "8",
     "--epochs", "10",
 ]
-
-
-def free_ports(n):
-    """`n` distinct free ports: every socket is bound before any is closed (ports picked one
-    after another, each socket closed at once, may coincide)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_until(cond, timeout, step=0.1):

@@ -5,7 +5,6 @@ killed mid-run, which must neither fail nor hold up the training, only end it wi
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,17 +14,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINBOOK = ROOT / "target" / "release" / "trainbook"
 MLFLOW = ROOT / ".venv" / "bin" / "mlflow"
 RUNS = tempfile.mkdtemp(prefix="mlflow-tracking-runs-")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

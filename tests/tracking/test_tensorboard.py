@@ -14,6 +14,7 @@ import polars as pl
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import api_pb2 as hp_api
 from tensorboard.plugins.hparams import metadata as hp_metadata
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINBOOK = ROOT / "target" / "release" / "trainbook"
@@ -147,13 +148,6 @@ def test_a_sweeps_trials_compare_in_tensorboards_hparams_tab():
     finally:
         server.terminate()
         server.communicate(timeout=30)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_json(url, body):

@@ -18,13 +18,21 @@ fn runs_root() -> PathBuf {
 }
 
 /// A port free on node 0's address now (the test's two drivers must agree on it beforehand,
-/// as nodes do).
+/// as nodes do). Taken from below the kernel's ephemeral range (32768 and up by default): a
+/// port-0 bind would hand out a port that any connection on the machine may take before the
+/// driver binds it (tests/ports.py says the same for the Python tests). Where the scan starts
+/// varies by process and time, so tests running side by side pick different ports.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind((NODE0, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0)
+        ^ (std::process::id() as u64 * 2_654_435_761);
+    let (low, span) = (10_000u64, 22_000u64);
+    (0..span)
+        .map(|i| (low + (seed + i * 7_919) % span) as u16)
+        .find(|&p| std::net::TcpListener::bind((NODE0, p)).is_ok())
+        .expect("no free port below 32000 on 127.0.0.2")
 }
 
 /// A synthetic job: SGD, no dropout, 20 steps of a global batch of 8.
