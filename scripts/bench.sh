@@ -43,6 +43,9 @@
 #    workers x 1 thread, BENCH_TRACKING_ROWS (1,000) rows, alternating BENCH_ROUNDS (3) times
 # w: live dashboard rendering (widgets/benches/render.rs): loss plot of 10^6 points, dashboard
 #    bundles, per-event cost
+# x: checkpoints on the step's path vs in the background (bench/async_checkpoint.py): a
+#    bert-base-sized bert-mlm (~1.3 GB checkpoint with AdamW state), no step checkpoints vs one
+#    every 10 steps written synchronously vs asynchronously, BENCH_CKPT_ROUNDS (2) alternating rounds
 # y: the memory plan against measured peaks (bench/memory_plan.py): bert-mlm on 2 CPU workers
 #    from a 2-layer to BERT-large, ZeRO 0/1/2, activation checkpointing, fp32/bf16; the levers'
 #    savings; a markdown table on stderr
@@ -51,7 +54,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w y)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -220,6 +223,10 @@ fi
 
 if has w; then
   cargo bench -q -p trainbook-widgets --bench render
+fi
+if has x; then
+  cargo build -q --release -p trainbook $features --bins
+  .venv/bin/python bench/async_checkpoint.py --rounds "${BENCH_CKPT_ROUNDS:-2}"
 fi
 
 python3 - "$out" <<'PY'

@@ -377,8 +377,7 @@ impl Recipe for BertRecipe {
     }
     /// A loadable Hugging Face-style directory: weights, config.json with the labels, and the
     /// tokenizer files.
-    fn save(&self, dir: &Path) -> Result<()> {
-        self.vs.save(dir.join(crate::checkpoint::MODEL))?;
+    fn save_files(&self, dir: &Path) -> Result<()> {
         crate::checkpoint::write_text_model(dir, &self.config, &self.label_names, &self.model_dir)?;
         Ok(())
     }

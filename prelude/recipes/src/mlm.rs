@@ -526,8 +526,7 @@ impl Recipe for MlmRecipe {
     }
     /// A directory Transformers' `BertForMaskedLM.from_pretrained` loads (the decoder is tied,
     /// as in its own checkpoints), with the tokenizer files.
-    fn save(&self, dir: &Path) -> Result<()> {
-        self.vs.save(dir.join(crate::checkpoint::MODEL))?;
+    fn save_files(&self, dir: &Path) -> Result<()> {
         crate::checkpoint::write_mlm_model(dir, &self.config, &self.tokenizer_dir)
     }
 }

@@ -327,10 +327,9 @@ impl Recipe for ResnetRecipe {
         let logits = self.model.forward_t(&images, train);
         Ok(Step::classification(logits, self.device.put(&b.labels)?))
     }
-    /// `model.safetensors` (torchvision names) and `config.json` with the architecture, input
-    /// size and class names, which `ImageClassifier::load` reads.
-    fn save(&self, dir: &Path) -> Result<()> {
-        trainbook_engine::checkpoint::save_vars(&self.vs, &dir.join(crate::checkpoint::MODEL))?;
+    /// Beside `model.safetensors` (torchvision names): `config.json` with the architecture,
+    /// input size and class names, which `ImageClassifier::load` reads.
+    fn save_files(&self, dir: &Path) -> Result<()> {
         crate::checkpoint::ImageModelConfig {
             architecture: self.arch,
             image_size: self.size,

@@ -89,6 +89,21 @@ pub fn latest(run_dir: &Path) -> Option<(PathBuf, TrainerState)> {
         .map(|(_, _, dir, state)| (dir, state))
 }
 
+/// Removes what checkpoints staged by an earlier start of the run left behind: a worker killed
+/// while writing leaves its temporary directory (see [`StagedDir`]). Called by the writing rank
+/// before it writes anything.
+pub(crate) fn remove_staged(run_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(run_dir.join(CHECKPOINTS)) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.contains(".tmp-") {
+            std::fs::remove_dir_all(e.path()).ok();
+        }
+    }
+}
+
 /// A run directory's `config.json`: the job as it was asked for, and the hyper-parameters its
 /// recipe resolved at launch. Workers receive their job through this file; people and tools
 /// read it to know what ran.
@@ -187,22 +202,54 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> Result<
     write_atomic(path, &serde_json::to_vec_pretty(value)?)
 }
 
-/// Fills a fresh directory through `fill`, then renames it to `dir` (replacing an old one).
-pub(crate) fn write_dir_atomic(dir: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let tmp = temp_path(dir);
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).ok();
+/// A checkpoint directory being written: a fresh temporary directory beside `dir`, renamed to
+/// `dir` by [`StagedDir::commit`] (replacing an old one) and removed if dropped uncommitted, so
+/// a reader finds the whole checkpoint or none of it. The writing may cross threads (a
+/// background checkpoint writes its tensors on its own thread).
+pub(crate) struct StagedDir {
+    tmp: PathBuf,
+    dir: PathBuf,
+    committed: bool,
+}
+
+impl StagedDir {
+    pub(crate) fn new(dir: &Path) -> Result<StagedDir> {
+        let tmp = temp_path(dir);
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).ok();
+        }
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        Ok(StagedDir {
+            tmp,
+            dir: dir.to_path_buf(),
+            committed: false,
+        })
     }
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    if let Err(e) = fill(&tmp) {
-        std::fs::remove_dir_all(&tmp).ok();
-        return Err(e);
+
+    /// Where the files go until the commit.
+    pub(crate) fn path(&self) -> &Path {
+        &self.tmp
     }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("replacing {}", dir.display()))?;
+
+    pub(crate) fn commit(mut self) -> Result<()> {
+        if self.dir.exists() {
+            std::fs::remove_dir_all(&self.dir)
+                .with_context(|| format!("replacing {}", self.dir.display()))?;
+        }
+        std::fs::rename(&self.tmp, &self.dir).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.dir.display())
+        })?;
+        self.committed = true;
+        Ok(())
     }
-    std::fs::rename(&tmp, dir)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))
+}
+
+impl Drop for StagedDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            std::fs::remove_dir_all(&self.tmp).ok();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! - [`recompute`]: activation checkpointing (a block run again in the backward pass).
 
 mod check;
+mod checkpoint_writer;
 pub(crate) mod ddp;
 pub(crate) mod device;
 pub(crate) mod dist;

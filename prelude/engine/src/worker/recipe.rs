@@ -166,11 +166,26 @@ pub trait Recipe {
     fn perplexity(&self) -> bool {
         false
     }
-    /// Writes a loadable checkpoint into `dir` (an empty directory).
+    /// The weights a checkpoint holds, by the names its loader expects: the variable store's,
+    /// sorted.
+    fn weights(&self) -> Vec<(String, Tensor)> {
+        let mut named: Vec<(String, Tensor)> = self.vars().variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    }
+    /// The checkpoint's other files (the model's config, the tokenizer), written into `dir`
+    /// beside the weights. Small: they are written on the step's path even when the weights
+    /// are written in the background.
+    fn save_files(&self, _dir: &Path) -> Result<()> {
+        Ok(())
+    }
+    /// Writes a loadable checkpoint into `dir` (an empty directory): the weights as
+    /// `model.safetensors`, and the other files.
     fn save(&self, dir: &Path) -> Result<()> {
-        crate::shared::checkpoint::save_vars(
-            self.vars(),
+        crate::shared::checkpoint::write_tensors(
+            &self.weights(),
             &dir.join(crate::shared::checkpoint::MODEL),
-        )
+        )?;
+        self.save_files(dir)
     }
 }

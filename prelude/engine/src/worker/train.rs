@@ -16,6 +16,7 @@ use trainbook_api::spec::{Hyper, OptimizerKind, Precision, Schedule};
 
 use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::{Emitter, Event, WorkerSummary};
+use crate::worker::checkpoint_writer::{CheckpointWriter, Contents, Finished};
 use crate::worker::ddp;
 use crate::worker::dist::ProcessGroup;
 use crate::worker::heartbeat::{self, Busy};
@@ -358,6 +359,7 @@ pub(crate) struct Trainer<'a> {
     final_train_loss: f64,
     final_metrics: BTreeMap<String, f64>,
     written: Written,
+    writer: CheckpointWriter,
     /// The step profiler, when the job asks for one (`profile`).
     profiler: Option<StepProfiler>,
     profile: Option<trainbook_api::profile::StepProfile>,
@@ -459,6 +461,12 @@ impl<'a> Trainer<'a> {
                 resumed.as_ref().map(|(d, _)| d.as_path()),
                 step,
             ),
+            // In the background where the host has cores to spare: on CPU, training uses
+            // them all and a background write measured no faster (docs/benchmarks.md).
+            writer: CheckpointWriter::new(
+                h.checkpoint_async
+                    .unwrap_or(!matches!(ctx.device, crate::worker::device::Device::Cpu)),
+            ),
             profiler: h.profile.map(|steps| {
                 let cuda = matches!(ctx.device, crate::worker::device::Device::Cuda(_));
                 StepProfiler::new(steps, &ctx.run_dir, rank, cuda)
@@ -467,6 +475,7 @@ impl<'a> Trainer<'a> {
         };
         heartbeat::set_step(step);
         if rank == 0 {
+            checkpoint::remove_staged(&ctx.run_dir);
             trainer.announce();
             if let Some(p) = h
                 .profile
@@ -525,6 +534,9 @@ impl<'a> Trainer<'a> {
             .flatten()
         {
             self.profiled(&path)?;
+        }
+        if let Some(f) = self.writer.wait()? {
+            self.announce_checkpoint(f);
         }
         Ok(self.summary())
     }
@@ -626,6 +638,9 @@ impl<'a> Trainer<'a> {
                 .join(checkpoint::CHECKPOINTS)
                 .join(format!("step-{}", self.step));
             self.checkpoint(&dir, epoch, at, true)?;
+        }
+        if let Some(f) = self.writer.poll()? {
+            self.announce_checkpoint(f);
         }
         self.progress(epoch);
         Ok(())
@@ -849,8 +864,9 @@ impl<'a> Trainer<'a> {
     }
 
     /// Writes a checkpoint directory (weights, optimizer state, trainer state) atomically on
-    /// rank 0 and announces it; every rank takes part, since ZeRO gathers the optimizer state
-    /// from all of them. Step checkpoints beyond `keep_checkpoints` are removed.
+    /// rank 0, on the step's path or in the background (`checkpoint_async`), and announces it
+    /// once it is in place; every rank takes part, since ZeRO gathers the optimizer state from
+    /// all of them.
     fn checkpoint(
         &mut self,
         dir: &Path,
@@ -864,36 +880,6 @@ impl<'a> Trainer<'a> {
         if self.ctx.rank != 0 {
             return Ok(());
         }
-        self.write_checkpoint(dir, &opt_state, epoch, metrics)?;
-        self.retire_latest(dir.to_path_buf());
-        if step_checkpoint {
-            self.written.steps.push_back(dir.to_path_buf());
-            while self.written.steps.len() > self.h.keep_checkpoints.unwrap_or(usize::MAX) {
-                if let Some(old) = self.written.steps.pop_front() {
-                    std::fs::remove_dir_all(&old).ok();
-                }
-            }
-        }
-        self.ctx.events.send(Event::Checkpoint {
-            rank: 0,
-            step: self.step,
-            epoch,
-            path: dir.display().to_string(),
-        });
-        Ok(())
-    }
-
-    fn write_checkpoint(
-        &self,
-        dir: &Path,
-        opt_state: &[(String, Tensor)],
-        epoch: u64,
-        metrics: BTreeMap<String, f64>,
-    ) -> Result<()> {
-        if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
         let h = self.h;
         let state = TrainerState {
             epoch,
@@ -904,15 +890,39 @@ impl<'a> Trainer<'a> {
             hyper: serde_json::to_value(h)?,
             metrics,
         };
-        checkpoint::write_dir_atomic(dir, |tmp| {
-            self.recipe.save(tmp)?;
-            crate::worker::optim::save_state(opt_state, &tmp.join(checkpoint::OPTIMIZER))?;
-            std::fs::write(
-                tmp.join(checkpoint::TRAINER_STATE),
-                serde_json::to_vec_pretty(&state)?,
-            )?;
-            Ok(())
-        })
+        let contents = Contents {
+            optimizer: &opt_state,
+            state,
+            step_checkpoint,
+        };
+        let (done, note) = self.writer.write(dir, &*self.recipe, contents)?;
+        if let Some(note) = note {
+            self.ctx.events.log(format!("warning: {note}"));
+        }
+        for f in done {
+            self.announce_checkpoint(f);
+        }
+        Ok(())
+    }
+
+    /// A checkpoint is in place: it becomes the latest, step checkpoints beyond
+    /// `keep_checkpoints` are removed, and the driver hears of it (a restart resumes from it).
+    fn announce_checkpoint(&mut self, f: Finished) {
+        self.retire_latest(f.dir.clone());
+        if f.step_checkpoint {
+            self.written.steps.push_back(f.dir.clone());
+            while self.written.steps.len() > self.h.keep_checkpoints.unwrap_or(usize::MAX) {
+                if let Some(old) = self.written.steps.pop_front() {
+                    std::fs::remove_dir_all(&old).ok();
+                }
+            }
+        }
+        self.ctx.events.send(Event::Checkpoint {
+            rank: 0,
+            step: f.step,
+            epoch: f.epoch,
+            path: f.dir.display().to_string(),
+        });
     }
 
     /// A checkpoint that is no longer the latest gives up its optimizer state, which is as
