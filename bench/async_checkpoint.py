@@ -7,10 +7,11 @@ alternating for --rounds rounds. Reported: each run's training wall time (from t
 the time per checkpoint the step pays (sync and async), and the ratios to the run without
 checkpoints; one JSON line per run on stdout, the summary on stderr.
 
-    .venv/bin/python bench/async_checkpoint.py [--rounds 2] [--steps 40] [--every 10]
+    .venv/bin/python bench/async_checkpoint.py [--rounds 2] [--steps 40] [--every 10] [--device cpu]
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,11 +20,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TB = ROOT / "target" / "release" / "trainbook"
+# The build's binary, or TRAINBOOK_BIN (bench/cuda's packed one on a GPU machine).
+TB = Path(os.environ.get("TRAINBOOK_BIN", ROOT / "target" / "release" / "trainbook"))
 
 
-def run(mode, steps, every, threads):
-    job = [str(TB), "train", "bert-mlm", "--preset", "default", "--device", "cpu", "--workers", "1",
+def run(mode, steps, every, threads, device):
+    job = [str(TB), "train", "bert-mlm", "--preset", "default", "--device", device, "--workers", "1",
            "--threads", str(threads), "--layers", "12", "--hidden-size", "768", "--heads", "12",
            "--max-length", "64", "--global-batch-size", "8", "--max-steps", str(steps),
            "--epochs", "1", "--runs-root", tempfile.mkdtemp(prefix="bench-ckpt-"), "--json"]
@@ -45,17 +47,18 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or hpu")
     a = ap.parse_args()
     rows = []
     for _ in range(a.rounds):
         for mode in ("none", "sync", "async"):
-            r = run(mode, a.steps, a.every, a.threads)
+            r = run(mode, a.steps, a.every, a.threads, a.device)
             print(json.dumps(r), flush=True)
             rows.append(r)
     # Checkpoints written during training (the one at the end is written by every mode alike).
     n = len(range(a.every, a.steps, a.every))
     med = {m: statistics.median(r["elapsed_seconds"] for r in rows if r["mode"] == m) for m in ("none", "sync", "async")}
-    print(f"(x) bert-base-sized bert-mlm, {a.steps} steps, a step checkpoint every {a.every} ({n} during training), "
+    print(f"(x) {a.device}: bert-base-sized bert-mlm, {a.steps} steps, a step checkpoint every {a.every} ({n} during training), "
           f"{a.rounds} alternating rounds, median job seconds: none {med['none']:.1f}, sync {med['sync']:.1f}, "
           f"async {med['async']:.1f}; per checkpoint the step pays {(med['sync'] - med['none']) / n:.2f} s sync, "
           f"{(med['async'] - med['none']) / n:.2f} s async; job time vs none: sync {med['sync'] / med['none']:.3f}x, "
