@@ -5,7 +5,6 @@
 //! may restart, in which case the same thread starts the workers again from the run’s newest
 //! checkpoint ([`supervise`](super::supervise) decides) and goes on watching.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,15 +16,13 @@ use trainbook_api::job::{JobStatus, LogRecord, MetricRow, Progress, Restart, Tra
 use trainbook_api::logs::Stream;
 
 use super::dedup::Deduplicator;
-use super::dllog::DlLog;
 use super::handle::JobState;
 use super::incoming::Incoming;
 use super::metrics;
-use super::mlflow::{Mlflow, RunInfo};
 use super::processes::{Exit, RawOutput, WorkerCommand, Workers, STOP_GRACE};
 use super::rendezvous::{self, StartInfo};
 use super::supervise::{self, Decision, Hangs, Hung, Policy, Signature};
-use super::tensorboard::{self, TensorBoard};
+use super::track::Trackers;
 use crate::shared::checkpoint::{self, RunStatus, TrainerState};
 use crate::shared::env;
 use crate::shared::events::{Collector, Emitter, Event};
@@ -75,11 +72,8 @@ pub(super) struct Driver<'a> {
     job: &'a JobState,
     dedup: Deduplicator,
     log_files: Vec<Option<File>>,
-    dllog: Option<DlLog>,
-    /// TensorBoard’s event file (node 0; `JobSpec::tensorboard`).
-    tensorboard: Option<TensorBoard>,
-    /// The run’s MLflow logging (node 0; `JobSpec::mlflow` or `MLFLOW_TRACKING_URI`).
-    mlflow: Option<Mlflow>,
+    /// dllogger, TensorBoard, MLflow (node 0; none on the others).
+    trackers: Trackers,
     /// On nodes other than 0: node 0’s event stream, which gets this node’s worker output and
     /// failures (their events go there directly).
     forward: Option<Emitter>,
@@ -166,15 +160,7 @@ impl Driver<'_> {
     /// rank’s to the job and its subscribers.
     fn metric(&mut self, row: MetricRow) {
         if row.rank == 0 {
-            if let Some(log) = &mut self.dllog {
-                log.metric(row.epoch, row.step, &row.name, row.value, row.time);
-            }
-            if let Some(tb) = &mut self.tensorboard {
-                tb.scalar(&row.name, row.step, row.value);
-            }
-            if let Some(m) = &self.mlflow {
-                m.metric(tensorboard::tag(&row.name), row.step, row.value);
-            }
+            self.trackers.metric(&row);
         }
         self.job.lock().metrics.push(row.clone());
         self.job.publish(Update::Metric(row));
@@ -246,8 +232,8 @@ impl Driver<'_> {
                     at.get_or_insert_with(Instant::now);
                 }
                 self.hangs.finished(rank);
-                if let (0, Some(log)) = (rank, &mut self.dllog) {
-                    log.finish(&summary, elapsed);
+                if rank == 0 {
+                    self.trackers.done(&summary, elapsed);
                 }
                 if let Some(slot) = self.job.lock().summaries.get_mut(rank) {
                     *slot = Some(summary);
@@ -449,19 +435,11 @@ impl<'a> Driver<'a> {
             job,
             dedup: Deduplicator::new(job.spec.dedup),
             log_files,
-            dllog: (!joined).then(|| DlLog::create(&job.run_dir, dllog_parameters(job))),
-            tensorboard: (!joined && job.spec.tensorboard).then(|| {
-                let mut tb = TensorBoard::create(&job.run_dir);
-                let parameters = dllog_parameters(job);
-                let options = serde_json::to_string_pretty(&parameters).unwrap_or_default();
-                // Indented: markdown’s code block, which TensorBoard’s Text tab shows as is.
-                let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
-                tb.text("options", 0, &text);
-                let name = job.run_dir.file_name().unwrap_or_default();
-                tb.hparams(&flat_options(&parameters), &name.to_string_lossy());
-                tb
-            }),
-            mlflow: if joined { None } else { start_mlflow(job) },
+            trackers: if joined {
+                Trackers::none()
+            } else {
+                Trackers::for_job(job)
+            },
             forward,
             remote_exits: Vec::new(),
             joined,
@@ -502,9 +480,7 @@ impl<'a> Driver<'a> {
 
     /// Takes in what arrives within `wait`, then whatever else is already queued.
     fn receive(&mut self, rx: &mpsc::Receiver<Incoming>, wait: Duration) {
-        if let Some(tb) = &mut self.tensorboard {
-            tb.tick();
-        }
+        self.trackers.tick();
         if let Ok(m) = rx.recv_timeout(wait) {
             self.incoming(m);
             while let Ok(m) = rx.try_recv() {
@@ -844,12 +820,7 @@ impl<'a> Driver<'a> {
                         .saturating_sub(resumed_step),
                 };
                 self.forget_attempt(resumed_step);
-                if let Some(log) = &mut self.dllog {
-                    log.restart(resumed_step, &restart.reason, restart.time);
-                }
-                if let Some(tb) = &mut self.tensorboard {
-                    tb.text("restarts", resumed_step, &restart.to_string());
-                }
+                self.trackers.restart(resumed_step, &restart);
                 job.lock().restarts.push(restart.clone());
                 self.job.publish(Update::Restart(restart));
                 let several = job.spec.nodes > 1;
@@ -1113,111 +1084,13 @@ impl<'a> Driver<'a> {
             }
         }
         let status = job.lock().status;
-        if let Some(tb) = &mut self.tensorboard {
-            tb.session_end(status == JobStatus::Succeeded);
-        }
-        if let Some(m) = self.mlflow.take() {
-            let mlflow_status = match status {
-                JobStatus::Succeeded => "FINISHED",
-                JobStatus::Stopped => "KILLED",
-                _ => "FAILED",
-            };
-            let checkpoint = job.lock().checkpoints.last().map(|(_, p)| p.clone());
-            if let Some(w) = m.finish(mlflow_status, checkpoint) {
-                job.lock().warnings.push(w);
-            }
-        }
+        let checkpoint = job.lock().checkpoints.last().map(|(_, p)| p.clone());
+        let trackers = std::mem::replace(&mut self.trackers, Trackers::none());
+        let warnings = trackers.finish(status, checkpoint);
+        job.lock().warnings.extend(warnings);
         job.publish(Update::Finished(status));
         job.finished.notify_all();
     }
-}
-
-/// The MLflow run of this job, when a tracking server is named (`JobSpec::mlflow`, else an
-/// HTTP `MLFLOW_TRACKING_URI`; another kind of URI there is a warning, not an error: it is
-/// the environment’s, for MLflow’s Python client).
-fn start_mlflow(job: &JobState) -> Option<Mlflow> {
-    let uri = match &job.spec.mlflow {
-        Some(uri) => uri.clone(),
-        None => {
-            let uri = std::env::var("MLFLOW_TRACKING_URI")
-                .ok()
-                .filter(|u| !u.is_empty())?;
-            if let Err(e) = trainbook_api::spec::check_mlflow_uri(&uri) {
-                job.lock()
-                    .warnings
-                    .push(format!("MLFLOW_TRACKING_URI is set but not used: {e:#}"));
-                return None;
-            }
-            uri
-        }
-    };
-    let name = job
-        .run_dir
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .to_string();
-    let tag = |k: &str, v: String| (k.to_string(), v);
-    let mut tags = vec![
-        tag("mlflow.runName", name.clone()),
-        tag("mlflow.source.name", "trainbook".into()),
-        tag("mlflow.source.type", "JOB".into()),
-        tag("trainbook.recipe", job.spec.recipe.clone()),
-        tag("trainbook.workers", job.spec.world_size().to_string()),
-        tag("trainbook.device", job.device.name().to_string()),
-        tag("trainbook.version", env!("CARGO_PKG_VERSION").to_string()),
-        tag("trainbook.run_dir", job.run_dir.display().to_string()),
-    ];
-    if let Ok(user) = std::env::var("USER") {
-        tags.push(tag("mlflow.user", user));
-    }
-    Some(Mlflow::start(RunInfo {
-        uri,
-        run_name: name,
-        params: flat_options(&dllog_parameters(job)),
-        tags,
-    }))
-}
-
-/// Options as one level of `name = value` (TensorBoard’s HParams, MLflow’s params): nested
-/// objects as `a.b`, unset (null) options left out, so every trial of a sweep has the same
-/// names.
-fn flat_options(options: &serde_json::Value) -> BTreeMap<String, serde_json::Value> {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
-        match v {
-            serde_json::Value::Null => {}
-            serde_json::Value::Object(m) => {
-                for (k, v) in m {
-                    let key = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    walk(&key, v, out);
-                }
-            }
-            leaf => {
-                out.insert(prefix.to_string(), leaf.clone());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk("", options, &mut out);
-    out
-}
-
-/// The resolved hyper-parameters, as config.json records them, head the dllogger file.
-fn dllog_parameters(job: &JobState) -> serde_json::Value {
-    let mut parameters = std::fs::read(job.run_dir.join(checkpoint::RUN_CONFIG))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .map(|c| c["hyper"].clone())
-        .filter(|h| h.is_object())
-        .unwrap_or_else(|| serde_json::json!({}));
-    parameters["recipe"] = job.spec.recipe.clone().into();
-    parameters["workers"] = job.spec.world_size().into();
-    parameters["device"] = job.device.name().into();
-    parameters
 }
 
 #[cfg(test)]
@@ -1236,9 +1109,7 @@ mod tests {
             job,
             dedup: Deduplicator::new(job.spec.dedup),
             log_files: Vec::new(),
-            dllog: None,
-            mlflow: None,
-            tensorboard: None,
+            trackers: Trackers::none(),
             forward: None,
             remote_exits: Vec::new(),
             joined: false,

@@ -10,21 +10,20 @@
 //! - [`supervise`]: hang detection and the restart policy the event loop applies.
 //! - [`handle`]: the job's state and the [`Job`] handle's methods on it.
 //! - [`memory`]: the memory plan, checked before any worker starts.
-//! - [`dedup`], [`dllog`], [`metrics`]: what the event loop writes on the way.
+//! - [`dedup`], [`metrics`]: what the event loop writes on the way.
+//! - [`track`]: the run's trackers (dllogger, TensorBoard, MLflow) behind one trait.
 
 pub(crate) mod dedup;
-mod dllog;
 mod drive;
 mod handle;
 mod incoming;
 pub(crate) mod memory;
 pub(crate) mod metrics;
-mod mlflow;
 pub(crate) mod placement;
 pub(crate) mod processes;
 mod rendezvous;
 mod supervise;
-mod tensorboard;
+mod track;
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};

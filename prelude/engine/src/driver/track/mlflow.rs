@@ -18,6 +18,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
+use trainbook_api::job::{JobStatus, MetricRow};
+
+use crate::driver::handle::JobState;
 
 /// How often queued metrics are sent while the job runs.
 const SEND_EVERY: Duration = Duration::from_secs(1);
@@ -522,6 +525,72 @@ fn describe(queue: &VecDeque<Point>) -> String {
         parts.push(format!("{} more", by_count.len() - 4));
     }
     parts.join(", ")
+}
+
+/// The MLflow run of `job`, when a tracking server is named (`JobSpec::mlflow`, else an HTTP
+/// `MLFLOW_TRACKING_URI`; another kind of URI there is a warning, not an error: it is the
+/// environment's, for MLflow's Python client).
+pub(super) fn for_job(job: &JobState, parameters: &Value) -> Option<Mlflow> {
+    let uri = match &job.spec.mlflow {
+        Some(uri) => uri.clone(),
+        None => {
+            let uri = std::env::var("MLFLOW_TRACKING_URI")
+                .ok()
+                .filter(|u| !u.is_empty())?;
+            if let Err(e) = trainbook_api::spec::check_mlflow_uri(&uri) {
+                job.lock()
+                    .warnings
+                    .push(format!("MLFLOW_TRACKING_URI is set but not used: {e:#}"));
+                return None;
+            }
+            uri
+        }
+    };
+    let name = job
+        .run_dir
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let tag = |k: &str, v: String| (k.to_string(), v);
+    let mut tags = vec![
+        tag("mlflow.runName", name.clone()),
+        tag("mlflow.source.name", "trainbook".into()),
+        tag("mlflow.source.type", "JOB".into()),
+        tag("trainbook.recipe", job.spec.recipe.clone()),
+        tag("trainbook.workers", job.spec.world_size().to_string()),
+        tag("trainbook.device", job.device.name().to_string()),
+        tag("trainbook.version", env!("CARGO_PKG_VERSION").to_string()),
+        tag("trainbook.run_dir", job.run_dir.display().to_string()),
+    ];
+    if let Ok(user) = std::env::var("USER") {
+        tags.push(tag("mlflow.user", user));
+    }
+    Some(Mlflow::start(RunInfo {
+        uri,
+        run_name: name,
+        params: super::flat_options(parameters),
+        tags,
+    }))
+}
+
+impl super::Tracker for Mlflow {
+    fn metric(&mut self, row: &MetricRow) {
+        Mlflow::metric(
+            self,
+            super::tensorboard::tag(&row.name),
+            row.step,
+            row.value,
+        );
+    }
+    fn finish(self: Box<Self>, status: JobStatus, checkpoint: Option<PathBuf>) -> Option<String> {
+        let status = match status {
+            JobStatus::Succeeded => "FINISHED",
+            JobStatus::Stopped => "KILLED",
+            _ => "FAILED",
+        };
+        Mlflow::finish(*self, status, checkpoint)
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 use trainbook_api::metric;
 
+use trainbook_api::job::{MetricRow, Restart};
+
 use crate::shared::events::WorkerSummary;
 
 /// The file name in the run directory.
@@ -114,6 +116,18 @@ impl DlLog {
         if writeln!(out, "DLLL {entry}").is_err() {
             self.out = None;
         }
+    }
+}
+
+impl super::Tracker for DlLog {
+    fn metric(&mut self, row: &MetricRow) {
+        DlLog::metric(self, row.epoch, row.step, &row.name, row.value, row.time);
+    }
+    fn restart(&mut self, resumed_step: u64, restart: &Restart) {
+        DlLog::restart(self, resumed_step, &restart.reason, restart.time);
+    }
+    fn done(&mut self, summary: &WorkerSummary, elapsed: f64) {
+        DlLog::finish(self, summary, elapsed);
     }
 }
 

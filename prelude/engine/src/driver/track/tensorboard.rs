@@ -20,10 +20,13 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use trainbook_api::job::{JobStatus, MetricRow, Restart};
 use trainbook_api::metric;
+
+use crate::driver::handle::JobState;
 
 /// How often buffered events reach the file while a job runs.
 const FLUSH_EVERY: Duration = Duration::from_secs(2);
@@ -378,6 +381,38 @@ impl TensorBoard {
 impl Drop for TensorBoard {
     fn drop(&mut self) {
         self.flush();
+    }
+}
+
+/// The job's event file, headed by its options (the Text tab) and its HParams.
+pub(super) fn for_job(job: &JobState, parameters: &serde_json::Value) -> TensorBoard {
+    let mut tb = TensorBoard::create(&job.run_dir);
+    let options = serde_json::to_string_pretty(parameters).unwrap_or_default();
+    // Indented: markdown's code block, which TensorBoard's Text tab shows as is.
+    let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
+    tb.text("options", 0, &text);
+    let name = job.run_dir.file_name().unwrap_or_default();
+    tb.hparams(&super::flat_options(parameters), &name.to_string_lossy());
+    tb
+}
+
+impl super::Tracker for TensorBoard {
+    fn metric(&mut self, row: &MetricRow) {
+        self.scalar(&row.name, row.step, row.value);
+    }
+    fn restart(&mut self, resumed_step: u64, restart: &Restart) {
+        self.text("restarts", resumed_step, &restart.to_string());
+    }
+    fn tick(&mut self) {
+        TensorBoard::tick(self);
+    }
+    fn finish(
+        mut self: Box<Self>,
+        status: JobStatus,
+        _checkpoint: Option<PathBuf>,
+    ) -> Option<String> {
+        self.session_end(status == JobStatus::Succeeded);
+        None
     }
 }
 
