@@ -13,6 +13,18 @@ if [ -z "${TRAINBOOK_CUDA:-}" ]; then
 fi
 export TRAINBOOK_CUDA
 
+# 0. Disk space. A first set-up and build write about 14 GB here (.venv 2.6 GB, target/ 8 GB,
+#    test runs up to 5 GB more); a full disk would otherwise stop pip or the linker half-way
+#    with an OSError that does not say what to do.
+need_gb=14
+[ -f .venv/.trainbook-setup ] && [ -d target/release ] && need_gb=3
+free_gb=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+if [ -n "$free_gb" ] && [ "$free_gb" -lt "$need_gb" ]; then
+  say "only ${free_gb} GB free on $(df -P . | awk 'NR == 2 { print $6 }'); set-up, build and tests need about ${need_gb} GB"
+  say "free some space (old runs in trainbook_runs/, other projects' build folders, /tmp) and run again"
+  exit 1
+fi
+
 # 1. System packages: a C++ toolchain, gloo's headers for the c10d shim (headers only:
 #    libtorch carries its own gloo), a font for the labels of the loss plot's PNG, Open MPI's
 #    mpirun, which the multi-node tests launch drivers with, Slurm and munge, with which
@@ -44,7 +56,7 @@ py=${PYTHON:-python3}
 want="torch==$TORCH_VERSION cuda=$TRAINBOOK_CUDA $(cat scripts/requirements.txt | tr '\n' ' ')"
 if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
   say "installing torch $TORCH_VERSION into .venv (cuda=$TRAINBOOK_CUDA)"
-  pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+  pip=(.venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check)
   if [ "$TRAINBOOK_CUDA" = 1 ]; then
     # The full wheel set, plus the CUDA headers the shim's NCCL backend compiles against.
     "${pip[@]}" "torch==$TORCH_VERSION" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.*"
@@ -67,7 +79,7 @@ pkg_hash=$(find "$pkg" -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md'
 if [ "$(cat .venv/.trainbook-papermill 2>/dev/null)" != "$pkg_hash" ] \
   || ! .venv/bin/python -c 'import importlib.metadata as m; m.version("trainbook-papermill")' 2>/dev/null; then
   say "installing the papermill translator ($pkg) into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-warn-conflicts --no-deps --force-reinstall "./$pkg"
+  .venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check --no-warn-conflicts --no-deps --force-reinstall "./$pkg"
   echo "$pkg_hash" > .venv/.trainbook-papermill
 fi
 

@@ -66,8 +66,7 @@ fn logits_and_loss_match_transformers_and_the_names_round_trip() {
         "token 100 is never input but is decoded: the decoder's gradient reaches the tied weight"
     );
 
-    let saved =
-        std::env::temp_dir().join(format!("trainbook-mlm-{}.safetensors", std::process::id()));
+    let saved = crate::common::scratch("mlm-weights").join("model.safetensors");
     vs.save(&saved).unwrap();
     let names = |p: &std::path::Path| -> BTreeSet<String> {
         Tensor::read_safetensors(p)
@@ -81,7 +80,7 @@ fn logits_and_loss_match_transformers_and_the_names_round_trip() {
 }
 
 fn runs() -> PathBuf {
-    std::env::temp_dir().join("trainbook-mlm-tests")
+    crate::common::scratch("mlm-runs")
 }
 
 fn tiny() -> trainbook::BertMlmTrainer {

@@ -7,7 +7,7 @@ use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertCon
 use trainbook::TrainResult;
 
 fn runs() -> std::path::PathBuf {
-    std::env::temp_dir().join("trainbook-bert-tests")
+    crate::common::scratch("bert-runs")
 }
 
 /// The tiny preset on 128 rows (8 steps of 16 per epoch), without dropout so runs that should
@@ -41,7 +41,7 @@ fn tiny_bert_trains_with_two_workers_and_saves_a_loadable_checkpoint() {
         .workers(2)
         .preset("tiny")
         .device(DeviceRequest::Cpu)
-        .runs_root(std::env::temp_dir().join("trainbook-bert-tests"));
+        .runs_root(runs());
     let job = trainbook::launch(spec).unwrap();
     let r = job.wait().unwrap();
     assert_eq!(r.status, JobStatus::Succeeded);
@@ -353,7 +353,7 @@ fn unknown_bert_preset_is_a_clear_error() {
         .workers(1)
         .preset("huge")
         .device(DeviceRequest::Cpu)
-        .runs_root(std::env::temp_dir().join("trainbook-bert-tests"));
+        .runs_root(runs());
     let err = format!("{:#}", trainbook::fit(spec).unwrap_err());
     assert!(
         err.contains("unknown preset 'huge' for recipe bert: use tiny, default, reference"),
@@ -375,8 +375,7 @@ fn training_table_is_the_table_the_job_reads() {
     );
     assert!(tiny.training_table().unwrap().height() > 10_000);
 
-    let dir = std::env::temp_dir().join(format!("tb-table-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::scratch("bert-table");
     let csv = dir.join("mine.csv");
     std::fs::write(&csv, "text,label\ngood,pos\nbad,neg\nfine,pos\n").unwrap();
     let mine = BertTrainer::new()

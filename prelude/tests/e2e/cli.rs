@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use crate::common::last_json;
 
 fn runs_root() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join("trainbook-cli-tests");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::common::scratch("trainbook-cli-tests")
 }
 
 /// Runs the CLI with a hard deadline so a hang fails the test instead of stalling CI.
@@ -415,7 +413,7 @@ fn terminal_shows_the_dashboard_summary_and_honours_log_levels() {
 
 #[test]
 fn tokenizer_train_writes_a_vocabulary_and_names_bad_input() {
-    let out = std::env::temp_dir().join(format!("tb-cli-tokenizer-{}", std::process::id()));
+    let out = crate::common::scratch("cli-tokenizer");
     let o = trainbook(
         &[
             "tokenizer",

@@ -62,3 +62,25 @@ pub fn last_model(r: &trainbook::TrainResult) -> PathBuf {
         .expect("a final checkpoint")
         .join("model.safetensors")
 }
+
+/// A directory for this test process to write runs, checkpoints and corpora into:
+/// `<tmp>/trainbook-e2e/<pid>/<name>`, created. The first call also removes the directories of
+/// earlier test processes that have ended, so one run of this binary leaves at most its own
+/// output behind (to read after a failure) and repeated runs do not fill the disk: a run of
+/// the whole binary writes several GB of checkpoints.
+pub fn scratch(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let base = std::env::temp_dir().join("trainbook-e2e");
+    SWEPT.call_once(|| {
+        for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_string_lossy().parse::<u32>().ok();
+            let alive = pid.is_some_and(|p| Path::new("/proc").join(p.to_string()).exists());
+            if !alive {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    });
+    let dir = base.join(std::process::id().to_string()).join(name);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}

@@ -160,8 +160,7 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
 
 fn tiny(epochs: u64) -> trainbook::JobSpec {
     use trainbook::{Configure, ConfigureTraining};
-    let runs = std::env::temp_dir().join("trainbook-dashboard-tests");
-    std::fs::create_dir_all(&runs).unwrap();
+    let runs = crate::common::scratch("dashboard-runs");
     trainbook::JobSpec::new("synthetic")
         .workers(2)
         .preset("tiny")

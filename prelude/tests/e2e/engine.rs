@@ -11,9 +11,7 @@ use trainbook::engine::testing::process_alive;
 use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
 
 fn runs_root() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join("trainbook-engine-tests");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::common::scratch("trainbook-engine-tests")
 }
 
 fn tiny(workers: usize) -> JobSpec {

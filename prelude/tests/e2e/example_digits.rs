@@ -20,7 +20,7 @@ fn example() -> PathBuf {
 
 #[test]
 fn the_digits_program_trains_on_two_workers_that_are_itself() {
-    let runs = std::env::temp_dir().join("trainbook-example-digits");
+    let runs = crate::common::scratch("example-digits");
     let out = Command::new(example())
         .args(["--workers", "2", "--max-steps", "30", "--hidden", "64"])
         .env("TRAINBOOK_RUNS", &runs)

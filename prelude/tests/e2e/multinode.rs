@@ -12,9 +12,7 @@ const NODE0: &str = "127.0.0.2";
 const NODE1: &str = "127.0.0.3";
 
 fn runs_root() -> PathBuf {
-    let d = std::env::temp_dir().join("trainbook-multinode-tests");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::common::scratch("trainbook-multinode-tests")
 }
 
 /// A port free on node 0's address now (the test's two drivers must agree on it beforehand,

@@ -11,8 +11,7 @@ use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, Train};
 use trainbook_channel::{decode, ToKernel};
 
 fn tiny() -> JobSpec {
-    let runs = std::env::temp_dir().join("trainbook-notebook-tests");
-    std::fs::create_dir_all(&runs).unwrap();
+    let runs = crate::common::scratch("notebook-runs");
     JobSpec::new("synthetic")
         .workers(2)
         .preset("tiny")
@@ -27,8 +26,7 @@ fn plain(data: &serde_json::Map<String, serde_json::Value>) -> String {
 // One test: the link is process-wide, like in the kernel's cell process.
 #[test]
 fn jobs_draw_live_views_and_an_interrupt_stops_them() {
-    let dir = std::env::temp_dir().join(format!("tb-nb-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::scratch("notebook-socket");
     let path = dir.join("k.sock");
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).unwrap();

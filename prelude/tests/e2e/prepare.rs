@@ -18,7 +18,7 @@ fn trainbook(args: &[&str], env: &[(&str, &Path)]) -> Output {
 }
 
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("trainbook-prepare-{name}-{}", std::process::id()));
+    let d = crate::common::scratch(&format!("prepare-{name}"));
     std::fs::remove_dir_all(&d).ok();
     std::fs::create_dir_all(&d).unwrap();
     d

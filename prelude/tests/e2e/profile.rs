@@ -7,8 +7,7 @@ use crate::common::last_json;
 
 #[test]
 fn profiled_steps_write_a_chrome_trace_per_rank_and_a_top_ops_table() {
-    let runs = std::env::temp_dir().join(format!("trainbook-profile-e2e-{}", std::process::id()));
-    std::fs::remove_dir_all(&runs).ok();
+    let runs = crate::common::scratch("profile-runs");
     let out = Command::new(env!("CARGO_BIN_EXE_trainbook"))
         .args([
             "train",

@@ -8,7 +8,7 @@ fn tiny() -> ResnetTrainer {
         .workers(2)
         .preset("tiny")
         .device(DeviceRequest::Cpu)
-        .runs_root(std::env::temp_dir().join("trainbook-resnet-tests"))
+        .runs_root(crate::common::scratch("resnet-runs"))
 }
 
 #[test]
@@ -63,7 +63,7 @@ fn tiny_resnet_learns_with_two_workers_and_its_checkpoint_classifies_images() {
 
 #[test]
 fn a_folder_with_a_corrupt_image_trains_and_reports_it() {
-    let root = std::env::temp_dir().join(format!("trainbook-folder-{}", std::process::id()));
+    let root = crate::common::scratch("resnet-folder");
     for split in ["train", "val"] {
         for class in ["3", "8"] {
             let src = trainbook::recipes::assets::digits_dir()

@@ -15,9 +15,7 @@ use trainbook::engine::testing::{children_of, process_alive};
 use trainbook::{Configure, ConfigureTraining, Job, JobSpec, JobStatus, TrainResult};
 
 fn runs_root() -> PathBuf {
-    let d = std::env::temp_dir().join("trainbook-restart-tests");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::common::scratch("trainbook-restart-tests")
 }
 
 /// 400 steps of 2 workers, a step checkpoint every 50: long enough to kill a worker in the

@@ -16,9 +16,7 @@ use trainbook::{
 };
 
 fn runs_root() -> PathBuf {
-    let d = std::env::temp_dir().join("trainbook-sweep-tests");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::common::scratch("trainbook-sweep-tests")
 }
 
 /// The tiny BERT on one CPU worker, a few seconds per trial.

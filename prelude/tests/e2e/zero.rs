@@ -10,9 +10,7 @@ use crate::common::{load, max_abs_diff as max_diff};
 use trainbook::{Configure, ConfigureTraining, JobSpec, OptimizerKind, TrainResult};
 
 fn runs_root() -> PathBuf {
-    let d = std::env::temp_dir().join("trainbook-zero-tests");
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::common::scratch("trainbook-zero-tests")
 }
 
 /// The synthetic tiny BERT (1,024 generated sequences) without dropout, global batch 12
