@@ -149,8 +149,18 @@ def summary(text):
     return node0[-1]
 
 
+_straight = {}
+
+
 def straight(env, steps):
-    """The same job on one node with 2 workers."""
+    """The same job on one node with 2 workers (run once per step count: the tests compare
+    their Slurm runs with the same reference)."""
+    if steps not in _straight:
+        _straight[steps] = _run_straight(env, steps)
+    return _straight[steps]
+
+
+def _run_straight(env, steps):
     args = [str(TRAINBOOK), *JOB, "--max-steps", str(steps), "--json"]
     args[args.index("--workers") + 1] = "2"
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)

@@ -6,8 +6,9 @@
 //! - [`placement`]: which device a job gets (`auto`, the HPU probe).
 //! - [`rendezvous`]: how a node joins its job (node 0 hosts, the others fetch its job).
 //! - [`processes`]: worker processes (exec, process groups, raw output, stop).
-//! - [`drive`]: the event loop on the driver thread.
-//! - [`supervise`]: hang detection and the restart policy the event loop applies.
+//! - [`drive`]: the event loop on the driver thread, of two parts:
+//!   - [`fold`]: events and output into the job's state, logs, subscribers and trackers;
+//!   - [`supervise`]: watching the workers, failures, hangs and restarts (its rules apart).
 //! - [`handle`]: the job's state and the [`Job`] handle's methods on it.
 //! - [`memory`]: the memory plan, checked before any worker starts.
 //! - [`dedup`], [`metrics`]: what the event loop writes on the way.
@@ -15,6 +16,7 @@
 
 pub(crate) mod dedup;
 mod drive;
+mod fold;
 mod handle;
 mod incoming;
 pub(crate) mod memory;
@@ -38,11 +40,11 @@ use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::env;
 use crate::worker::jobs::JobKind;
 use crate::worker::recipe::Registry;
-use drive::Start;
 use handle::{JobHandle, JobState};
 use incoming::Incoming;
 use processes::WorkerCommand;
 use rendezvous::Node;
+use supervise::Start;
 
 pub use handle::running_jobs;
 pub(crate) use handle::stop_all;

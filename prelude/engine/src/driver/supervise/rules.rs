@@ -1,5 +1,5 @@
-//! Supervision: what the driver decides when a start of the job's workers fails, and how it
-//! notices a start that stopped moving.
+//! The rules of supervision: what the driver decides when a start of the job's workers fails,
+//! and how it notices a start that stopped moving.
 //!
 //! - [`Hangs`] watches every rank's heartbeat (see the worker's `heartbeat`): a rank whose
 //!   work (steps, evaluation batches) has not moved for `hang_timeout` (or 5 times its slowest
