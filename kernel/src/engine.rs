@@ -167,6 +167,23 @@ fn engine_gone() -> Outcome {
     }
 }
 
+/// Replies to every request with the engine's start-up error (it could not start at all).
+fn refuse_all(rx: mpsc::Receiver<Request>, msg: &str) {
+    for req in rx {
+        match req {
+            Request::Execute { reply, .. } => {
+                let _ = reply.send(Outcome::Error {
+                    ename: "KernelError".into(),
+                    evalue: msg.to_string(),
+                    traceback: vec![msg.to_string()],
+                });
+            }
+            Request::Complete { reply, .. } => drop(reply.send(None)),
+            Request::Inspect { reply, .. } => drop(reply.send(None)),
+        }
+    }
+}
+
 fn run(
     setup: ChildSetup,
     publisher: Publisher,
@@ -174,171 +191,209 @@ fn run(
     rx: mpsc::Receiver<Request>,
 ) {
     let t0 = Instant::now();
-    let (mut ctx, outputs) = match create_context(&setup) {
+    let (ctx, outputs) = match create_context(&setup) {
         Ok(x) => x,
         Err(e) => {
             let msg = format!("the Rust engine failed to start: {e:#}");
             eprintln!("trainbook-kernel: {msg}");
-            for req in rx {
-                match req {
-                    Request::Execute { reply, .. } => {
-                        let _ = reply.send(Outcome::Error {
-                            ename: "KernelError".into(),
-                            evalue: msg.clone(),
-                            traceback: vec![msg.clone()],
-                        });
-                    }
-                    Request::Complete { reply, .. } => drop(reply.send(None)),
-                    Request::Inspect { reply, .. } => drop(reply.send(None)),
-                }
-            }
+            refuse_all(rx, &msg);
             return;
         }
     };
     *state.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.process_handle());
     let drains = Drains::start(outputs, publisher.clone());
     let has_prelude = setup.prelude.is_some();
-    let report = |publisher: &Publisher, e: &evcxr::Error| {
-        publisher.kernel_note(&format!(
-            "trainbook: the prelude did not load, so `use trainbook::prelude::*` is not in \
-             scope: {e}\n"
-        ));
-    };
-    // `extra`: code compiled with it (the prelude's init is a cell, and each cell a compile).
-    let init = |ctx: &mut CommandContext, publisher: &Publisher, extra: &str| {
-        if has_prelude && let Err(e) = ctx.execute(&format!("{}{extra}", init_code())) {
-            report(publisher, &e);
-        }
-    };
     drains.flush();
     timing("engine ready after", t0);
-    let mut analysis = match (&setup.analysis_dir, has_prelude) {
+    let analysis = match (&setup.analysis_dir, has_prelude) {
         (Some(dir), true) => Analysis::start(dir.clone()),
         _ => Analysis::Off,
+    };
+    let mut session = Session {
+        ctx,
+        publisher,
+        state,
+        drains,
+        analysis,
+        has_prelude,
+        prelude_pending: has_prelude,
+        question_marks: false,
+        frames_pending: true,
+        next_id: 1,
+        t0,
     };
 
     // A cell that is already waiting (a headless run sends its first cell at once) goes first,
     // compiled together with the prelude's init; otherwise the idle engine loads the prelude
     // and warms rust-analyzer up for the user's first `let`.
-    let mut prelude_pending = has_prelude;
     let first = match rx.try_recv() {
         Ok(req) => Some(req),
         Err(mpsc::TryRecvError::Empty) => {
-            init(&mut ctx, &publisher, "");
-            prelude_pending = false;
-            drains.flush();
-            timing("prelude ready after", t0);
-            warm_up_analyzer(&mut ctx);
+            session.load_prelude_now("");
+            session.drains.flush();
+            warm_up_analyzer(&mut session.ctx);
             None
         }
         Err(mpsc::TryRecvError::Disconnected) => return,
     };
-
-    let mut next_id = 1u64;
-    let mut question_marks = false;
-    let mut frames_pending = true;
     for req in first.into_iter().chain(rx) {
-        if prelude_pending && !matches!(req, Request::Execute { .. }) {
-            init(&mut ctx, &publisher, "");
-            prelude_pending = false;
+        if session.prelude_pending && !matches!(req, Request::Execute { .. }) {
+            session.init("");
+            session.prelude_pending = false;
         }
         match req {
             Request::Execute { code, reply } => {
-                let id = next_id;
-                next_id += 1;
-                let uses_question_marks = !question_mark_lines(&code).is_empty();
-                // The first cell and the prelude's init in one compile (they would be two).
-                // Not with `?` in the cell: evcxr's retry that turns `?` on would drop its
-                // value's rich display (see below); that cell gets init plus the switch.
-                let merged = prelude_pending && !uses_question_marks;
-                if prelude_pending && !merged {
-                    init(&mut ctx, &publisher, "\nOk::<(), std::fmt::Error>(())?;");
-                    question_marks = true;
-                    prelude_pending = false;
-                    timing("prelude ready after", t0);
-                }
-                if !question_marks && uses_question_marks {
-                    // evcxr turns on `?` in cells the first time one fails to compile, and when
-                    // that `?` is in the cell's final expression it also drops the value's rich
-                    // display (`result.epochs()?` would show as text, not as a table). Turning
-                    // it on just before the first cell that uses `?` costs what evcxr's own
-                    // retry would, and nothing at start-up.
-                    let _ = ctx.execute("Ok::<(), std::fmt::Error>(())?;");
-                    question_marks = true;
-                }
-                if frames_pending && uses_polars(&code) {
-                    // The DataFrame methods and types live in the prelude library itself
-                    // (`trainbook_torch`), which a cell that names it compiles against in full:
-                    // imported once, for the first cell that wants them, so the others keep
-                    // the light compile.
-                    frames_pending = ctx.execute(FRAMES_IMPORT).is_err();
-                }
-                state.executing.store(id, Ordering::SeqCst);
-                let result = if merged {
-                    prelude_pending = false;
-                    let both = format!("{}\n{code}", init_code());
-                    let result = crate::infer::execute(&mut ctx, &both, analysis.ready());
-                    timing("prelude ready after", t0);
-                    // Nothing ran (it did not compile): the prelude alone, then the cell alone,
-                    // so its errors are reported against its own lines.
-                    if matches!(
-                        result,
-                        Err(evcxr::Error::CompilationErrors(_) | evcxr::Error::Message(_))
-                    ) {
-                        init(&mut ctx, &publisher, "");
-                        crate::infer::execute(&mut ctx, &code, analysis.ready())
-                    } else {
-                        result
-                    }
-                } else {
-                    crate::infer::execute(&mut ctx, &code, analysis.ready())
-                };
-                state.executing.store(0, Ordering::SeqCst);
-                drains.flush();
-                let interrupted = state.interrupted.load(Ordering::SeqCst) == id;
-                let killed = state.killed.load(Ordering::SeqCst) == id;
-                let restarted = matches!(result, Err(evcxr::Error::SubprocessTerminated(_)));
-                let outcome = to_outcome(&code, result, interrupted, killed, || {
-                    ctx.last_source().ok()
-                });
-                if restarted {
-                    // evcxr has started a fresh process; give it the prelude and kernel link.
-                    init(&mut ctx, &publisher, "");
-                    frames_pending = true;
-                    drains.flush();
-                }
-                let _ = reply.send(outcome);
+                let _ = reply.send(session.execute(&code));
             }
             Request::Complete {
                 code,
                 cursor,
                 reply,
             } => {
-                let c = analysis
-                    .get()
-                    .and_then(|a| trainbook_completions(&mut ctx, a, &code, cursor))
-                    .or_else(|| {
-                        let c = ctx.completions(&code, cursor).ok()?;
-                        Some(Completion {
-                            matches: c.completions.into_iter().map(|c| c.code).collect(),
-                            start: c.start_offset,
-                            end: c.end_offset,
-                        })
-                    });
-                let _ = reply.send(c);
+                let _ = reply.send(session.complete(&code, cursor));
             }
             Request::Inspect {
                 code,
                 cursor,
                 reply,
             } => {
-                let docs = analysis
-                    .get()
-                    .and_then(|a| trainbook_hover(&mut ctx, a, &code, cursor))
-                    .or_else(|| ctx.hover_at(&code, cursor).ok());
-                let _ = reply.send(docs);
+                let _ = reply.send(session.inspect(&code, cursor));
             }
         }
+    }
+}
+
+/// The engine thread's evaluation context and what it remembers between cells.
+struct Session {
+    ctx: CommandContext,
+    publisher: Publisher,
+    state: Arc<EngineState>,
+    drains: Drains,
+    analysis: Analysis,
+    has_prelude: bool,
+    /// The prelude's init has not run yet (the first cell may carry it).
+    prelude_pending: bool,
+    /// evcxr's `?` support is on.
+    question_marks: bool,
+    /// The DataFrame import has not been compiled yet.
+    frames_pending: bool,
+    next_id: u64,
+    t0: Instant,
+}
+
+impl Session {
+    /// Runs the prelude's init; `extra` is code compiled with it (the init is a cell, and each
+    /// cell a compile).
+    fn init(&mut self, extra: &str) {
+        if self.has_prelude
+            && let Err(e) = self.ctx.execute(&format!("{}{extra}", init_code()))
+        {
+            self.publisher.kernel_note(&format!(
+                "trainbook: the prelude did not load, so `use trainbook::prelude::*` is not in \
+                 scope: {e}\n"
+            ));
+        }
+    }
+
+    /// The prelude's init on its own, now.
+    fn load_prelude_now(&mut self, extra: &str) {
+        self.init(extra);
+        self.prelude_pending = false;
+        timing("prelude ready after", self.t0);
+    }
+
+    /// One cell: what it needs switched on first (`?`, the DataFrame import, the prelude),
+    /// its evaluation, and how it ended.
+    fn execute(&mut self, code: &str) -> Outcome {
+        let id = self.next_id;
+        self.next_id += 1;
+        let uses_question_marks = !question_mark_lines(code).is_empty();
+        // The first cell and the prelude's init in one compile (they would be two).
+        // Not with `?` in the cell: evcxr's retry that turns `?` on would drop its
+        // value's rich display (see below); that cell gets init plus the switch.
+        let merged = self.prelude_pending && !uses_question_marks;
+        if self.prelude_pending && !merged {
+            self.load_prelude_now("\nOk::<(), std::fmt::Error>(())?;");
+            self.question_marks = true;
+        }
+        if !self.question_marks && uses_question_marks {
+            // evcxr turns on `?` in cells the first time one fails to compile, and when
+            // that `?` is in the cell's final expression it also drops the value's rich
+            // display (`result.epochs()?` would show as text, not as a table). Turning
+            // it on just before the first cell that uses `?` costs what evcxr's own
+            // retry would, and nothing at start-up.
+            let _ = self.ctx.execute("Ok::<(), std::fmt::Error>(())?;");
+            self.question_marks = true;
+        }
+        if self.frames_pending && uses_polars(code) {
+            // The DataFrame methods and types live in the prelude library itself
+            // (`trainbook_torch`), which a cell that names it compiles against in full:
+            // imported once, for the first cell that wants them, so the others keep
+            // the light compile.
+            self.frames_pending = self.ctx.execute(FRAMES_IMPORT).is_err();
+        }
+        self.state.executing.store(id, Ordering::SeqCst);
+        let result = if merged {
+            self.execute_with_prelude(code)
+        } else {
+            crate::infer::execute(&mut self.ctx, code, self.analysis.ready())
+        };
+        self.state.executing.store(0, Ordering::SeqCst);
+        self.drains.flush();
+        let interrupted = self.state.interrupted.load(Ordering::SeqCst) == id;
+        let killed = self.state.killed.load(Ordering::SeqCst) == id;
+        let restarted = matches!(result, Err(evcxr::Error::SubprocessTerminated(_)));
+        let ctx = &mut self.ctx;
+        let outcome = to_outcome(code, result, interrupted, killed, || ctx.last_source().ok());
+        if restarted {
+            // evcxr has started a fresh process; give it the prelude and kernel link.
+            self.init("");
+            self.frames_pending = true;
+            self.drains.flush();
+        }
+        outcome
+    }
+
+    /// The first cell compiled together with the prelude's init.
+    fn execute_with_prelude(&mut self, code: &str) -> Result<evcxr::EvalOutputs, evcxr::Error> {
+        self.prelude_pending = false;
+        let both = format!("{}\n{code}", init_code());
+        let result = crate::infer::execute(&mut self.ctx, &both, self.analysis.ready());
+        timing("prelude ready after", self.t0);
+        // Nothing ran (it did not compile): the prelude alone, then the cell alone,
+        // so its errors are reported against its own lines.
+        if matches!(
+            result,
+            Err(evcxr::Error::CompilationErrors(_) | evcxr::Error::Message(_))
+        ) {
+            self.init("");
+            crate::infer::execute(&mut self.ctx, code, self.analysis.ready())
+        } else {
+            result
+        }
+    }
+
+    fn complete(&mut self, code: &str, cursor: usize) -> Option<Completion> {
+        let ctx = &mut self.ctx;
+        self.analysis
+            .get()
+            .and_then(|a| trainbook_completions(ctx, a, code, cursor))
+            .or_else(|| {
+                let c = ctx.completions(code, cursor).ok()?;
+                Some(Completion {
+                    matches: c.completions.into_iter().map(|c| c.code).collect(),
+                    start: c.start_offset,
+                    end: c.end_offset,
+                })
+            })
+    }
+
+    fn inspect(&mut self, code: &str, cursor: usize) -> Option<(String, String)> {
+        let ctx = &mut self.ctx;
+        self.analysis
+            .get()
+            .and_then(|a| trainbook_hover(ctx, a, code, cursor))
+            .or_else(|| ctx.hover_at(code, cursor).ok())
     }
 }
 

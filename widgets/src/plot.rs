@@ -6,6 +6,8 @@ use crate::format::format_metric;
 use crate::series::Curves;
 use crate::Bundle;
 use base64::Engine as _;
+use plotters::chart::DualCoordChartContext;
+use plotters::coord::types::RangedCoordf64;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use serde_json::Value;
@@ -155,43 +157,90 @@ pub(crate) fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     Some((lo - pad, hi + pad))
 }
 
+type Points = Vec<(f64, f64)>;
+/// The loss chart: steps by loss, with validation accuracy on a secondary 0..1 axis.
+type Chart<'a, 'b> = DualCoordChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<RangedCoordf64, RangedCoordf64>,
+    Cartesian2d<RangedCoordf64, RangedCoordf64>,
+>;
+
+/// The curves as drawn: losses on the chart's y scale (log10 of the loss on a log plot).
+struct Lines {
+    train: Points,
+    /// The min–max band over ranks (empty without one).
+    lo: Points,
+    hi: Points,
+    val: Points,
+    acc: Points,
+    restarts: Vec<f64>,
+    with_band: bool,
+}
+
+impl Lines {
+    fn of(c: &Curves, o: &PlotOptions) -> Lines {
+        let log = o.log_y;
+        // Log scale by drawing log10(loss) on a linear axis with 10^v labels; non-positive
+        // losses cannot be placed on it and are clamped to the smallest positive value shown.
+        let ty = |p: &(f64, f64)| -> (f64, f64) {
+            if log {
+                (p.0, p.1.max(1e-12).log10())
+            } else {
+                *p
+            }
+        };
+        let with_band = o.band && c.world() > 1 && !c.band_lo.is_empty();
+        let band = |s: &crate::series::Series| -> Points {
+            if with_band {
+                s.for_plot().iter().map(ty).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        Lines {
+            train: c.train.for_plot().iter().map(ty).collect(),
+            lo: band(&c.band_lo),
+            hi: band(&c.band_hi),
+            val: c.val_loss.for_plot().iter().map(ty).collect(),
+            acc: c.val_accuracy.for_plot(),
+            restarts: c.restarts().iter().map(|&s| s as f64).collect(),
+            with_band,
+        }
+    }
+
+    /// The points on the loss axis.
+    fn losses(&self) -> impl Iterator<Item = &(f64, f64)> {
+        self.train
+            .iter()
+            .chain(&self.lo)
+            .chain(&self.hi)
+            .chain(&self.val)
+    }
+
+    /// The x and y ranges the chart shows.
+    fn ranges(&self) -> ((f64, f64), (f64, f64)) {
+        let xs = self
+            .losses()
+            .chain(&self.acc)
+            .map(|p| p.0)
+            .chain(self.restarts.iter().copied());
+        let x = match span(xs) {
+            Some((a, b)) => (a.max(0.0), b),
+            None => (0.0, 1.0),
+        };
+        (x, span(self.losses().map(|p| p.1)).unwrap_or((0.0, 1.0)))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.train.is_empty() && self.val.is_empty() && self.acc.is_empty()
+    }
+}
+
 fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Error>> {
     let log = o.log_y;
-    // Log scale by drawing log10(loss) on a linear axis with 10^v labels; non-positive
-    // losses cannot be placed on it and are clamped to the smallest positive value shown.
-    let ty = |p: &(f64, f64)| -> (f64, f64) {
-        if log {
-            (p.0, p.1.max(1e-12).log10())
-        } else {
-            *p
-        }
-    };
-    let train: Vec<(f64, f64)> = c.train.for_plot().iter().map(ty).collect();
-    let with_band = o.band && c.world() > 1 && !c.band_lo.is_empty();
-    type Points = Vec<(f64, f64)>;
-    let (lo, hi): (Points, Points) = if with_band {
-        (
-            c.band_lo.for_plot().iter().map(ty).collect(),
-            c.band_hi.for_plot().iter().map(ty).collect(),
-        )
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let val: Vec<(f64, f64)> = c.val_loss.for_plot().iter().map(ty).collect();
-    let acc: Vec<(f64, f64)> = c.val_accuracy.for_plot();
-    let restarts: Vec<f64> = c.restarts().iter().map(|&s| s as f64).collect();
-
-    let all = || train.iter().chain(&lo).chain(&hi).chain(&val);
-    let xs = all()
-        .chain(&acc)
-        .map(|p| p.0)
-        .chain(restarts.iter().copied());
-    let (x0, x1) = match span(xs) {
-        Some((a, b)) => (a.max(0.0), b),
-        None => (0.0, 1.0),
-    };
-    let (y0, y1) = span(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
-
+    let lines = Lines::of(c, o);
+    let ((x0, x1), (y0, y1)) = lines.ranges();
     let root = SVGBackend::with_string(out, (o.width, o.height)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -199,7 +248,7 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
         .caption(&o.title, ("sans-serif", 15))
         .x_label_area_size(34)
         .y_label_area_size(58)
-        .right_y_label_area_size(if acc.is_empty() { 8 } else { 52 })
+        .right_y_label_area_size(if lines.acc.is_empty() { 8 } else { 52 })
         .build_cartesian_2d(x0..x1, y0..y1)?
         .set_secondary_coord(x0..x1, 0.0..1.0);
     let y_fmt = |v: &f64| axis_label(if log { 10f64.powf(*v) } else { *v });
@@ -213,7 +262,7 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
         .y_label_formatter(&y_fmt)
         .label_style(("sans-serif", 12))
         .draw()?;
-    if !acc.is_empty() {
+    if !lines.acc.is_empty() {
         chart
             .configure_secondary_axes()
             .y_desc("val accuracy")
@@ -221,81 +270,25 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
             .label_style(("sans-serif", 12))
             .draw()?;
     }
-
-    if with_band {
-        let ring: Vec<(f64, f64)> = hi.iter().chain(lo.iter().rev()).copied().collect();
-        chart
-            .draw_series(std::iter::once(Polygon::new(
-                ring,
-                TRAIN.mix(0.18).filled(),
-            )))?
-            .label(format!("train loss min–max over {} ranks", c.world()))
-            .legend(|(x, y)| {
-                Rectangle::new([(x, y - 5), (x + 18, y + 5)], TRAIN.mix(0.18).filled())
-            });
-    }
-    if !train.is_empty() {
-        let label = if c.world() > 1 {
-            format!("train loss (mean of {} ranks)", c.world())
-        } else {
-            "train loss".to_string()
-        };
-        chart
-            .draw_series(LineSeries::new(
-                train.iter().copied(),
-                TRAIN.stroke_width(2),
-            ))?
-            .label(label)
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], TRAIN.stroke_width(2)));
-    }
-    if !val.is_empty() {
-        chart
-            .draw_series(LineSeries::new(val.iter().copied(), VAL.stroke_width(2)))?
-            .label("val loss")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], VAL.stroke_width(2)));
-        chart.draw_series(val.iter().map(|p| Circle::new(*p, 3, VAL.filled())))?;
-    }
-    if !acc.is_empty() {
-        chart
-            .draw_secondary_series(LineSeries::new(acc.iter().copied(), ACC.stroke_width(2)))?
-            .label("val accuracy (right axis)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ACC.stroke_width(2)));
-        chart.draw_secondary_series(acc.iter().map(|p| Circle::new(*p, 3, ACC.filled())))?;
-    }
-    // Under the legend, over the curves: a marker says where the replayed steps begin.
-    let mut labelled_at = None;
-    for &x in &restarts {
-        chart.draw_series(std::iter::once(DashedPathElement::new(
-            [(x, y0), (x, y1)],
-            5,
-            4,
-            RESTART.mix(0.7).stroke_width(1),
-        )))?;
-        // One label per 50 pixels: markers closer than that share the one on their left.
-        let px = chart.backend_coord(&(x, y1)).0;
-        if labelled_at.is_none_or(|at| px - at >= 50) {
-            labelled_at = Some(px);
-            chart.draw_series(std::iter::once(
-                EmptyElement::at((x, y1))
-                    + Text::new(
-                        "restart",
-                        (3, 2),
-                        ("sans-serif", 10).into_font().color(&RESTART),
-                    ),
-            ))?;
-        }
-    }
-    if !(train.is_empty() && val.is_empty() && acc.is_empty()) {
+    draw_curves(&mut chart, &lines, c.world())?;
+    draw_restarts(&mut chart, &lines.restarts, (y0, y1))?;
+    if !lines.is_empty() {
         chart
             .configure_series_labels()
             .position({
                 let scale = |p: &(f64, f64)| ((p.0 - x0) / (x1 - x0), (p.1 - y0) / (y1 - y0));
-                let mut lines: Vec<Points> = [&train, &lo, &hi, &val]
+                let mut scaled: Vec<Points> = [&lines.train, &lines.lo, &lines.hi, &lines.val]
                     .map(|s| s.iter().map(scale).collect())
                     .into();
                 // Accuracy is drawn on the right axis, already 0..1.
-                lines.push(acc.iter().map(|p| ((p.0 - x0) / (x1 - x0), p.1)).collect());
-                emptiest_corner(&lines.iter().map(Vec::as_slice).collect::<Vec<_>>())
+                scaled.push(
+                    lines
+                        .acc
+                        .iter()
+                        .map(|p| ((p.0 - x0) / (x1 - x0), p.1))
+                        .collect(),
+                );
+                emptiest_corner(&scaled.iter().map(Vec::as_slice).collect::<Vec<_>>())
             })
             .label_font(("sans-serif", 12))
             .background_style(WHITE.mix(0.85))
@@ -317,6 +310,82 @@ fn draw(out: &mut String, c: &Curves, o: &PlotOptions) -> Result<(), Box<dyn Err
         ))?;
     }
     root.present()?;
+    Ok(())
+}
+
+/// The band, the train and validation losses and the accuracy, each with its legend entry.
+fn draw_curves(chart: &mut Chart, l: &Lines, world: usize) -> Result<(), Box<dyn Error>> {
+    if l.with_band {
+        let ring: Vec<(f64, f64)> = l.hi.iter().chain(l.lo.iter().rev()).copied().collect();
+        chart
+            .draw_series(std::iter::once(Polygon::new(
+                ring,
+                TRAIN.mix(0.18).filled(),
+            )))?
+            .label(format!("train loss min–max over {world} ranks"))
+            .legend(|(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 18, y + 5)], TRAIN.mix(0.18).filled())
+            });
+    }
+    if !l.train.is_empty() {
+        let label = if world > 1 {
+            format!("train loss (mean of {world} ranks)")
+        } else {
+            "train loss".to_string()
+        };
+        chart
+            .draw_series(LineSeries::new(
+                l.train.iter().copied(),
+                TRAIN.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], TRAIN.stroke_width(2)));
+    }
+    if !l.val.is_empty() {
+        chart
+            .draw_series(LineSeries::new(l.val.iter().copied(), VAL.stroke_width(2)))?
+            .label("val loss")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], VAL.stroke_width(2)));
+        chart.draw_series(l.val.iter().map(|p| Circle::new(*p, 3, VAL.filled())))?;
+    }
+    if !l.acc.is_empty() {
+        chart
+            .draw_secondary_series(LineSeries::new(l.acc.iter().copied(), ACC.stroke_width(2)))?
+            .label("val accuracy (right axis)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ACC.stroke_width(2)));
+        chart.draw_secondary_series(l.acc.iter().map(|p| Circle::new(*p, 3, ACC.filled())))?;
+    }
+    Ok(())
+}
+
+/// Under the legend, over the curves: a marker says where the replayed steps begin.
+fn draw_restarts(
+    chart: &mut Chart,
+    restarts: &[f64],
+    (y0, y1): (f64, f64),
+) -> Result<(), Box<dyn Error>> {
+    let mut labelled_at = None;
+    for &x in restarts {
+        chart.draw_series(std::iter::once(DashedPathElement::new(
+            [(x, y0), (x, y1)],
+            5,
+            4,
+            RESTART.mix(0.7).stroke_width(1),
+        )))?;
+        // One label per 50 pixels: markers closer than that share the one on their left.
+        let px = chart.backend_coord(&(x, y1)).0;
+        if labelled_at.is_none_or(|at| px - at >= 50) {
+            labelled_at = Some(px);
+            chart.draw_series(std::iter::once(
+                EmptyElement::at((x, y1))
+                    + Text::new(
+                        "restart",
+                        (3, 2),
+                        ("sans-serif", 10).into_font().color(&RESTART),
+                    ),
+            ))?;
+        }
+    }
     Ok(())
 }
 

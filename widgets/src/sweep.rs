@@ -9,6 +9,7 @@ use crate::html::{escape, BLUE, GREEN, GREY, ORANGE, RED};
 use crate::logs::{LogLevel, LogPanel};
 use crate::series::downsample_minmax;
 use crate::Bundle;
+use plotters::coord::types::{RangedCoordf64, RangedCoordu64};
 use plotters::prelude::*;
 use serde_json::Value;
 use std::cmp::Ordering;
@@ -773,56 +774,82 @@ fn draw(out: &mut String, view: &SweepView, width: u32, height: u32) -> Result<(
     }
 
     for l in &lines {
-        let t = &view.trials[l.index];
-        let best = view.is_best(l.index);
-        let (style, marker_style) = if l.labelled {
-            let w = if best { 4 } else { 2 };
-            (l.color.stroke_width(w), l.color.stroke_width(2))
-        } else {
-            (
-                FAINT.mix(0.35).stroke_width(1),
-                FAINT.mix(0.5).stroke_width(1),
-            )
-        };
-        // Values past the range (diverged trials) are drawn at its edge.
-        let clamp = |(x, y): (u64, f64)| (x, y.clamp(y0, y1));
-        chart.draw_series(LineSeries::new(l.points.iter().copied().map(clamp), style))?;
-        let last = clamp(*l.points.last().expect("lines have points"));
-        let size = if l.labelled { 4 } else { 3 };
-        match t.state {
-            TrialState::Pruned => {
-                chart.draw_series(std::iter::once(Cross::new(last, size, marker_style)))?;
-            }
-            TrialState::Running => {
-                let fill = if l.labelled {
-                    l.color.filled()
-                } else {
-                    FAINT.mix(0.5).filled()
-                };
-                chart.draw_series(std::iter::once(Circle::new(last, size - 1, fill)))?;
-            }
-            TrialState::Failed => {
-                chart.draw_series(std::iter::once(Circle::new(
-                    last,
-                    size,
-                    FAILED.stroke_width(2),
-                )))?;
-            }
-            _ if l.points.len() == 1 => {
-                // A single point draws no line: show it.
-                let fill = if l.labelled {
-                    l.color.filled()
-                } else {
-                    FAINT.mix(0.5).filled()
-                };
-                chart.draw_series(std::iter::once(Circle::new(last, 2, fill)))?;
-            }
-            _ => {}
-        }
+        draw_line(&mut chart, l, view, (y0, y1))?;
     }
+    draw_labels(&root, &chart, &lines, view, (y0, y1))?;
+    root.present()?;
+    Ok(())
+}
 
-    // Labels at the lines' ends, the most important placed first, each at the free spot
-    // nearest its line's end inside the plot; one moved off its line's end gets a faint leader.
+type SweepChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordu64, RangedCoordf64>>;
+
+/// One trial's line and the marker at its end (pruned: a cross; running: a dot; failed: a
+/// red ring).
+fn draw_line(
+    chart: &mut SweepChart,
+    l: &Line,
+    view: &SweepView,
+    (y0, y1): (f64, f64),
+) -> Result<(), Box<dyn Error>> {
+    let t = &view.trials[l.index];
+    let best = view.is_best(l.index);
+    let (style, marker_style) = if l.labelled {
+        let w = if best { 4 } else { 2 };
+        (l.color.stroke_width(w), l.color.stroke_width(2))
+    } else {
+        (
+            FAINT.mix(0.35).stroke_width(1),
+            FAINT.mix(0.5).stroke_width(1),
+        )
+    };
+    // Values past the range (diverged trials) are drawn at its edge.
+    let clamp = |(x, y): (u64, f64)| (x, y.clamp(y0, y1));
+    chart.draw_series(LineSeries::new(l.points.iter().copied().map(clamp), style))?;
+    let last = clamp(*l.points.last().expect("lines have points"));
+    let size = if l.labelled { 4 } else { 3 };
+    match t.state {
+        TrialState::Pruned => {
+            chart.draw_series(std::iter::once(Cross::new(last, size, marker_style)))?;
+        }
+        TrialState::Running => {
+            let fill = if l.labelled {
+                l.color.filled()
+            } else {
+                FAINT.mix(0.5).filled()
+            };
+            chart.draw_series(std::iter::once(Circle::new(last, size - 1, fill)))?;
+        }
+        TrialState::Failed => {
+            chart.draw_series(std::iter::once(Circle::new(
+                last,
+                size,
+                FAILED.stroke_width(2),
+            )))?;
+        }
+        _ if l.points.len() == 1 => {
+            // A single point draws no line: show it.
+            let fill = if l.labelled {
+                l.color.filled()
+            } else {
+                FAINT.mix(0.5).filled()
+            };
+            chart.draw_series(std::iter::once(Circle::new(last, 2, fill)))?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Labels at the lines' ends, the most important placed first, each at the free spot
+/// nearest its line's end inside the plot; one moved off its line's end gets a faint leader.
+fn draw_labels(
+    root: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    chart: &SweepChart,
+    lines: &[Line],
+    view: &SweepView,
+    (y0, y1): (f64, f64),
+) -> Result<(), Box<dyn Error>> {
     let (_, rows) = chart.plotting_area().get_pixel_range();
     let (top, bottom) = (rows.start, rows.end);
     let mut placed: Vec<(i32, i32, i32, i32)> = Vec::new();
@@ -869,7 +896,6 @@ fn draw(out: &mut String, view: &SweepView, width: u32, height: u32) -> Result<(
         };
         root.draw(&Text::new(label, (x, y), font.color(&l.color)))?;
     }
-    root.present()?;
     Ok(())
 }
 

@@ -42,128 +42,17 @@ impl Topology {
         var: &dyn Fn(&str) -> Option<String>,
         first_host: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<Self>> {
-        let num = |name: &str| -> Result<Option<usize>> {
-            match var(name) {
-                None => Ok(None),
-                Some(v) => match v.trim().parse() {
-                    Ok(n) => Ok(Some(n)),
-                    Err(_) => bail!("{name}={v:?} is not a number"),
-                },
-            }
-        };
-        let first_of = |names: &[&str]| -> Result<Option<usize>> {
-            for n in names {
-                if let Some(v) = num(n)? {
-                    return Ok(Some(v));
-                }
-            }
-            Ok(None)
-        };
-        let master_port = match var("MASTER_PORT") {
-            None => None,
-            Some(p) => match p.trim().parse() {
-                Ok(p) => Some(p),
-                Err(_) => bail!("MASTER_PORT={p:?} is not a port number"),
-            },
-        };
-        let master_env = var("MASTER_ADDR").filter(|a| !a.is_empty());
-        let one_per_node = |source: &'static str, tasks: usize, nodes: usize, fix: &str| {
-            if tasks != nodes {
-                bail!(
-                    "{source} started {tasks} tasks on {nodes} node(s), but trainbook runs one driver per node, which starts that node's workers itself: {fix}"
-                );
-            }
-            Ok(())
-        };
-
-        // Slurm: srun sets SLURM_PROCID and SLURM_NTASKS for every task of a step.
-        if let (Some(rank), Some(tasks)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?) {
-            let nodes = first_of(&[
-                "SLURM_STEP_NUM_NODES",
-                "SLURM_NNODES",
-                "SLURM_JOB_NUM_NODES",
-            ])?
-            .unwrap_or(tasks);
-            one_per_node(
-                "srun",
-                tasks,
-                nodes,
-                "launch with `srun --ntasks-per-node=1 trainbook train ... --workers <devices per node>`",
-            )?;
-            let list = [
-                "SLURM_STEP_NODELIST",
-                "SLURM_JOB_NODELIST",
-                "SLURM_NODELIST",
-            ]
-            .iter()
-            .find_map(|k| var(k));
-            let master_addr = master_env.or_else(|| list.and_then(|l| first_host(&l)));
-            return Ok(Some(Topology {
-                nodes,
-                node_rank: rank,
-                master_addr,
-                master_port,
-                source: "slurm",
-            }));
+        let env = Launch::read(var)?;
+        if let Some(t) = env.slurm(first_host)? {
+            return Ok(Some(t));
         }
-        // Open MPI's mpirun.
-        if let (Some(rank), Some(size)) =
-            (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?)
-        {
-            if let Some(local) = num("OMPI_COMM_WORLD_LOCAL_SIZE")? {
-                one_per_node(
-                    "mpirun",
-                    local,
-                    1,
-                    "launch with `mpirun --map-by ppr:1:node trainbook train ...`",
-                )?;
-            }
-            return Ok(Some(Topology {
-                nodes: size,
-                node_rank: rank,
-                master_addr: master_env,
-                master_port,
-                source: "open mpi",
-            }));
+        if let Some(t) = env.open_mpi()? {
+            return Ok(Some(t));
         }
-        // MPICH and Intel MPI (the Hydra process manager).
-        if let (Some(rank), Some(size)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
-            if let Some(local) = num("MPI_LOCALNRANKS")? {
-                one_per_node(
-                    "mpirun",
-                    local,
-                    1,
-                    "launch with `mpirun -ppn 1 trainbook train ...`",
-                )?;
-            }
-            return Ok(Some(Topology {
-                nodes: size,
-                node_rank: rank,
-                master_addr: master_env,
-                master_port,
-                source: "mpich",
-            }));
+        if let Some(t) = env.mpich()? {
+            return Ok(Some(t));
         }
-        // torchrun: GROUP_RANK is the node's rank; one process per node means the world size
-        // counts nodes.
-        if let (Some(group), Some(world)) = (num("GROUP_RANK")?, num("WORLD_SIZE")?) {
-            let local = num("LOCAL_WORLD_SIZE")?.unwrap_or(1);
-            one_per_node(
-                "torchrun",
-                local,
-                1,
-                "launch with `torchrun --nproc-per-node 1 --no-python trainbook train ...`",
-            )?;
-            return Ok(Some(Topology {
-                nodes: world,
-                node_rank: group,
-                master_addr: master_env,
-                // torchrun's own store listens on MASTER_PORT: trainbook's takes the next one.
-                master_port: master_port.map(|p| p.wrapping_add(1)),
-                source: "torchrun",
-            }));
-        }
-        Ok(None)
+        env.torchrun()
     }
 
     /// Sets the spec's nodes, node rank and (when known) master address and port.
@@ -177,6 +66,165 @@ impl Topology {
             spec.master_port = Some(p);
         }
     }
+}
+
+/// The environment a launcher gave this process, read one launcher at a time.
+struct Launch<'a> {
+    var: &'a dyn Fn(&str) -> Option<String>,
+    master_port: Option<u16>,
+    master_addr: Option<String>,
+}
+
+impl<'a> Launch<'a> {
+    fn read(var: &'a dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        let master_port = match var("MASTER_PORT") {
+            None => None,
+            Some(p) => match p.trim().parse() {
+                Ok(p) => Some(p),
+                Err(_) => bail!("MASTER_PORT={p:?} is not a port number"),
+            },
+        };
+        Ok(Launch {
+            var,
+            master_port,
+            master_addr: var("MASTER_ADDR").filter(|a| !a.is_empty()),
+        })
+    }
+
+    fn num(&self, name: &str) -> Result<Option<usize>> {
+        match (self.var)(name) {
+            None => Ok(None),
+            Some(v) => match v.trim().parse() {
+                Ok(n) => Ok(Some(n)),
+                Err(_) => bail!("{name}={v:?} is not a number"),
+            },
+        }
+    }
+
+    fn first_of(&self, names: &[&str]) -> Result<Option<usize>> {
+        for n in names {
+            if let Some(v) = self.num(n)? {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Slurm: srun sets SLURM_PROCID and SLURM_NTASKS for every task of a step.
+    fn slurm(&self, first_host: &dyn Fn(&str) -> Option<String>) -> Result<Option<Topology>> {
+        let (Some(rank), Some(tasks)) = (self.num("SLURM_PROCID")?, self.num("SLURM_NTASKS")?)
+        else {
+            return Ok(None);
+        };
+        let nodes = self
+            .first_of(&[
+                "SLURM_STEP_NUM_NODES",
+                "SLURM_NNODES",
+                "SLURM_JOB_NUM_NODES",
+            ])?
+            .unwrap_or(tasks);
+        one_per_node(
+            "srun",
+            tasks,
+            nodes,
+            "launch with `srun --ntasks-per-node=1 trainbook train ... --workers <devices per node>`",
+        )?;
+        let list = [
+            "SLURM_STEP_NODELIST",
+            "SLURM_JOB_NODELIST",
+            "SLURM_NODELIST",
+        ]
+        .iter()
+        .find_map(|k| (self.var)(k));
+        Ok(Some(Topology {
+            nodes,
+            node_rank: rank,
+            master_addr: self
+                .master_addr
+                .clone()
+                .or_else(|| list.and_then(|l| first_host(&l))),
+            master_port: self.master_port,
+            source: "slurm",
+        }))
+    }
+
+    /// Open MPI's mpirun.
+    fn open_mpi(&self) -> Result<Option<Topology>> {
+        let (Some(rank), Some(size)) = (
+            self.num("OMPI_COMM_WORLD_RANK")?,
+            self.num("OMPI_COMM_WORLD_SIZE")?,
+        ) else {
+            return Ok(None);
+        };
+        if let Some(local) = self.num("OMPI_COMM_WORLD_LOCAL_SIZE")? {
+            one_per_node(
+                "mpirun",
+                local,
+                1,
+                "launch with `mpirun --map-by ppr:1:node trainbook train ...`",
+            )?;
+        }
+        Ok(Some(self.mpi(size, rank, "open mpi")))
+    }
+
+    /// MPICH and Intel MPI (the Hydra process manager).
+    fn mpich(&self) -> Result<Option<Topology>> {
+        let (Some(rank), Some(size)) = (self.num("PMI_RANK")?, self.num("PMI_SIZE")?) else {
+            return Ok(None);
+        };
+        if let Some(local) = self.num("MPI_LOCALNRANKS")? {
+            one_per_node(
+                "mpirun",
+                local,
+                1,
+                "launch with `mpirun -ppn 1 trainbook train ...`",
+            )?;
+        }
+        Ok(Some(self.mpi(size, rank, "mpich")))
+    }
+
+    fn mpi(&self, nodes: usize, node_rank: usize, source: &'static str) -> Topology {
+        Topology {
+            nodes,
+            node_rank,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+            source,
+        }
+    }
+
+    /// torchrun: GROUP_RANK is the node's rank; one process per node means the world size
+    /// counts nodes.
+    fn torchrun(&self) -> Result<Option<Topology>> {
+        let (Some(group), Some(world)) = (self.num("GROUP_RANK")?, self.num("WORLD_SIZE")?) else {
+            return Ok(None);
+        };
+        let local = self.num("LOCAL_WORLD_SIZE")?.unwrap_or(1);
+        one_per_node(
+            "torchrun",
+            local,
+            1,
+            "launch with `torchrun --nproc-per-node 1 --no-python trainbook train ...`",
+        )?;
+        Ok(Some(Topology {
+            nodes: world,
+            node_rank: group,
+            master_addr: self.master_addr.clone(),
+            // torchrun's own store listens on MASTER_PORT: trainbook's takes the next one.
+            master_port: self.master_port.map(|p| p.wrapping_add(1)),
+            source: "torchrun",
+        }))
+    }
+}
+
+/// trainbook runs one driver per node, which starts that node's workers itself.
+fn one_per_node(source: &str, tasks: usize, nodes: usize, fix: &str) -> Result<()> {
+    if tasks != nodes {
+        bail!(
+            "{source} started {tasks} tasks on {nodes} node(s), but trainbook runs one driver per node, which starts that node's workers itself: {fix}"
+        );
+    }
+    Ok(())
 }
 
 /// The first host of a Slurm host list, by `scontrol show hostnames` where Slurm is installed,

@@ -41,6 +41,49 @@ pub use trainbook_api::vision::ImageFolder;
 /// image (as torchvision does: an empty class would leave an id that can never be predicted
 /// correctly, which is almost always a broken download).
 pub fn scan(root: &Path) -> Result<ImageFolder> {
+    let classes = class_dirs(root)?;
+    let candidates = class_files(&classes)?;
+    let checks = check_headers(&candidates);
+    let mut samples = Vec::with_capacity(candidates.len());
+    let mut skipped = Vec::new();
+    for ((path, id), check) in candidates.into_iter().zip(checks) {
+        match check {
+            Ok(()) => samples.push((path, id)),
+            Err(reason) => skipped.push((path, reason)),
+        }
+    }
+    let class_names: Vec<String> = classes.into_iter().map(|(_, name, _)| name).collect();
+
+    if samples.is_empty() {
+        let why = match skipped.first() {
+            Some((p, reason)) => format!(
+                "; {} file(s) with image extensions failed to decode, e.g. {}: {reason}",
+                skipped.len(),
+                p.display()
+            ),
+            None => format!(" (extensions looked for: {})", IMG_EXTENSIONS.join(", ")),
+        };
+        bail!(
+            "no valid images under {} (classes: {}){why}. {LAYOUT_HINT}; check the download \
+             or re-extract the archive",
+            root.display(),
+            class_names.join(", ")
+        );
+    }
+    no_empty_class(root, &class_names, &samples, &skipped)?;
+    Ok(ImageFolder {
+        root: root.to_path_buf(),
+        classes: class_names,
+        samples,
+        skipped,
+    })
+}
+
+/// A class per directory of `root` (hidden ones skipped), as (name bytes, name, path) in
+/// byte order of the names; an error for a missing root, a file, no class directories or
+/// split directories where classes belong.
+type ClassDir = (Vec<u8>, String, PathBuf);
+fn class_dirs(root: &Path) -> Result<Vec<ClassDir>> {
     let meta = fs::metadata(root).map_err(|e| {
         anyhow::anyhow!(
             "image folder {} cannot be read ({e}): {LAYOUT_HINT}. Check the path; for the \
@@ -57,7 +100,7 @@ pub fn scan(root: &Path) -> Result<ImageFolder> {
     }
 
     let entries = list_dir(root)?;
-    let mut classes: Vec<(Vec<u8>, String, PathBuf)> = Vec::new();
+    let mut classes: Vec<ClassDir> = Vec::new();
     let mut loose_images = 0usize;
     for path in entries {
         let name = path.file_name().unwrap_or_default();
@@ -101,7 +144,11 @@ pub fn scan(root: &Path) -> Result<ImageFolder> {
                 .join(", ")
         );
     }
+    Ok(classes)
+}
 
+/// Every file under each class directory with its class id, in torchvision's order.
+fn class_files(classes: &[ClassDir]) -> Result<Vec<(PathBuf, usize)>> {
     let mut candidates: Vec<(PathBuf, usize)> = Vec::new();
     for (id, (_, _, dir)) in classes.iter().enumerate() {
         let mut files = Vec::new();
@@ -117,41 +164,24 @@ pub fn scan(root: &Path) -> Result<ImageFolder> {
         });
         candidates.extend(files.into_iter().map(|p| (p, id)));
     }
+    Ok(candidates)
+}
 
-    let checks = check_headers(&candidates);
-    let mut samples = Vec::with_capacity(candidates.len());
-    let mut skipped = Vec::new();
-    for ((path, id), check) in candidates.into_iter().zip(checks) {
-        match check {
-            Ok(()) => samples.push((path, id)),
-            Err(reason) => skipped.push((path, reason)),
-        }
-    }
-    let class_names: Vec<String> = classes.into_iter().map(|(_, name, _)| name).collect();
-
-    if samples.is_empty() {
-        let why = match skipped.first() {
-            Some((p, reason)) => format!(
-                "; {} file(s) with image extensions failed to decode, e.g. {}: {reason}",
-                skipped.len(),
-                p.display()
-            ),
-            None => format!(" (extensions looked for: {})", IMG_EXTENSIONS.join(", ")),
-        };
-        bail!(
-            "no valid images under {} (classes: {}){why}. {LAYOUT_HINT}; check the download \
-             or re-extract the archive",
-            root.display(),
-            class_names.join(", ")
-        );
-    }
+/// Every class keeps at least one valid image (an empty one would leave an id that can never
+/// be predicted).
+fn no_empty_class(
+    root: &Path,
+    class_names: &[String],
+    samples: &[(PathBuf, usize)],
+    skipped: &[(PathBuf, String)],
+) -> Result<()> {
     let mut counts = vec![0usize; class_names.len()];
-    for (_, id) in &samples {
+    for (_, id) in samples {
         counts[*id] += 1;
     }
     let empty: Vec<&str> = counts
         .iter()
-        .zip(&class_names)
+        .zip(class_names)
         .filter(|(n, _)| **n == 0)
         .map(|(_, name)| name.as_str())
         .collect();
@@ -168,13 +198,7 @@ pub fn scan(root: &Path) -> Result<ImageFolder> {
             IMG_EXTENSIONS.join(", "),
         );
     }
-
-    Ok(ImageFolder {
-        root: root.to_path_buf(),
-        classes: class_names,
-        samples,
-        skipped,
-    })
+    Ok(())
 }
 
 /// Decodes sample `i` as 8-bit RGB (see [`load_rgb`]).
