@@ -1,7 +1,7 @@
 //! The event loop's mailbox: what reaches a node's driver, from its workers' event streams
 //! (local and, on node 0, every other node's, through the rendezvous's collector) and from its
-//! local workers' raw output. Its own module, so the loop (`drive`) and the collector's setup
-//! (`rendezvous`) both name it without naming each other.
+//! local workers' raw output. Its own module: the loop's two rooms (`fold`, `supervise`) and
+//! `launch`, which wires the collector and the workers' output into it, all name it.
 
 use super::processes::RawOutput;
 use crate::shared::events::Event;

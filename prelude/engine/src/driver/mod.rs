@@ -77,7 +77,10 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     };
     let (tx, rx) = mpsc::channel::<Incoming>();
     let node = if spec.node_rank == 0 {
-        rendezvous::host(spec, recipes, &tx)?
+        let events = tx.clone();
+        rendezvous::host(spec, recipes, move |e| {
+            events.send(Incoming::Event(e)).is_ok()
+        })?
     } else {
         rendezvous::join(spec)?
     };

@@ -8,7 +8,6 @@
 //! than the one its predecessor was part of.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -17,7 +16,6 @@ use trainbook_api::device::DeviceKind;
 use trainbook_api::spec::{JobSpec, Resume};
 use trainbook_api::topology::DEFAULT_MASTER_PORT;
 
-use super::incoming::Incoming;
 use super::placement;
 use crate::shared::checkpoint::{self, RunConfig, RunStatus};
 use crate::shared::events::{self, Collector, Emitter};
@@ -122,7 +120,12 @@ pub(super) struct Node {
 }
 
 /// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
-pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming>) -> Result<Node> {
+/// Every event that reaches the collector goes to `sink` (false: nobody listens any more).
+pub(super) fn host(
+    spec: JobSpec,
+    recipes: &Registry,
+    sink: impl Fn(events::Event) -> bool + Send + 'static,
+) -> Result<Node> {
     // The preset and every option resolved here, before any process starts: a bad option
     // fails at once, and config.json records what the run uses.
     let hyper = recipes.resolve(&spec)?;
@@ -153,16 +156,13 @@ pub(super) fn host(spec: JobSpec, recipes: &Registry, tx: &mpsc::Sender<Incoming
     };
     let store = Store::bind(&spec.master_addr, port, timeout)?;
     let token = events::new_token();
-    let ev_tx = tx.clone();
     // The event stream listens on a routable address only when other nodes must reach it.
     let listen = if several {
         spec.master_addr.as_str()
     } else {
         "127.0.0.1"
     };
-    let collector = Collector::start(listen, token.clone(), move |e| {
-        ev_tx.send(Incoming::Event(e)).is_ok()
-    })?;
+    let collector = Collector::start(listen, token.clone(), sink)?;
     let events = collector.endpoint().to_string();
     if several {
         let info = JobInfo {
