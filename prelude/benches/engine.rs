@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use trainbook::{Configure, ConfigureTraining, DeviceRequest, JobSpec, Update};
+use trainbook::{Configure, ConfigureTraining, DeviceRequest, JobSpec, JobUpdate};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -99,11 +99,11 @@ fn startup(rounds: usize) {
         let mut first = None;
         while let Ok(u) = rx.recv_timeout(Duration::from_secs(60)) {
             match u {
-                Update::Metric(m) if m.name == "loss" => {
+                JobUpdate::Metric(m) if m.name == "loss" => {
                     first = Some(t0.elapsed().as_secs_f64());
                     break;
                 }
-                Update::Finished(_) => break,
+                JobUpdate::Finished(_) => break,
                 _ => {}
             }
         }
@@ -142,7 +142,9 @@ fn restart(rounds: usize, kill_at: u64) {
         while let Ok(u) = rx.recv_timeout(Duration::from_secs(120)) {
             match u {
                 // Rank 0's loss at step 200: rank 1 is there too (they step together).
-                Update::Metric(m) if m.name == "loss" && killed.is_none() && m.step >= kill_at => {
+                JobUpdate::Metric(m)
+                    if m.name == "loss" && killed.is_none() && m.step >= kill_at =>
+                {
                     let pid = job.pids()[1];
                     nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid as i32),
@@ -151,11 +153,11 @@ fn restart(rounds: usize, kill_at: u64) {
                     .expect("kill rank 1");
                     killed = Some((Instant::now(), m.step));
                 }
-                Update::Restart(r) => {
+                JobUpdate::Restart(r) => {
                     restarted = killed.map(|(k, _)| k.elapsed().as_secs_f64());
                     resumed_step = r.resumed_step;
                 }
-                Update::Metric(m) if m.name == "loss" && m.rank == 0 && restarted.is_some() => {
+                JobUpdate::Metric(m) if m.name == "loss" && m.rank == 0 && restarted.is_some() => {
                     let (k, at) = killed.expect("killed before the restart");
                     if !first_loss_seen {
                         first_loss_seen = true;
@@ -168,7 +170,7 @@ fn restart(rounds: usize, kill_at: u64) {
                         break;
                     }
                 }
-                Update::Finished(_) => break,
+                JobUpdate::Finished(_) => break,
                 _ => {}
             }
         }

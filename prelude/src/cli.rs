@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::dashboard::JobDashboard;
 use crate::{MlmOptions, TextOptions, VisionOptions};
 use trainbook_api::device::DeviceRequest;
-use trainbook_api::job::{JobStatus, Update};
+use trainbook_api::job::{JobStatus, JobUpdate};
 use trainbook_api::spec::{Configure, JobSpec, Resume, TrainConfig};
 
 #[derive(Parser, Debug)]
@@ -762,7 +762,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
     // The same dashboard as the notebook's: lines the view's level shows are printed, the
     // progress bar carries the progress line, the result view closes the run.
     for u in updates {
-        let finished = matches!(u, Update::Finished(_));
+        let finished = matches!(u, JobUpdate::Finished(_));
         if let Some(line) = view.apply(&u) {
             let text = line.to_string();
             if bar.is_hidden() {
@@ -775,7 +775,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
                 bar.println(text);
             }
         }
-        if let Update::Progress(p) = &u {
+        if let JobUpdate::Progress(p) = &u {
             bar.set_length(p.total_steps);
             bar.set_position(p.step);
             bar.set_message(view.dashboard().progress.line());

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use std::path::PathBuf;
 use trainbook_api::job::MetricRow;
-use trainbook_api::job::{Job, JobStatus, Progress, Update};
+use trainbook_api::job::{Job, JobStatus, JobUpdate, Progress};
 use trainbook_api::logs::Shown;
 use trainbook_api::metric;
 use trainbook_engine::looks_like_error;
@@ -107,16 +107,16 @@ impl JobDashboard {
 
     /// Applies one update. Returns the log line if the view's level shows it (the terminal
     /// prints exactly those).
-    pub fn apply(&mut self, update: &Update) -> Option<LogLine> {
+    pub fn apply(&mut self, update: &JobUpdate) -> Option<LogLine> {
         match update {
-            Update::Log(shown) => {
+            JobUpdate::Log(shown) => {
                 let line = log_line(shown);
                 return self.dash.logs.push(line.clone()).then_some(line);
             }
-            Update::Metric(m) => self.metric(m),
-            Update::Progress(p) => self.progress(p),
-            Update::Checkpoint { path, .. } => self.checkpoint = Some(path.clone()),
-            Update::Restart(r) => {
+            JobUpdate::Metric(m) => self.metric(m),
+            JobUpdate::Progress(p) => self.progress(p),
+            JobUpdate::Checkpoint { path, .. } => self.checkpoint = Some(path.clone()),
+            JobUpdate::Restart(r) => {
                 self.dash.curves.restart(r.resumed_step);
                 let line = LogLine {
                     rank: None,
@@ -126,7 +126,7 @@ impl JobDashboard {
                 };
                 return self.dash.logs.push(line.clone()).then_some(line);
             }
-            Update::Finished(s) => {
+            JobUpdate::Finished(s) => {
                 self.dash.progress.status = status(*s);
                 self.dash.curves.flush();
             }

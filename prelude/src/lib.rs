@@ -22,8 +22,6 @@ pub mod notebook;
 pub mod run;
 /// A sweep's live view (table, plot, logs) in the notebook and the terminal.
 pub mod sweep_view;
-/// `Table` ⇄ polars `DataFrame`.
-pub mod table;
 
 /// polars for notebook cells: `result.history_df()?` and the other `*_df()` methods, the
 /// `DataFrame` type, the comparison and aggregation traits a filter and a mean need (`df.filter(&df.column("name")?
@@ -31,14 +29,7 @@ pub mod table;
 /// imported here, since its `Column` would clash with trainbook's). The kernel imports
 /// this (`use trainbook_torch::frames::*;`) for the first cell that uses polars; programs
 /// `use trainbook::frames::*;`.
-pub mod frames {
-    pub use crate::table::{from_polars, to_polars, JobFrames, ResultFrames, SweepFrames};
-    pub use polars;
-    pub use polars::prelude::{
-        ChunkAgg, ChunkCompareEq, ChunkCompareIneq, DataFrame, DataType, NamedFrom, PolarsResult,
-        Series,
-    };
-}
+pub mod frames;
 
 /// The notebook-facing layer: everything re-exported at the top level and in [`prelude`].
 pub use trainbook_api as api;
@@ -55,8 +46,8 @@ pub use trainbook_api::{
     content_blocks, fit, launch, running_jobs, stop_all, train_bert, train_resnet, Arch, Asha,
     BertMlmTrainer, BertTrainer, Column, Configure, ConfigureMlm, ConfigureText, ConfigureTraining,
     ConfigureVision, DeviceKind, DeviceRequest, Goal, Hyper, ImageClassifier, ImageFolder, Job,
-    JobSpec, JobStatus, LogLevel, MedianStopping, MlmOptions, OptimizerKind, Padding, Plan,
-    Precision, Prediction, ResnetTrainer, Restart, Resume, Schedule, Scheduler, ShowValue, Sweep,
-    SweepJob, SweepResult, Table, TextClassifier, TextOptions, Train, TrainConfig, TrainError,
-    TrainResult, TrialStatus, Update, View, ViewOptions, VisionOptions,
+    JobSpec, JobStatus, JobUpdate, LogLevel, MedianStopping, MlmOptions, OptimizerKind, Padding,
+    Plan, Precision, Prediction, ResnetTrainer, Restart, Resume, Schedule, Scheduler, ShowValue,
+    Sweep, SweepJob, SweepResult, Table, TextClassifier, TextOptions, Train, TrainConfig,
+    TrainError, TrainResult, TrialStatus, View, ViewOptions, VisionOptions,
 };

@@ -9,7 +9,7 @@ use crate::dashboard::JobDashboard;
 use anyhow::{Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use trainbook_api::job::{Job, JobView, Update};
+use trainbook_api::job::{Job, JobUpdate, JobView};
 use trainbook_channel::Link;
 
 /// Connects to the kernel named in `TRAINBOOK_KERNEL_CHANNEL`, if any. Returns whether this
@@ -137,7 +137,7 @@ fn show_live(job: &Job) -> Result<()> {
 /// both the CPU spent drawing and what goes to the notebook.
 pub fn follow(
     view: &mut JobDashboard,
-    updates: &std::sync::mpsc::Receiver<Update>,
+    updates: &std::sync::mpsc::Receiver<JobUpdate>,
     every: Duration,
     mut draw: impl FnMut(trainbook_channel::MimeBundle),
 ) -> usize {
@@ -147,7 +147,7 @@ pub fn follow(
         every,
         |u| {
             view.borrow_mut().apply(u);
-            matches!(u, Update::Finished(_))
+            matches!(u, JobUpdate::Finished(_))
         },
         || draw(view.borrow().bundle()),
     )

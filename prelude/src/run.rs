@@ -99,7 +99,7 @@ impl Runtime for Trainbook {
     }
 
     fn read_table(&self, path: &Path) -> Result<Table> {
-        crate::table::from_polars(&trainbook_recipes::text::dataset::read_table(path)?)
+        crate::frames::from_polars(&trainbook_recipes::text::dataset::read_table(path)?)
     }
 
     fn scan_images(&self, root: &Path) -> Result<trainbook_api::ImageFolder> {

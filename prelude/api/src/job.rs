@@ -1,5 +1,5 @@
 //! A job as its callers see it: the handle ([`Job`]) with status, progress, metrics, logs,
-//! stop and wait; what subscribers receive while it runs ([`Update`]); its outcome
+//! stop and wait; what subscribers receive while it runs ([`JobUpdate`]); its outcome
 //! ([`TrainResult`]). The engine's driver is the one implementation behind the handle
 //! ([`JobControl`]).
 
@@ -103,7 +103,7 @@ pub struct Progress {
 
 /// What subscribers (terminal, notebook) receive while the job runs.
 #[derive(Clone, Debug)]
-pub enum Update {
+pub enum JobUpdate {
     Log(Shown),
     Metric(MetricRow),
     Progress(Progress),
@@ -382,7 +382,7 @@ pub trait JobControl: Send + Sync {
     fn metric_rows(&self) -> Vec<MetricRow>;
     fn logs(&self) -> Vec<LogRecord>;
     fn dropped_events(&self) -> u64;
-    fn subscribe(&self) -> mpsc::Receiver<Update>;
+    fn subscribe(&self) -> mpsc::Receiver<JobUpdate>;
     fn attach_view(&self, view: Arc<dyn JobView>);
     fn stop(&self) -> Result<()>;
     fn wait(&self) -> Result<TrainResult>;
@@ -464,7 +464,7 @@ impl Job {
     }
 
     /// Live updates from now on. Dropping the receiver unsubscribes.
-    pub fn subscribe(&self) -> mpsc::Receiver<Update> {
+    pub fn subscribe(&self) -> mpsc::Receiver<JobUpdate> {
         self.0.subscribe()
     }
 

@@ -74,7 +74,9 @@ pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use corpus::{CorpusPreparer, PrepareProgress, PreparedCorpus};
 pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
-pub use job::{running_jobs, stop_all, Job, JobStatus, Restart, TrainError, TrainResult, Update};
+pub use job::{
+    running_jobs, stop_all, Job, JobStatus, JobUpdate, Restart, TrainError, TrainResult,
+};
 pub use logs::LogLevel;
 pub use memory::{Footprint, MemoryPlan};
 pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
@@ -110,7 +112,7 @@ pub mod prelude {
     pub use crate::corpus::{CorpusPreparer, PreparedCorpus};
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::display::ShowValue;
-    pub use crate::job::{stop_all, Job, JobStatus, Restart, TrainResult, Update};
+    pub use crate::job::{stop_all, Job, JobStatus, JobUpdate, Restart, TrainResult};
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;

@@ -4,7 +4,7 @@
 //! Why not polars' `DataFrame`: a notebook cell compiles against the crate it uses, and naming
 //! polars in this crate's signatures would put polars' ~150 crates into every cell's compile
 //! (measured: ~0.3 s per cell). trainbook reads and writes its tables with polars inside the
-//! engine; a program that wants a `DataFrame` converts with `trainbook::table::to_polars`, and
+//! engine; a program that wants a `DataFrame` converts with `trainbook::frames::to_polars`, and
 //! a notebook can pass [`Table::to_csv`] to any reader. In the trainbook kernel a table shown
 //! as a cell's value renders as an HTML table (head and tail of long ones).
 

@@ -495,7 +495,7 @@ impl Recipe for MlmRecipe {
     fn eval_len(&self) -> usize {
         self.eval.count
     }
-    fn plan(&self, split: Split, epoch: u64, _batches: &[&[usize]]) {
+    fn prefetch(&self, split: Split, epoch: u64, _batches: &[&[usize]]) {
         if split == Split::Train {
             self.epoch.set(epoch);
         }

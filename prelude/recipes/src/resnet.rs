@@ -288,7 +288,7 @@ impl Recipe for ResnetRecipe {
     fn eval_len(&self) -> usize {
         self.rows[1].len()
     }
-    fn plan(&self, split: Split, epoch: u64, batches: &[&[usize]]) {
+    fn prefetch(&self, split: Split, epoch: u64, batches: &[&[usize]]) {
         let s = slot(split);
         let folder_batches: Vec<Vec<usize>> = batches
             .iter()

@@ -5,7 +5,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use trainbook::api::job::MetricRow;
-use trainbook::api::job::{JobStatus, Progress, Update};
+use trainbook::api::job::{JobStatus, JobUpdate, Progress};
 use trainbook::api::logs::{Shown, Stream};
 use trainbook::dashboard::JobDashboard;
 use trainbook::notebook::follow;
@@ -27,8 +27,8 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-fn metric(rank: usize, step: u64, epoch: u64, name: &str, value: f64) -> Update {
-    Update::Metric(MetricRow {
+fn metric(rank: usize, step: u64, epoch: u64, name: &str, value: f64) -> JobUpdate {
+    JobUpdate::Metric(MetricRow {
         rank: rank as u32,
         step,
         epoch,
@@ -53,7 +53,7 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
             for rank in 0..RANKS {
                 let loss = 2.0 / (1.0 + step as f64 / 1000.0) + rank as f64 * 0.01;
                 tx.send(metric(rank, step, epoch, "loss", loss)).unwrap();
-                tx.send(Update::Log(Shown {
+                tx.send(JobUpdate::Log(Shown {
                     rank,
                     stream: Stream::Stdout,
                     text: format!(
@@ -76,7 +76,7 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
                     tx.send(metric(0, step, epoch - 1, name, v)).unwrap();
                 }
             }
-            tx.send(Update::Progress(Progress {
+            tx.send(JobUpdate::Progress(Progress {
                 step,
                 total_steps: total / (2 * RANKS as u64) + 1,
                 epoch,
@@ -92,7 +92,7 @@ fn a_flood_of_updates_from_8_ranks_is_drawn_at_a_bounded_rate_and_size() {
                 std::thread::sleep(wait);
             }
         }
-        tx.send(Update::Finished(JobStatus::Succeeded)).unwrap();
+        tx.send(JobUpdate::Finished(JobStatus::Succeeded)).unwrap();
         t0.elapsed()
     });
 

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use trainbook_api::job::{JobStatus, LogRecord, MetricRow, Progress, TrainError, Update};
+use trainbook_api::job::{JobStatus, JobUpdate, LogRecord, MetricRow, Progress, TrainError};
 use trainbook_api::logs::Stream;
 
 use super::dedup::Deduplicator;
@@ -142,7 +142,7 @@ impl<'a> Fold<'a> {
             });
         }
         for s in shown {
-            self.job.publish(Update::Log(s));
+            self.job.publish(JobUpdate::Log(s));
         }
     }
 
@@ -153,7 +153,7 @@ impl<'a> Fold<'a> {
             self.trackers.metric(&row);
         }
         self.job.lock().metrics.push(row.clone());
-        self.job.publish(Update::Metric(row));
+        self.job.publish(JobUpdate::Metric(row));
     }
 
     /// Folds one event into the job; what the supervision needs to know comes back.
@@ -195,12 +195,12 @@ impl<'a> Fold<'a> {
                     elapsed,
                 };
                 self.job.lock().progress = Some(p.clone());
-                self.job.publish(Update::Progress(p));
+                self.job.publish(JobUpdate::Progress(p));
             }
             Event::Checkpoint { epoch, path, .. } => {
                 let path = PathBuf::from(path);
                 self.job.lock().checkpoints.push((epoch, path.clone()));
-                self.job.publish(Update::Checkpoint { epoch, path });
+                self.job.publish(JobUpdate::Checkpoint { epoch, path });
             }
             Event::Error {
                 rank,
@@ -286,7 +286,7 @@ impl<'a> Fold<'a> {
             self.dedup.flush_due(Instant::now())
         };
         for s in shown {
-            self.job.publish(Update::Log(s));
+            self.job.publish(JobUpdate::Log(s));
         }
     }
 
@@ -381,7 +381,7 @@ impl<'a> Fold<'a> {
         let trackers = std::mem::replace(&mut self.trackers, Trackers::none());
         let warnings = trackers.finish(status, checkpoint);
         job.lock().warnings.extend(warnings);
-        job.publish(Update::Finished(status));
+        job.publish(JobUpdate::Finished(status));
         job.finished.notify_all();
     }
 }
@@ -440,7 +440,7 @@ pub(super) mod tests {
         )
     }
 
-    fn subscribe(shared: &JobState) -> mpsc::Receiver<Update> {
+    fn subscribe(shared: &JobState) -> mpsc::Receiver<JobUpdate> {
         let (tx, rx) = mpsc::channel();
         shared.subscribers.lock().unwrap().push(tx);
         rx
@@ -496,9 +496,9 @@ pub(super) mod tests {
         let got: Vec<&str> = updates
             .try_iter()
             .map(|u| match u {
-                Update::Metric(_) => "metric",
-                Update::Progress(_) => "progress",
-                Update::Checkpoint { .. } => "checkpoint",
+                JobUpdate::Metric(_) => "metric",
+                JobUpdate::Progress(_) => "progress",
+                JobUpdate::Checkpoint { .. } => "checkpoint",
                 _ => "other",
             })
             .collect();
@@ -591,7 +591,7 @@ pub(super) mod tests {
         let shown: Vec<crate::driver::dedup::Shown> = updates
             .try_iter()
             .filter_map(|u| match u {
-                Update::Log(s) => Some(s),
+                JobUpdate::Log(s) => Some(s),
                 _ => None,
             })
             .collect();

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use trainbook_api::device::DeviceKind;
 use trainbook_api::job::{
-    Job, JobControl, JobStatus, JobView, LogRecord, MetricRow, Progress, Restart, TrainError,
-    TrainResult, Update,
+    Job, JobControl, JobStatus, JobUpdate, JobView, LogRecord, MetricRow, Progress, Restart,
+    TrainError, TrainResult,
 };
 use trainbook_api::metric;
 use trainbook_api::spec::JobSpec;
@@ -50,7 +50,7 @@ pub(super) struct JobState {
     pub(super) state: Mutex<State>,
     pub(super) finished: Condvar,
     pub(super) stop_requested: AtomicBool,
-    pub(super) subscribers: Mutex<Vec<mpsc::Sender<Update>>>,
+    pub(super) subscribers: Mutex<Vec<mpsc::Sender<JobUpdate>>>,
     pub(super) views: Mutex<Vec<Arc<dyn JobView>>>,
 }
 
@@ -101,7 +101,7 @@ impl JobState {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn publish(&self, u: Update) {
+    pub(super) fn publish(&self, u: JobUpdate) {
         let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
         subs.retain(|s| s.send(u.clone()).is_ok());
     }
@@ -245,7 +245,7 @@ impl JobControl for JobHandle {
     }
 
     /// Live updates from now on. Dropping the receiver unsubscribes.
-    fn subscribe(&self) -> mpsc::Receiver<Update> {
+    fn subscribe(&self) -> mpsc::Receiver<JobUpdate> {
         let (tx, rx) = mpsc::channel();
         // Holding the subscriber list while reading the status closes the race with the
         // driver, which sets the final status before it publishes `Finished` to this list:
@@ -257,7 +257,7 @@ impl JobControl for JobHandle {
             .unwrap_or_else(|e| e.into_inner());
         let status = JobControl::status(self);
         if status.is_finished() {
-            let _ = tx.send(Update::Finished(status));
+            let _ = tx.send(JobUpdate::Finished(status));
         } else {
             subs.push(tx);
         }

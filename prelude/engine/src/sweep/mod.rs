@@ -24,7 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use trainbook_api::job::{Job, JobStatus, JobView, Update};
+use trainbook_api::job::{Job, JobStatus, JobUpdate, JobView};
 use trainbook_api::metric;
 use trainbook_api::sweep::{
     best_finished, status_counts, trial_json, Scheduler, SweepControl, SweepJob, SweepResult,
@@ -294,7 +294,7 @@ struct Run {
 
 impl Run {
     fn drive(mut self) {
-        let (tx, rx) = mpsc::channel::<(usize, Update)>();
+        let (tx, rx) = mpsc::channel::<(usize, JobUpdate)>();
         let mut pending: std::collections::VecDeque<usize> =
             self.plans.iter().map(|p| p.id).collect();
         loop {
@@ -329,7 +329,7 @@ impl Run {
     }
 
     /// Starts trial `id` on a free slot; a trial whose job cannot start fails alone.
-    fn start(&mut self, id: usize, tx: &mpsc::Sender<(usize, Update)>) {
+    fn start(&mut self, id: usize, tx: &mpsc::Sender<(usize, JobUpdate)>) {
         let plan = &self.plans[id - 1];
         let mut spec = plan.spec.clone();
         let width = self.plans.len().to_string().len();
@@ -368,7 +368,7 @@ impl Run {
             .name(format!("trainbook-trial-{id}"))
             .spawn(move || {
                 for u in updates {
-                    let last = matches!(u, Update::Finished(_));
+                    let last = matches!(u, JobUpdate::Finished(_));
                     if forward.send((id, u)).is_err() || last {
                         break;
                     }
@@ -391,13 +391,13 @@ impl Run {
         );
     }
 
-    fn on_update(&mut self, id: usize, update: Update) {
+    fn on_update(&mut self, id: usize, update: JobUpdate) {
         let Some(run) = self.running.get_mut(&id) else {
             return;
         };
         let elapsed = run.started.elapsed().as_secs_f64();
         match update {
-            Update::Metric(row) if row.rank == 0 && row.name == self.state.spec.metric => {
+            JobUpdate::Metric(row) if row.rank == 0 && row.name == self.state.spec.metric => {
                 let mut t_now = 0;
                 self.state.update_trial(id, |t| {
                     // A restarted trial replays steps: its report of a step replaces the old.
@@ -414,7 +414,7 @@ impl Run {
                     }
                 }
             }
-            Update::Progress(p) => {
+            JobUpdate::Progress(p) => {
                 if let Some((e, _)) = run.pruning {
                     // The next epoch began: the pruned epoch's checkpoint is behind it.
                     if p.epoch > e && !run.stop_sent {
@@ -428,7 +428,7 @@ impl Run {
                     t.elapsed = elapsed;
                 });
             }
-            Update::Checkpoint { epoch, .. } => {
+            JobUpdate::Checkpoint { epoch, .. } => {
                 if let Some((e, _)) = run.pruning {
                     if epoch >= e && !run.stop_sent {
                         run.stop_sent = true;
@@ -436,11 +436,11 @@ impl Run {
                     }
                 }
             }
-            Update::Log(line) => {
+            JobUpdate::Log(line) => {
                 let mut inner = self.state.lock();
                 SweepState::send(&mut inner, SweepUpdate::Log { trial: id, line });
             }
-            Update::Finished(status) => self.trial_ended(id, status),
+            JobUpdate::Finished(status) => self.trial_ended(id, status),
             _ => {}
         }
     }

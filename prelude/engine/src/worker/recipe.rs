@@ -160,7 +160,7 @@ pub trait Recipe {
     fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step>;
     /// Called before each pass over a split with the exact batches `forward` will be asked for,
     /// in order, so the recipe can prepare them in the background (the image pipeline).
-    fn plan(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}
+    fn prefetch(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}
     /// True when the loss is a mean cross-entropy over tokens (a language model): the engine
     /// then also reports `perplexity`, exp(loss), per step and per epoch.
     fn perplexity(&self) -> bool {

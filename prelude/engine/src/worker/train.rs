@@ -554,7 +554,7 @@ impl<'a> Trainer<'a> {
             .collect();
         {
             let _busy = Busy::new();
-            self.recipe.plan(Split::Train, epoch, &planned);
+            self.recipe.prefetch(Split::Train, epoch, &planned);
         }
         let mut sums = EpochSums::default();
         self.clock.epoch_start = Instant::now();
@@ -716,7 +716,7 @@ impl<'a> Trainer<'a> {
             sampler::batches(&self.eval_idx, self.local_batch.max(32)).collect();
         {
             let _busy = Busy::new();
-            self.recipe.plan(Split::Eval, epoch, &batches);
+            self.recipe.prefetch(Split::Eval, epoch, &batches);
         }
         let (precision, device) = (self.h.precision, self.ctx.device);
         tch::no_grad(|| -> Result<EvalSums> {

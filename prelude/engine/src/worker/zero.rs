@@ -466,7 +466,7 @@ impl Reducer {
         if self.error.is_some() {
             return;
         }
-        if let Err(e) = self.take(i).and_then(|_| self.launch_ready()) {
+        if let Err(e) = self.take(i).and_then(|_| self.start_ready_reduces()) {
             self.error = Some(e);
         }
     }
@@ -491,9 +491,9 @@ impl Reducer {
         Ok(())
     }
 
-    fn launch_ready(&mut self) -> Result<()> {
+    fn start_ready_reduces(&mut self) -> Result<()> {
         while self.next < self.buckets.len() && self.buckets[self.next].pending == 0 {
-            self.launch(self.next)?;
+            self.start_reduce(self.next)?;
             self.next = (self.next + 1) % self.buckets.len();
             if self.next == 0 {
                 break;
@@ -502,7 +502,7 @@ impl Reducer {
         Ok(())
     }
 
-    fn launch(&mut self, b: usize) -> Result<()> {
+    fn start_reduce(&mut self, b: usize) -> Result<()> {
         let weight = self.weight;
         let bucket = &mut self.buckets[b];
         let mut flat = bucket.flat.take().expect("a full bucket has its buffer");

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use trainbook_api::job::{Restart, TrainError, Update};
+use trainbook_api::job::{JobUpdate, Restart, TrainError};
 use trainbook_api::logs::Stream;
 
 use super::rules::{self, Decision, Hangs, Hung, Policy, Signature};
@@ -521,7 +521,7 @@ impl Recovery {
                 self.forget_attempt(fold, resumed_step);
                 fold.trackers.restart(resumed_step, &restart);
                 job.lock().restarts.push(restart.clone());
-                fold.job.publish(Update::Restart(restart));
+                fold.job.publish(JobUpdate::Restart(restart));
                 let several = job.spec.nodes > 1;
                 let next = StartInfo {
                     attempt: self.attempt,

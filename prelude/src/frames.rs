@@ -1,7 +1,7 @@
 //! `trainbook_api::Table` ⇄ polars `DataFrame`, for programs that want polars (notebook cells
 //! get `Table`s: see `trainbook_api::table` for why), and a run's tables as DataFrames
 //! directly: `result.history_df()?`, `job.history_df()?`, `sweep.trials_df()?` (in a notebook
-//! the kernel imports [`crate::frames`] for the first cell that uses polars).
+//! the kernel imports this module for the first cell that uses polars).
 
 // polars' prelude has its own `Context`; anyhow's is called by path.
 use anyhow::Result;
@@ -9,6 +9,12 @@ use polars::prelude::*;
 use trainbook_api::job::metrics_table;
 use trainbook_api::table::{Column as TableColumn, Table, Values};
 use trainbook_api::{Job, SweepJob, SweepResult, TrainResult};
+
+pub use polars;
+pub use polars::prelude::{
+    ChunkAgg, ChunkCompareEq, ChunkCompareIneq, DataFrame, DataType, NamedFrom, PolarsResult,
+    Series,
+};
 
 /// A finished run's tables as polars DataFrames.
 pub trait ResultFrames {
