@@ -25,4 +25,18 @@ inline std::string trim_what(const char* what) {
   return s;
 }
 
+// Runs `body` (which returns 0 on success) and turns any exception into -1 with its message
+// in `err`: the common tail of the functions Rust calls.
+template <class F>
+int report_errors(char* err, size_t len, F&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    set_err(err, len, trim_what(e.what()));
+  } catch (...) {
+    set_err(err, len, "unknown C++ exception");
+  }
+  return -1;
+}
+
 }  // namespace trainbook

@@ -14,8 +14,6 @@
 #include <memory>
 
 namespace {
-using trainbook::set_err;
-using trainbook::trim_what;
 
 using GradFn = void (*)(void* ctx, size_t index);
 
@@ -37,18 +35,13 @@ extern "C" {
 // Calls fn(ctx, index) each time `param`'s gradient is accumulated, then drops the gradient.
 // Replaces any hook of this kind the parameter had.
 int tb_take_grad_hook(void* param, GradFn fn, void* ctx, size_t index, char* err, size_t errlen) {
-  try {
+  return trainbook::report_errors(err, errlen, [&] {
     const auto& t = *static_cast<at::Tensor*>(param);
     TORCH_CHECK(t.is_leaf() && t.requires_grad(),
                 "a gradient hook needs a trainable parameter (a leaf that requires grad)");
     torch::autograd::impl::set_post_acc_grad_hooks(t, std::make_unique<TakeGrad>(fn, ctx, index));
     return 0;
-  } catch (const c10::Error& e) {
-    set_err(err, errlen, trim_what(e.what()));
-  } catch (const std::exception& e) {
-    set_err(err, errlen, e.what());
-  }
-  return -1;
+  });
 }
 
 void tb_clear_grad_hook(void* param) {

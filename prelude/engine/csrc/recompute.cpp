@@ -27,8 +27,6 @@
 #include <vector>
 
 namespace {
-using trainbook::set_err;
-using trainbook::trim_what;
 using torch::autograd::variable_list;
 
 // Runs the function on `inputs` (tensors handed over as new at::Tensor*, which Rust takes
@@ -199,7 +197,7 @@ int tb_checkpointed(void* const* inputs, size_t n, ForwardFn forward, void* ctx,
   closure->forward = forward;
   closure->ctx = ctx;
   closure->drop = drop;
-  try {
+  return trainbook::report_errors(err, errlen, [&] {
     std::vector<at::Tensor> ins;
     ins.reserve(n);
     bool any = false;
@@ -230,11 +228,6 @@ int tb_checkpointed(void* const* inputs, size_t n, ForwardFn forward, void* ctx,
     torch::autograd::set_history(result, node);
     *out = new at::Tensor(std::move(result));
     return 0;
-  } catch (const c10::Error& e) {
-    set_err(err, errlen, trim_what(e.what()));
-  } catch (const std::exception& e) {
-    set_err(err, errlen, e.what());
-  }
-  return -1;
+  });
 }
 }
