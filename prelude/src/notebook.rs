@@ -1,16 +1,19 @@
 //! trainbook inside the trainbook Jupyter kernel: the kernel link (live displays, interrupts).
 //!
 //! The kernel runs [`attach`] once when it starts. From then on every launched job gets a live
-//! dashboard in the cell that launched it ([`show_job`]), and an interrupt from the notebook stops
+//! dashboard in the cell that launched it ([`show_launched`]), and an interrupt from the notebook stops
 //! all running jobs, which makes a waiting `job.wait()` return an error while every variable
 //! of the notebook survives. Outside the kernel none of this does anything.
 
 use crate::dashboard::JobDashboard;
 use anyhow::{Context, Result};
 use std::path::Path;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trainbook_api::job::{Job, JobUpdate, JobView};
 use trainbook_channel::Link;
+use trainbook_widgets::Bundle;
 
 /// Connects to the kernel named in `TRAINBOOK_KERNEL_CHANNEL`, if any. Returns whether this
 /// process now has a kernel link. Idempotent.
@@ -73,13 +76,60 @@ impl JobView for ViewDone {
 /// the kernel link sends each display's updates at most 10 times a second anyway).
 pub const REDRAW_EVERY: Duration = Duration::from_millis(500);
 
-/// Gives a freshly launched job a live dashboard in the notebook (no-op without a kernel link).
-pub(crate) fn show_job(job: &Job) {
-    if let Err(e) = show_live(job) {
+/// A view the notebook keeps up to date while what it shows runs: a job's dashboard, a
+/// sweep's. Its own thread takes in the updates, redraws at most once per [`REDRAW_EVERY`] and
+/// draws the final state once the source has finished ([`show_live`]).
+pub trait LiveView: Sized + Send + 'static {
+    /// What the view shows (a [`Job`], a sweep).
+    type Source: Clone + Send + 'static;
+    type Update: Send + 'static;
+    /// Subscribes to `source`, then reads its state into a new view (in that order, so that
+    /// nothing falls in between).
+    fn open(source: &Self::Source) -> Result<(Self, Receiver<Self::Update>)>;
+    /// Takes in one update; true when it was the last.
+    fn take(&mut self, update: &Self::Update) -> bool;
+    fn bundle(&self) -> Bundle;
+    /// The final state, once the source has finished.
+    fn finish(&mut self, source: &Self::Source);
+    /// Makes the source's `wait` wait for `done` (the view's final draw).
+    fn attach(source: &Self::Source, done: Arc<dyn JobView>);
+    /// What the view shows, for its thread's name and messages ("job 3", "the sweep").
+    fn name(source: &Self::Source) -> String;
+}
+
+impl LiveView for JobDashboard {
+    type Source = Job;
+    type Update = JobUpdate;
+    fn open(job: &Job) -> Result<(Self, Receiver<JobUpdate>)> {
+        let updates = job.subscribe();
+        Ok((JobDashboard::with_history(job)?, updates))
+    }
+    fn take(&mut self, u: &JobUpdate) -> bool {
+        self.apply(u);
+        matches!(u, JobUpdate::Finished(_))
+    }
+    fn bundle(&self) -> Bundle {
+        JobDashboard::bundle(self)
+    }
+    fn finish(&mut self, job: &Job) {
+        JobDashboard::finish(self, job)
+    }
+    fn attach(job: &Job, done: Arc<dyn JobView>) {
+        job.attach_view(done)
+    }
+    fn name(job: &Job) -> String {
+        format!("job {}", job.id())
+    }
+}
+
+/// Gives a freshly launched job or sweep a live view in the notebook (no-op without a kernel
+/// link); a view that cannot start says why on stderr.
+pub(crate) fn show_launched<V: LiveView>(source: &V::Source) {
+    if let Err(e) = show_live::<V>(source) {
         if let Some(link) = trainbook_channel::link() {
             link.stream(
                 trainbook_channel::StreamName::Stderr,
-                &format!("trainbook: no live view for job {}: {e:#}\n", job.id()),
+                &format!("trainbook: no live view for {}: {e:#}\n", V::name(source)),
                 None,
             );
         }
@@ -90,7 +140,7 @@ pub(crate) fn show_job(job: &Job) {
 /// ends, also after the cell returns), else the current state as text on stdout.
 pub fn show(job: &Job) -> Result<()> {
     if trainbook_channel::link().is_some() {
-        return show_live(job);
+        return show_live::<JobDashboard>(job);
     }
     let mut view = JobDashboard::with_history(job)?;
     if job.status().is_finished() {
@@ -100,20 +150,19 @@ pub fn show(job: &Job) -> Result<()> {
     Ok(())
 }
 
-fn show_live(job: &Job) -> Result<()> {
+/// A live view of `source` in the notebook, kept up to date by its own thread until the
+/// source finishes (no-op without a kernel link).
+pub(crate) fn show_live<V: LiveView>(source: &V::Source) -> Result<()> {
     let Some(link) = trainbook_channel::link() else {
         return Ok(());
     };
-    // Subscribe before reading the history, so nothing falls in between.
-    let updates = job.subscribe();
-    let mut view = JobDashboard::with_history(job)?;
-    let id = job.id();
-    let flag = std::sync::Arc::new(ViewDone::default());
+    let (mut view, updates) = V::open(source)?;
+    let flag = Arc::new(ViewDone::default());
     let display = link.display(view.bundle());
-    let watched = job.clone();
+    let watched = source.clone();
     let done = flag.clone();
     let spawned = std::thread::Builder::new()
-        .name(format!("trainbook-view-{id}"))
+        .name(format!("trainbook-view {}", V::name(source)))
         .spawn(move || {
             follow(&mut view, &updates, REDRAW_EVERY, |b| display.update(b));
             view.finish(&watched);
@@ -124,39 +173,34 @@ fn show_live(job: &Job) -> Result<()> {
         });
     // Attached only once its thread runs, so a job never waits on a view that cannot finish.
     match spawned {
-        Ok(_) => job.attach_view(flag),
-        Err(e) => {
-            anyhow::bail!("cannot start the view thread: {e}");
-        }
+        Ok(_) => V::attach(source, flag),
+        Err(e) => anyhow::bail!("cannot start the view thread: {e}"),
     }
     Ok(())
 }
 
-/// Applies updates until the job finishes, redrawing at most once per `every` (and only when
-/// something changed). Returns how many times it drew. Under a flood of events this bounds
-/// both the CPU spent drawing and what goes to the notebook.
-pub fn follow(
-    view: &mut JobDashboard,
-    updates: &std::sync::mpsc::Receiver<JobUpdate>,
+/// Applies updates until the source finishes, redrawing at most once per `every` (and only
+/// when something changed). Returns how many times it drew. Under a flood of events this
+/// bounds both the CPU spent drawing and what goes to the notebook.
+pub fn follow<V: LiveView>(
+    view: &mut V,
+    updates: &Receiver<V::Update>,
     every: Duration,
-    mut draw: impl FnMut(trainbook_channel::MimeBundle),
+    mut draw: impl FnMut(Bundle),
 ) -> usize {
     let view = std::cell::RefCell::new(view);
     follow_updates(
         updates,
         every,
-        |u| {
-            view.borrow_mut().apply(u);
-            matches!(u, JobUpdate::Finished(_))
-        },
+        |u| view.borrow_mut().take(u),
         || draw(view.borrow().bundle()),
     )
 }
 
 /// The loop behind every live view: `apply` each update (it says whether it was the last),
 /// and `draw` at most once per `every`, only after a change. Returns how many times it drew.
-pub(crate) fn follow_updates<U>(
-    updates: &std::sync::mpsc::Receiver<U>,
+fn follow_updates<U>(
+    updates: &Receiver<U>,
     every: Duration,
     mut apply: impl FnMut(&U) -> bool,
     mut draw: impl FnMut(),

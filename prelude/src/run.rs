@@ -31,7 +31,7 @@ impl Runtime for Trainbook {
     fn launch(&self, spec: JobSpec) -> Result<Job> {
         dashboard_options(&view_options(&spec))?;
         let job = trainbook_engine::launch(spec, &REGISTRY)?;
-        notebook::show_job(&job);
+        notebook::show_launched::<crate::dashboard::JobDashboard>(&job);
         Ok(job)
     }
 
@@ -62,7 +62,7 @@ impl Runtime for Trainbook {
     fn sweep(&self, spec: trainbook_api::SweepSpec) -> Result<trainbook_api::SweepJob> {
         dashboard_options(&view_options(&spec.base))?;
         let sweep = trainbook_engine::sweep::launch(spec, &REGISTRY)?;
-        crate::sweep_view::show_launched(&sweep);
+        notebook::show_launched::<crate::sweep_view::SweepDashboard>(&sweep);
         Ok(sweep)
     }
 

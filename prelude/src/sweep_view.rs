@@ -5,9 +5,11 @@
 
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use crate::notebook::{show_live, LiveView};
 use anyhow::Result;
+use trainbook_api::job::JobView;
 use trainbook_api::logs::Shown;
 use trainbook_api::sweep::{best_finished, Goal, SweepJob, SweepUpdate, Trial, TrialStatus};
 use trainbook_widgets::sweep::{SweepView, TrialRow, TrialState};
@@ -168,23 +170,10 @@ fn log_line(trial: usize, s: &Shown) -> LogLine {
     }
 }
 
-/// Shows a freshly launched sweep live in the notebook (no-op without a kernel link).
-pub(crate) fn show_launched(sweep: &SweepJob) {
-    if let Err(e) = show_live(sweep) {
-        if let Some(link) = trainbook_channel::link() {
-            link.stream(
-                trainbook_channel::StreamName::Stderr,
-                &format!("trainbook: no live view for the sweep: {e:#}\n"),
-                None,
-            );
-        }
-    }
-}
-
 /// Shows the sweep's view: live in the trainbook kernel, else its current state as text.
 pub fn show(sweep: &SweepJob) -> Result<()> {
     if trainbook_channel::link().is_some() {
-        return show_live(sweep);
+        return show_live::<SweepDashboard>(sweep);
     }
     let mut d = SweepDashboard::new(sweep)?;
     if sweep.status() != trainbook_api::sweep::SweepStatus::Running {
@@ -194,51 +183,27 @@ pub fn show(sweep: &SweepJob) -> Result<()> {
     Ok(())
 }
 
-fn show_live(sweep: &SweepJob) -> Result<()> {
-    let Some(link) = trainbook_channel::link() else {
-        return Ok(());
-    };
-    // Subscribe before reading the state, so nothing falls in between.
-    let updates = sweep.subscribe();
-    let mut d = SweepDashboard::new(sweep)?;
-    let display = link.display(d.bundle());
-    let flag = Arc::new(crate::notebook::ViewDone::default());
-    let done = flag.clone();
-    let watched = sweep.clone();
-    let spawned = std::thread::Builder::new()
-        .name("trainbook-sweep-view".into())
-        .spawn(move || {
-            follow(&mut d, &updates, crate::notebook::REDRAW_EVERY, |b| {
-                display.update(b)
-            });
-            d.finish(&watched);
-            display.update(d.bundle());
-            display.flush(Duration::from_secs(2));
-            done.set();
-        });
-    match spawned {
-        Ok(_) => sweep.attach_view(flag),
-        Err(e) => anyhow::bail!("cannot start the sweep view's thread: {e}"),
+impl LiveView for SweepDashboard {
+    type Source = SweepJob;
+    type Update = SweepUpdate;
+    fn open(sweep: &SweepJob) -> Result<(Self, Receiver<SweepUpdate>)> {
+        let updates = sweep.subscribe();
+        Ok((SweepDashboard::new(sweep)?, updates))
     }
-    Ok(())
-}
-
-/// Applies updates until the sweep finishes, redrawing at most once per `every` when
-/// something changed. Returns how many times it drew.
-pub fn follow(
-    d: &mut SweepDashboard,
-    updates: &Receiver<SweepUpdate>,
-    every: Duration,
-    mut draw: impl FnMut(Bundle),
-) -> usize {
-    let d = std::cell::RefCell::new(d);
-    crate::notebook::follow_updates(
-        updates,
-        every,
-        |u| {
-            d.borrow_mut().apply(u);
-            matches!(u, SweepUpdate::Finished(_))
-        },
-        || draw(d.borrow().bundle()),
-    )
+    fn take(&mut self, u: &SweepUpdate) -> bool {
+        self.apply(u);
+        matches!(u, SweepUpdate::Finished(_))
+    }
+    fn bundle(&self) -> Bundle {
+        SweepDashboard::bundle(self)
+    }
+    fn finish(&mut self, sweep: &SweepJob) {
+        SweepDashboard::finish(self, sweep)
+    }
+    fn attach(sweep: &SweepJob, done: Arc<dyn JobView>) {
+        sweep.attach_view(done)
+    }
+    fn name(_: &SweepJob) -> String {
+        "the sweep".into()
+    }
 }
