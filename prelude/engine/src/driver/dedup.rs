@@ -770,6 +770,27 @@ mod tests {
     }
 
     #[test]
+    fn the_same_line_from_1024_ranks_is_one_line_and_one_summary() {
+        let t0 = Instant::now();
+        let mut d = Deduplicator::new(DedupConfig::default());
+        let line = |r: usize| format!("epoch 1 step 100 loss: {:.4}", 1.0 + r as f64 / 10_000.0);
+        let mut shown = Vec::new();
+        // All ranks within a second, as a 1,024-rank job's step log arrives.
+        for r in 0..1024 {
+            shown.extend(d.push(r, S, &line(r), ms(t0, r as u64 / 2)));
+        }
+        assert_eq!(
+            texts(&shown),
+            vec!["(rank 0) epoch 1 step 100 loss: 1.0000"]
+        );
+        let out = d.flush_due(ms(t0, 10_000));
+        assert_eq!(
+            texts(&out),
+            vec!["(rank 1023) epoch 1 step 100 loss: 1.1023 [repeated 1024x across 1024 workers: ranks 0-1023; loss 1–1.1023]"]
+        );
+    }
+
+    #[test]
     fn progress_bars_from_both_ranks() {
         let t0 = Instant::now();
         let mut d = Deduplicator::new(DedupConfig::default());
