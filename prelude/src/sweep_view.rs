@@ -11,8 +11,8 @@ use crate::notebook::{show_live, LiveView};
 use anyhow::Result;
 use trainbook_api::job::JobView;
 use trainbook_api::logs::Shown;
-use trainbook_api::sweep::{best_finished, Goal, SweepJob, SweepUpdate, Trial, TrialStatus};
-use trainbook_widgets::sweep::{SweepView, TrialRow, TrialState};
+use trainbook_api::sweep::{best_finished, Goal, SweepJob, SweepUpdate, Trial};
+use trainbook_widgets::sweep::{SweepView, TrialRow};
 use trainbook_widgets::{Bundle, LogLine};
 
 /// A [`SweepView`] kept up to date from one sweep.
@@ -23,22 +23,11 @@ pub struct SweepDashboard {
     started: Instant,
 }
 
-fn state(s: TrialStatus) -> TrialState {
-    match s {
-        TrialStatus::Pending => TrialState::Pending,
-        TrialStatus::Running => TrialState::Running,
-        TrialStatus::Pruned => TrialState::Pruned,
-        TrialStatus::Done => TrialState::Done,
-        TrialStatus::Failed => TrialState::Failed,
-        TrialStatus::Stopped => TrialState::Stopped,
-    }
-}
-
 fn row(t: &Trial, goal: Goal) -> TrialRow {
     TrialRow {
         id: t.id,
         params: t.params.iter().map(|(_, v)| v.to_string()).collect(),
-        state: state(t.status),
+        state: t.status,
         step: t.step,
         total_steps: t.total_steps,
         latest: t.last(),

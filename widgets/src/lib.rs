@@ -24,7 +24,7 @@ pub use memory::format_bytes;
 pub use plot::{loss_bundle, loss_svg, svg_to_png, PlotOptions};
 pub use progress::{ProgressView, Status};
 pub use series::{downsample_minmax, Curves, Series, MAX_PLOT_POINTS};
-pub use sweep::{sweep_svg, SweepView, TrialRow, TrialState};
+pub use sweep::{sweep_svg, SweepView, TrialRow};
 pub use table::{EpochRow, MetricsTable};
 
 /// A MIME bundle: `{"text/plain": "...", "text/html": "...", "image/png": "<base64>"}`.

@@ -14,6 +14,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::error::Error;
+use trainbook_api::sweep::TrialStatus;
 
 /// Lines the plot labels and colours (the best trial, the running ones, then the best of the
 /// rest); the others are drawn faint and unlabelled.
@@ -26,69 +27,36 @@ pub const PLOT_HEIGHT: u32 = 320;
 /// Log lines a new view keeps.
 pub const LOG_LINES: usize = 10;
 
-/// Where a trial is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum TrialState {
-    #[default]
-    Pending,
-    Running,
-    Pruned,
-    Done,
-    Failed,
-    Stopped,
+/// Every trial status, in the order the summary counts them.
+pub const STATUS_ORDER: [TrialStatus; 6] = [
+    TrialStatus::Running,
+    TrialStatus::Done,
+    TrialStatus::Pruned,
+    TrialStatus::Stopped,
+    TrialStatus::Failed,
+    TrialStatus::Pending,
+];
+
+/// The HTML status cell's symbol (`×` is also the plot's pruned marker).
+fn status_symbol(s: TrialStatus) -> &'static str {
+    match s {
+        TrialStatus::Pending => "○",
+        TrialStatus::Running => "●",
+        TrialStatus::Pruned => "×",
+        TrialStatus::Done => "✓",
+        TrialStatus::Failed => "✗",
+        TrialStatus::Stopped => "■",
+    }
 }
 
-impl TrialState {
-    /// Every state, in the order the summary counts them.
-    pub const ALL: [TrialState; 6] = [
-        TrialState::Running,
-        TrialState::Done,
-        TrialState::Pruned,
-        TrialState::Stopped,
-        TrialState::Failed,
-        TrialState::Pending,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            TrialState::Pending => "pending",
-            TrialState::Running => "running",
-            TrialState::Pruned => "pruned",
-            TrialState::Done => "done",
-            TrialState::Failed => "failed",
-            TrialState::Stopped => "stopped",
-        }
-    }
-
-    /// Whether the trial will report no more.
-    pub fn is_finished(self) -> bool {
-        matches!(
-            self,
-            TrialState::Pruned | TrialState::Done | TrialState::Failed | TrialState::Stopped
-        )
-    }
-
-    /// The status colour (readable on light and dark notebook themes).
-    pub fn color(self) -> &'static str {
-        match self {
-            TrialState::Pending | TrialState::Pruned => GREY,
-            TrialState::Running => BLUE,
-            TrialState::Done => GREEN,
-            TrialState::Failed => RED,
-            TrialState::Stopped => ORANGE,
-        }
-    }
-
-    /// The HTML status cell's symbol (`×` is also the plot's pruned marker).
-    fn symbol(self) -> &'static str {
-        match self {
-            TrialState::Pending => "○",
-            TrialState::Running => "●",
-            TrialState::Pruned => "×",
-            TrialState::Done => "✓",
-            TrialState::Failed => "✗",
-            TrialState::Stopped => "■",
-        }
+/// The status colour (readable on light and dark notebook themes).
+pub fn status_color(s: TrialStatus) -> &'static str {
+    match s {
+        TrialStatus::Pending | TrialStatus::Pruned => GREY,
+        TrialStatus::Running => BLUE,
+        TrialStatus::Done => GREEN,
+        TrialStatus::Failed => RED,
+        TrialStatus::Stopped => ORANGE,
     }
 }
 
@@ -99,7 +67,7 @@ pub struct TrialRow {
     pub id: usize,
     /// The trial's parameter values, formatted, in the order of `SweepView::params`.
     pub params: Vec<String>,
-    pub state: TrialState,
+    pub state: TrialStatus,
     /// Optimizer steps done and planned (0 planned: unknown).
     pub step: u64,
     pub total_steps: u64,
@@ -118,7 +86,7 @@ pub struct TrialRow {
 impl TrialRow {
     /// `120/480`, `120` (total unknown), `–` (pending, nothing done).
     fn step_text(&self) -> String {
-        if self.state == TrialState::Pending && self.step == 0 {
+        if self.state == TrialStatus::Pending && self.step == 0 {
             "–".into()
         } else if self.total_steps > 0 {
             format!("{}/{}", self.step, self.total_steps)
@@ -231,10 +199,10 @@ impl SweepView {
         self.best.and_then(|i| self.trials.get(i))
     }
 
-    /// How many trials are in each state, in [`TrialState::ALL`] order, states without
+    /// How many trials are in each state, in [`STATUS_ORDER`] order, states without
     /// trials left out.
-    pub fn counts(&self) -> Vec<(TrialState, usize)> {
-        TrialState::ALL
+    pub fn counts(&self) -> Vec<(TrialStatus, usize)> {
+        STATUS_ORDER
             .iter()
             .map(|&s| (s, self.trials.iter().filter(|t| t.state == s).count()))
             .filter(|&(_, n)| n > 0)
@@ -270,7 +238,7 @@ impl SweepView {
         // A finished trial is ranked by its last value (what `best()` uses); a running one by
         // its best so far.
         let value = match t.state {
-            TrialState::Done => t.latest.or(t.best_value(self.minimize))?,
+            TrialStatus::Done => t.latest.or(t.best_value(self.minimize))?,
             _ => t.best_value(self.minimize).or(t.latest)?,
         };
         let params: Vec<String> = self
@@ -345,7 +313,7 @@ impl SweepView {
         cells.push(t.step_text());
         cells.push(t.latest.map(format_metric).unwrap_or_else(dash));
         cells.push(t.best.map(format_metric).unwrap_or_else(dash));
-        cells.push(if t.state == TrialState::Pending && t.elapsed <= 0.0 {
+        cells.push(if t.state == TrialStatus::Pending && t.elapsed <= 0.0 {
             dash()
         } else {
             format_duration(t.elapsed)
@@ -443,7 +411,7 @@ impl SweepView {
             let best = self.is_best(i);
             let row_style = if best {
                 "font-weight:bold;background:rgba(46,125,50,0.16)"
-            } else if t.state == TrialState::Pending {
+            } else if t.state == TrialStatus::Pending {
                 "opacity:0.6"
             } else {
                 ""
@@ -464,11 +432,11 @@ impl SweepView {
                 let content = if col == status_col {
                     format!(
                         "<span style=\"color:{}\">{} {}</span>",
-                        t.state.color(),
-                        t.state.symbol(),
+                        status_color(t.state),
+                        status_symbol(t.state),
                         escape(cell)
                     )
-                } else if col == note_col && t.state == TrialState::Failed {
+                } else if col == note_col && t.state == TrialStatus::Failed {
                     format!("<span style=\"color:{RED}\">{}</span>", escape(cell))
                 } else if col == note_col {
                     format!("<span style=\"color:{GREY}\">{}</span>", escape(cell))
@@ -494,7 +462,7 @@ impl SweepView {
                 .map(|(s, n)| {
                     format!(
                         "<span style=\"color:{}\">{n} {}</span>",
-                        s.color(),
+                        status_color(*s),
                         s.name()
                     )
                 })
@@ -540,7 +508,7 @@ impl SweepView {
         }
         if !self.logs.is_empty() {
             // A sweep that ended without a failed trial folds its logs away.
-            let failed = self.trials.iter().any(|t| t.state == TrialState::Failed);
+            let failed = self.trials.iter().any(|t| t.state == TrialStatus::Failed);
             if self.finished && !failed {
                 h.push_str(&format!(
                     "<details><summary style=\"color:{GREY}\">worker logs</summary>{}</details>",
@@ -621,7 +589,7 @@ fn plot_lines(view: &SweepView) -> Vec<Line> {
     let rank = |i: usize| -> u8 {
         if view.is_best(i) {
             0
-        } else if view.trials[i].state == TrialState::Running {
+        } else if view.trials[i].state == TrialStatus::Running {
             1
         } else {
             2
@@ -703,14 +671,14 @@ fn caption(view: &SweepView, lines: &[Line], (y0, y1): (f64, f64)) -> String {
         view.metric,
         if view.minimize { "lower" } else { "higher" }
     )];
-    let drawn = |s: TrialState| lines.iter().any(|l| view.trials[l.index].state == s);
+    let drawn = |s: TrialStatus| lines.iter().any(|l| view.trials[l.index].state == s);
     if let Some(b) = lines.iter().find(|l| view.is_best(l.index)) {
         parts.push(format!("thick: best, #{}", view.trials[b.index].id));
     }
-    if drawn(TrialState::Pruned) {
+    if drawn(TrialStatus::Pruned) {
         parts.push("× pruned".into());
     }
-    if drawn(TrialState::Running) {
+    if drawn(TrialStatus::Running) {
         parts.push("● running".into());
     }
     let off: Vec<String> = lines
@@ -809,10 +777,10 @@ fn draw_line(
     let last = clamp(*l.points.last().expect("lines have points"));
     let size = if l.labelled { 4 } else { 3 };
     match t.state {
-        TrialState::Pruned => {
+        TrialStatus::Pruned => {
             chart.draw_series(std::iter::once(Cross::new(last, size, marker_style)))?;
         }
-        TrialState::Running => {
+        TrialStatus::Running => {
             let fill = if l.labelled {
                 l.color.filled()
             } else {
@@ -820,7 +788,7 @@ fn draw_line(
             };
             chart.draw_series(std::iter::once(Circle::new(last, size - 1, fill)))?;
         }
-        TrialState::Failed => {
+        TrialStatus::Failed => {
             chart.draw_series(std::iter::once(Circle::new(
                 last,
                 size,
@@ -904,7 +872,7 @@ mod tests {
     use super::*;
     use crate::logs::LogLine;
 
-    fn trial(id: usize, lr: &str, state: TrialState, curve: &[(u64, f64)]) -> TrialRow {
+    fn trial(id: usize, lr: &str, state: TrialStatus, curve: &[(u64, f64)]) -> TrialRow {
         let best = curve.iter().map(|p| p.1).reduce(f64::min);
         TrialRow {
             id,
@@ -932,23 +900,23 @@ mod tests {
         v.trials = vec![
             TrialRow {
                 note: Some("pruned at report 1: 0.693 worse than 0.651".into()),
-                ..trial(1, "0.01", TrialState::Pruned, &[(120, 0.693)])
+                ..trial(1, "0.01", TrialStatus::Pruned, &[(120, 0.693)])
             },
             trial(
                 2,
                 "0.003",
-                TrialState::Running,
+                TrialStatus::Running,
                 &[(120, 0.651), (240, 0.60)],
             ),
             trial(
                 3,
                 "0.001",
-                TrialState::Running,
+                TrialStatus::Running,
                 &[(120, 0.62), (240, 0.512)],
             ),
-            trial(4, "0.0003", TrialState::Pending, &[]),
-            trial(5, "0.0001", TrialState::Pending, &[]),
-            trial(6, "0.00003", TrialState::Pending, &[]),
+            trial(4, "0.0003", TrialStatus::Pending, &[]),
+            trial(5, "0.0001", TrialStatus::Pending, &[]),
+            trial(6, "0.00003", TrialStatus::Pending, &[]),
         ];
         v.best = Some(2);
         v.elapsed = 65.0;
@@ -991,12 +959,12 @@ mod tests {
     #[test]
     fn states_have_names_and_know_when_they_are_finished() {
         let names: Vec<&str> = [
-            TrialState::Pending,
-            TrialState::Running,
-            TrialState::Pruned,
-            TrialState::Done,
-            TrialState::Failed,
-            TrialState::Stopped,
+            TrialStatus::Pending,
+            TrialStatus::Running,
+            TrialStatus::Pruned,
+            TrialStatus::Done,
+            TrialStatus::Failed,
+            TrialStatus::Stopped,
         ]
         .iter()
         .map(|s| s.name())
@@ -1005,23 +973,23 @@ mod tests {
             names,
             ["pending", "running", "pruned", "done", "failed", "stopped"]
         );
-        assert!(!TrialState::Pending.is_finished());
-        assert!(!TrialState::Running.is_finished());
-        assert!(TrialState::Pruned.is_finished());
-        assert!(TrialState::Done.is_finished());
-        assert!(TrialState::Failed.is_finished());
-        assert!(TrialState::Stopped.is_finished());
-        assert_eq!(TrialState::Running.color(), BLUE);
-        assert_eq!(TrialState::Done.color(), GREEN);
-        assert_eq!(TrialState::Failed.color(), RED);
+        assert!(!TrialStatus::Pending.is_finished());
+        assert!(!TrialStatus::Running.is_finished());
+        assert!(TrialStatus::Pruned.is_finished());
+        assert!(TrialStatus::Done.is_finished());
+        assert!(TrialStatus::Failed.is_finished());
+        assert!(TrialStatus::Stopped.is_finished());
+        assert_eq!(status_color(TrialStatus::Running), BLUE);
+        assert_eq!(status_color(TrialStatus::Done), GREEN);
+        assert_eq!(status_color(TrialStatus::Failed), RED);
     }
 
     #[test]
     fn summary_counts_each_state_once() {
         let mut v = sweep();
         assert_eq!(v.summary(), "2 running · 1 pruned · 3 pending");
-        v.trials[1].state = TrialState::Done;
-        v.trials[3].state = TrialState::Failed;
+        v.trials[1].state = TrialStatus::Done;
+        v.trials[3].state = TrialStatus::Failed;
         assert_eq!(
             v.summary(),
             "1 running · 1 done · 1 pruned · 1 failed · 2 pending"
@@ -1128,7 +1096,7 @@ mod tests {
         v.title = "sweep <b>&</b>".into();
         v.params[0] = "<lr>".into();
         v.trials[0].params[0] = "<script>alert(1)</script>".into();
-        v.trials[0].state = TrialState::Failed;
+        v.trials[0].state = TrialStatus::Failed;
         v.trials[0].note = Some("ValueError: x < 0\n  at line 3".into());
         v.footer = Some("failed: \"a\" < b".into());
         v.metric = "f1 <macro>".into();
@@ -1212,7 +1180,7 @@ mod tests {
         v.trials = vec![
             TrialRow {
                 id: 1,
-                state: TrialState::Running,
+                state: TrialStatus::Running,
                 curve: vec![(10, f64::NAN)],
                 step: 10,
                 latest: Some(f64::NAN),
@@ -1248,14 +1216,14 @@ mod tests {
         );
         for id in 1..=100usize {
             let state = match id {
-                1..=70 => TrialState::Pruned,
-                71..=90 => TrialState::Done,
-                91..=94 => TrialState::Running,
-                _ => TrialState::Pending,
+                1..=70 => TrialStatus::Pruned,
+                71..=90 => TrialStatus::Done,
+                91..=94 => TrialStatus::Running,
+                _ => TrialStatus::Pending,
             };
             let reports = match state {
-                TrialState::Pruned => 1 + id % 3,
-                TrialState::Pending => 0,
+                TrialStatus::Pruned => 1 + id % 3,
+                TrialStatus::Pending => 0,
                 _ => 8,
             };
             let curve: Vec<(u64, f64)> = (1..=reports as u64)

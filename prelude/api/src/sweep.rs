@@ -546,10 +546,11 @@ pub struct TrialPlan {
 }
 
 /// Where a trial is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TrialStatus {
     /// Waiting for a free slot.
+    #[default]
     Pending,
     Running,
     /// Stopped early by the scheduler; its metrics and checkpoints are kept.
