@@ -31,9 +31,11 @@ done
 tb=$root/target/release/trainbook
 worker=$root/target/release/trainbook-worker
 [ -x "$tb" ] && [ -x "$worker" ] || { echo "error: run \`make build\` first" >&2; exit 1; }
-runs=$(mktemp -d /tmp/gaudi-check.XXXXXX)
+runs=$(mktemp -d "${TMPDIR:-/tmp}/gaudi-check.XXXXXX")
 export TRAINBOOK_RUNS=$runs
 failed=0
+# The runs are kept when a check failed (the report names their directory), removed otherwise.
+trap 'if [ "$failed" = 0 ]; then rm -rf "$runs"; fi' EXIT
 section() { printf '\n### %s\n\n' "$1"; }
 fenced() { echo '```'; cat; echo '```'; }
 summary_field() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(d.get(sys.argv[1]))' "$1"; }
