@@ -34,10 +34,10 @@ FEATURES = $$(test "$$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features t
 	$$(test -s .libtorch/hpu-python && echo --features trainbook/hpu)
 PYO3 = PYO3_PYTHON=$$(cat .libtorch/hpu-python 2>/dev/null || echo python3)
 
-# The default members (everything but the kernel's prelude dylib, which build-prelude.sh makes).
+# The default members (everything but the kernel's trainbook_torch library, which build-torch-library.sh makes).
 build: setup
 	@$(PHASE) "cargo build" env $(PYO3) $(CARGO) build --release --bins $(FEATURES)
-	@$(PHASE) "prelude library" scripts/build-prelude.sh
+	@$(PHASE) "trainbook_torch library" scripts/build-torch-library.sh
 	@scripts/install-bins.sh
 	@scripts/install-kernel.sh
 

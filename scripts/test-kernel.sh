@@ -3,7 +3,7 @@
 # nbconvert) from the project venv, where `make build` installed the kernelspec; the notebook
 # tests execute notebooks/*.ipynb headless through it; the docker tests run the Dockerfile's steps.
 #   scripts/test-kernel.sh [PATH...] [PYTEST OPTIONS...]   (paths given: only those tests)
-# With no paths: tests/docker first, alone (it rebuilds the kernel's prelude library and
+# With no paths: tests/docker first, alone (it rebuilds the kernel's trainbook_torch library and
 # reinstalls the kernelspec that the other tests use), then every other test file, files spread
 # over TRAINBOOK_TEST_JOBS pytest processes (default 2; most tests wait on worker processes,
 # kernels and servers, so two share a 2-core machine well; 1 runs them in one process).

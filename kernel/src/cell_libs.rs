@@ -1,4 +1,4 @@
-//! The files a notebook cell links against ([`CellLibs`]: the prelude library, the api rlib,
+//! The files a notebook cell links against ([`CellLibs`]: the trainbook_torch library, the api rlib,
 //! their dependencies) and the code every kernel runs first ([`init_code`]).
 //!
 //! Cells are compiled by evcxr into small shared libraries. They compile against trainbook's
@@ -6,9 +6,9 @@
 //! `-L dependency=<deps>` for its few dependencies), not against the engine: rustc reads the
 //! metadata of a cell's whole dependency graph for every cell, and the engine's graph (libtorch
 //! bindings, polars, tokenizers) cost ~0.3 s per cell. A kernel start never compiles a
-//! dependency. The engine is the prebuilt prelude library (`libtrainbook_prelude.so`), which
+//! dependency. The engine is the prebuilt trainbook_torch library (`libtrainbook_torch.so`), which
 //! the cell process loads once, on the first call that needs it (`trainbook_api::runtime`,
-//! told where by `TRAINBOOK_PRELUDE_DYLIB`); so every cell shares one copy of its statics.
+//! told where by `TRAINBOOK_TORCH_DYLIB`); so every cell shares one copy of its statics.
 //!
 //! evcxr learns the types of a cell's variables from rust-analyzer, which cannot see a crate
 //! passed with `--extern`; the kernel asks its own analyzer, which sees the api's sources
@@ -32,33 +32,33 @@ pub fn init_code() -> String {
 /// The files a notebook cell links against.
 #[derive(Clone, Debug)]
 pub struct CellLibs {
-    /// `libtrainbook_prelude.so` (a Rust dylib built with `-C prefer-dynamic`): the engine.
+    /// `libtrainbook_torch.so` (a Rust dylib built with `-C prefer-dynamic`): the engine.
     pub dylib: PathBuf,
     /// `cells/libtrainbook_api.rlib`, the crate cells compile against (as `trainbook`): the
-    /// build of `trainbook-api` inside the prelude library (`scripts/build-prelude.sh` puts it
+    /// build of `trainbook-api` inside the trainbook_torch library (`scripts/build-torch-library.sh` puts it
     /// there).
     pub api: PathBuf,
     /// The rlibs of its dependencies (`target/release/deps`).
     pub deps: PathBuf,
     /// The worker binary jobs start.
     pub worker: Option<PathBuf>,
-    /// Where libtorch's libraries are (`cells/native-dirs`), for cells that link the prelude
-    /// library itself (`trainbook_torch`).
+    /// Where libtorch's libraries are (`cells/native-dirs`), for cells that link the
+    /// trainbook_torch library itself (cells that name `trainbook_torch`).
     pub native: Vec<PathBuf>,
 }
 
 impl CellLibs {
-    /// Finds the prelude library next to this executable (`target/release/`), or where
-    /// `TRAINBOOK_PRELUDE_DYLIB` points.
+    /// Finds the trainbook_torch library next to this executable (`target/release/`), or where
+    /// `TRAINBOOK_TORCH_DYLIB` points.
     pub fn locate() -> Result<CellLibs> {
-        let dylib = match std::env::var_os("TRAINBOOK_PRELUDE_DYLIB") {
+        let dylib = match std::env::var_os("TRAINBOOK_TORCH_DYLIB") {
             Some(p) => PathBuf::from(p),
-            None => exe_dir()?.join("libtrainbook_prelude.so"),
+            None => exe_dir()?.join("libtrainbook_torch.so"),
         };
         if !dylib.is_file() {
             bail!(
-                "the trainbook prelude library {} is missing: build it with `make build` (or \
-                 `scripts/build-prelude.sh`), then run `trainbook kernel install` again",
+                "the trainbook_torch library {} is missing: build it with `make build` (or \
+                 `scripts/build-torch-library.sh`), then run `trainbook kernel install` again",
                 dylib.display()
             );
         }
@@ -66,7 +66,7 @@ impl CellLibs {
         let deps = dir.join("deps");
         if !deps.is_dir() {
             bail!(
-                "{} has no deps/ directory next to it; the prelude must stay inside the cargo \
+                "{} has no deps/ directory next to it; the trainbook_torch library must stay inside the cargo \
                  target directory it was built in",
                 dylib.display()
             );
@@ -74,7 +74,7 @@ impl CellLibs {
         let api = dir.join("cells").join("libtrainbook_api.rlib");
         if !api.is_file() {
             bail!(
-                "{} is missing next to the prelude library: build it with `make build`, then run \
+                "{} is missing next to the trainbook_torch library: build it with `make build`, then run \
                  `trainbook kernel install` again",
                 api.display()
             );
@@ -99,7 +99,7 @@ impl CellLibs {
     /// paths may contain spaces). evcxr's own flags are replaced, so its one essential flag,
     /// `-Cprefer-dynamic` (one libstd for all cells), is repeated here.
     ///
-    /// `trainbook_torch` is the prelude library itself (tch, custom tasks): rustc loads an
+    /// `trainbook_torch` is this library itself (tch, custom tasks): rustc loads an
     /// `--extern` crate only for a cell that names it, so other cells keep the light graph.
     pub fn encoded_rustflags(&self) -> String {
         let mut flags = vec![
@@ -118,9 +118,9 @@ impl CellLibs {
         flags.join("\x1f")
     }
 
-    /// Library search path for the process that loads cells: the prelude's directory and
-    /// `std_dir`, where the Rust standard library the cells and the prelude link dynamically
-    /// lives. (The prelude finds libtorch through its own run path.)
+    /// Library search path for the process that loads cells: the trainbook_torch library's
+    /// directory and `std_dir`, where the Rust standard library that the cells and the library
+    /// link dynamically lives. (The library finds libtorch through its own run path.)
     pub fn library_path(&self, std_dir: Option<&Path>) -> Result<String> {
         let mut dirs = vec![self.dylib.parent().unwrap_or(Path::new(".")).to_path_buf()];
         dirs.extend(std_dir.map(Path::to_path_buf));

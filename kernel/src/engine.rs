@@ -326,7 +326,7 @@ impl Session {
             self.question_marks = true;
         }
         if self.frames_pending && uses_polars(code) {
-            // The DataFrame methods and types live in the prelude library itself
+            // The DataFrame methods and types live in the trainbook_torch library itself
             // (`trainbook_torch`), which a cell that names it compiles against in full:
             // imported once, for the first cell that wants them, so the others keep
             // the light compile.
@@ -546,7 +546,7 @@ fn create_context(setup: &ChildSetup) -> Result<(CommandContext, EvalContextOutp
     if let Some(p) = &setup.prelude {
         let std_dir = setup.toolchain.as_ref().map(|t| t.target_libdir.as_path());
         cmd.env("LD_LIBRARY_PATH", p.library_path(std_dir)?)
-            .env("TRAINBOOK_PRELUDE_DYLIB", &p.dylib);
+            .env("TRAINBOOK_TORCH_DYLIB", &p.dylib);
         if let Some(w) = &p.worker {
             cmd.env("TRAINBOOK_WORKER", w);
         }

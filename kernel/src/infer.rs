@@ -692,7 +692,7 @@ mod tests {
 
     #[test]
     fn types_with_holes_are_left_to_the_compiler() {
-        assert!(is_complete("trainbook_api::spec::JobSpec"));
+        assert!(is_complete("trainbook_api::JobSpec"));
         assert!(is_complete("Vec<(String, f64)>"));
         assert!(!is_complete("_"));
         assert!(!is_complete("Vec<_>"));

@@ -10,9 +10,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::dashboard::JobDashboard;
 use crate::{MlmOptions, TextOptions, VisionOptions};
-use trainbook_api::device::DeviceRequest;
-use trainbook_api::job::{JobStatus, JobUpdate};
-use trainbook_api::spec::{Configure, JobSpec, Resume, TrainConfig};
+use trainbook_api::DeviceRequest;
+use trainbook_api::{Configure, JobSpec, Resume, TrainConfig};
+use trainbook_api::{JobStatus, JobUpdate};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -201,7 +201,7 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
         "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
     )?);
     let mut last = std::time::Instant::now();
-    let result = trainbook_api::runtime::runtime()?.prepare_corpus(&spec, &args.out, &mut |p| {
+    let result = trainbook_recipes::text::corpus::prepare_spec(&spec, &args.out, &mut |p| {
         bar.set_length(p.total_bytes);
         bar.set_position(p.bytes);
         bar.set_message(format!("{} texts, {} tokens", p.texts, p.tokens));
@@ -350,7 +350,7 @@ pub struct TrainArgs {
     /// Seconds a worker may make no progress (no step, no evaluation batch; checkpoint writes
     /// excepted) before it counts as hung: its native stack is saved and the job fails or
     /// restarts. 0: off.
-    #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::spec::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
+    #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::plumbing::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
     pub hang_timeout: u64,
     /// Memory of each worker's device, e.g. 32GiB (first-generation Gaudi) or 96GB (Gaudi2):
     /// the memory plan checks the job against it instead of what this machine reports.
@@ -480,7 +480,7 @@ impl SweepArgs {
     /// The sweep these flags ask for; `--name` names the sweep's directory.
     pub fn to_sweep(&self) -> Result<trainbook_api::Sweep> {
         use anyhow::{bail, Context};
-        use trainbook_api::sweep::{Asha, MedianStopping, ParamValue, Space, Sweep, SweepSpec};
+        use trainbook_api::{Asha, MedianStopping, ParamValue, Space, Sweep, SweepSpec};
         let mut base = self.job.to_spec()?;
         let name = base.run_name.take();
         if base.resume != Resume::Never {
@@ -542,7 +542,7 @@ impl SweepArgs {
             }
             .into()
         } else {
-            trainbook_api::sweep::Scheduler::None
+            trainbook_api::Scheduler::None
         };
         Ok(Sweep::from_spec(SweepSpec {
             base,
@@ -578,7 +578,7 @@ impl TrainArgs {
         spec.threads_per_worker = self.threads;
         // A launcher's variables first; flags given by hand win over them.
         if let Some(t) = trainbook_api::Topology::from_env()? {
-            t.apply(&mut spec);
+            spec = spec.topology(&t);
         }
         if let Some(n) = self.nnodes {
             spec.nodes = n;
@@ -670,7 +670,7 @@ fn exit_code(result: Result<i32>, json: bool) -> i32 {
 
 /// `trainbook plan`: the memory plan on stdout (or as JSON); 3 when the job does not fit.
 fn plan(args: &TrainArgs) -> Result<i32> {
-    use trainbook_api::run::Train;
+    use trainbook_api::Train;
     let spec = args.to_spec()?;
     let plan = spec.plan()?;
     let Some(memory) = plan.memory else {
@@ -706,7 +706,7 @@ fn train(args: &TrainArgs) -> Result<i32> {
             spec.world_size(),
             spec.master_addr,
             spec.master_port
-                .unwrap_or(trainbook_api::topology::DEFAULT_MASTER_PORT),
+                .unwrap_or(trainbook_api::plumbing::DEFAULT_MASTER_PORT),
             if spec.node_rank > 0 {
                 " (node 0 shows the whole job)"
             } else {
@@ -826,7 +826,7 @@ fn report_end(summary: &trainbook_api::TrainResult, wait_error: Option<String>, 
 
 fn sweep(args: &SweepArgs) -> Result<i32> {
     use crate::sweep_view::SweepDashboard;
-    use trainbook_api::sweep::{SweepStatus, SweepUpdate};
+    use trainbook_api::{SweepStatus, SweepUpdate};
     let sweep = args.to_sweep()?;
     let stop_requested = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stop_requested.clone();

@@ -4,10 +4,10 @@
 
 use anyhow::Result;
 use std::path::PathBuf;
-use trainbook_api::job::MetricRow;
-use trainbook_api::job::{Job, JobStatus, JobUpdate, Progress};
-use trainbook_api::logs::Shown;
 use trainbook_api::metric;
+use trainbook_api::plumbing::Shown;
+use trainbook_api::MetricRow;
+use trainbook_api::{Job, JobStatus, JobUpdate, Progress};
 use trainbook_engine::looks_like_error;
 use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};
 
@@ -55,7 +55,7 @@ impl JobDashboard {
             title,
             world,
             job.run_dir().display().to_string(),
-            dashboard_options(&trainbook_api::run::view_options(spec))?,
+            dashboard_options(&trainbook_api::plumbing::view_options(spec))?,
         );
         d.dash.progress.status = status(job.status());
         Ok(d)

@@ -6,8 +6,8 @@
 use std::any::Any;
 
 use trainbook_api::metric;
-use trainbook_api::table::{Table, Value};
 use trainbook_api::{Job, MemoryPlan, SweepJob, SweepResult, TrainResult};
+use trainbook_api::{Table, Value};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_bytes, format_duration, format_metric, Bundle};
 
@@ -270,7 +270,10 @@ impl NotebookDisplay for SweepResult {
     fn bundle(&self) -> Bundle {
         let mut pairs = vec![
             ("status", self.status.to_string()),
-            ("trials", trainbook_api::sweep::status_counts(&self.trials)),
+            (
+                "trials",
+                trainbook_api::plumbing::status_counts(&self.trials),
+            ),
             ("time", format_duration(self.elapsed)),
         ];
         match self.best_trial() {
@@ -332,7 +335,7 @@ impl NotebookDisplay for SweepJob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trainbook_api::table::Column;
+    use trainbook_api::Column;
 
     #[test]
     fn a_long_table_is_its_head_and_tail_with_types() {

@@ -6,8 +6,8 @@
 // polars' prelude has its own `Context`; anyhow's is called by path.
 use anyhow::Result;
 use polars::prelude::*;
-use trainbook_api::job::metrics_table;
-use trainbook_api::table::{Column as TableColumn, Table, Values};
+use trainbook_api::plumbing::metrics_table;
+use trainbook_api::{Column as TableColumn, Table, Values};
 use trainbook_api::{Job, SweepJob, SweepResult, TrainResult};
 
 pub use polars;

@@ -1,6 +1,6 @@
 //! trainbook: data-parallel training from notebooks and the command line.
 //!
-//! This crate is what programs and the CLI use, and what the kernel's prelude library is built
+//! This crate is what programs and the CLI use, and what the kernel's trainbook_torch library is built
 //! from. It puts together four layers whose dependencies run one way: `trainbook-api` (the
 //! notebook-facing types and builders, nothing heavy; notebook cells compile against it
 //! alone), `trainbook-engine` (jobs, workers, collectives, the training loop; no UI, no
@@ -31,8 +31,6 @@ pub mod sweep_view;
 /// `use trainbook::frames::*;`.
 pub mod frames;
 
-/// The notebook-facing layer: everything re-exported at the top level and in [`prelude`].
-pub use trainbook_api as api;
 /// The engine beneath: `launch` and the driver's other entry points, the `Recipe` contract and
 /// registry type, users' tasks, the worker's entry point, the checkpoint files. For code that
 /// extends trainbook; notebooks need only the prelude.
@@ -41,13 +39,6 @@ pub use trainbook_engine as engine;
 /// models and `REGISTRY`. For code that extends trainbook; notebooks need only the prelude.
 pub use trainbook_recipes as recipes;
 
-pub use trainbook_api::prelude;
-pub use trainbook_api::{
-    content_blocks, fit, launch, running_jobs, stop_all, train_bert, train_resnet, Arch, Asha,
-    BertMlmTrainer, BertTrainer, Column, Configure, ConfigureMlm, ConfigureText, ConfigureTraining,
-    ConfigureVision, DeviceKind, DeviceRequest, Goal, Hyper, ImageClassifier, ImageFolder, Job,
-    JobSpec, JobStatus, JobUpdate, LogLevel, MedianStopping, MlmOptions, OptimizerKind, Padding,
-    Plan, Precision, Prediction, ResnetTrainer, Restart, Resume, Schedule, Scheduler, ShowValue,
-    Sweep, SweepJob, SweepResult, Table, TextClassifier, TextOptions, Train, TrainConfig,
-    TrainError, TrainResult, TrialStatus, View, ViewOptions, VisionOptions,
-};
+/// The notebook-facing layer (`trainbook_api`), every item at the top level, and the
+/// [`prelude`] that notebooks and scripts import (`use trainbook::prelude::*;`).
+pub use trainbook_api::*;

@@ -1,33 +1,37 @@
-//! trainbook's runtime: what `trainbook_api`'s operations do in this process. The engine's
-//! `launch` with trainbook's recipes injected and the notebook view subscribed to the job, plans,
-//! data tables, classifiers and the rich display of values.
+//! trainbook's engine behind `trainbook_api`'s ports: what the API's operations do in this
+//! process. The engine's `launch` with trainbook's recipes injected and the notebook view
+//! subscribed to the job, plans, sweeps, data tables, classifiers, tokenizers, corpora and the
+//! rich display of values.
 //!
 //! Registered before `main` in every program that links this crate, and exported by name from
-//! the prelude library, where notebook cells (which compile against `trainbook_api` only) find it
-//! (see `trainbook_api::runtime`).
+//! the trainbook_torch library, where notebook cells (which compile against `trainbook_api`
+//! only) find it (see `trainbook_api`'s `runtime` module).
 
 use std::any::Any;
 use std::ffi::c_char;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
-use trainbook_api::classify::{ImageModel, TextModel};
-use trainbook_api::run::view_options;
-use trainbook_api::runtime::{Bundle, Runtime};
-use trainbook_api::{Hyper, Job, JobSpec};
-use trainbook_api::{Plan, Table};
+use trainbook_api::plumbing::{
+    self, view_options, Bundle, Classifiers, Corpora, ImageFolders, ImageModel, Jobs, Notebook,
+    Registry, Sweeps, TextData, TextModel, Tokenizers,
+};
+use trainbook_api::{
+    CorpusPreparer, Hyper, ImageFolder, Job, JobSpec, Plan, PrepareProgress, PreparedCorpus,
+    SweepJob, SweepSpec, Table, TokenizerTrainer, TrainedTokenizer, TrialPlan,
+};
 use trainbook_recipes::REGISTRY;
 
 use crate::dashboard::dashboard_options;
 use crate::{display, notebook};
 
-/// The runtime (one per process).
+/// The engine with trainbook's recipes (one per process); it implements every port.
 pub struct Trainbook;
 
-/// The runtime this crate registers and exports.
-pub static RUNTIME: Trainbook = Trainbook;
+/// The engine this crate registers and exports.
+pub static ENGINE: Trainbook = Trainbook;
 
-impl Runtime for Trainbook {
+impl Jobs for Trainbook {
     fn launch(&self, spec: JobSpec) -> Result<Job> {
         dashboard_options(&view_options(&spec))?;
         let job = trainbook_engine::launch(spec, &REGISTRY)?;
@@ -59,21 +63,6 @@ impl Runtime for Trainbook {
         })
     }
 
-    fn sweep(&self, spec: trainbook_api::SweepSpec) -> Result<trainbook_api::SweepJob> {
-        dashboard_options(&view_options(&spec.base))?;
-        let sweep = trainbook_engine::sweep::launch(spec, &REGISTRY)?;
-        notebook::show_launched::<crate::sweep_view::SweepDashboard>(&sweep);
-        Ok(sweep)
-    }
-
-    fn plan_sweep(&self, spec: &trainbook_api::SweepSpec) -> Result<Vec<trainbook_api::TrialPlan>> {
-        trainbook_engine::sweep::plan(spec, &REGISTRY)
-    }
-
-    fn show_sweep(&self, sweep: &trainbook_api::SweepJob) -> Result<()> {
-        crate::sweep_view::show(sweep)
-    }
-
     fn running_jobs(&self) -> Vec<Job> {
         trainbook_engine::running_jobs()
     }
@@ -85,7 +74,26 @@ impl Runtime for Trainbook {
     fn show_job(&self, job: &Job) -> Result<()> {
         notebook::show(job)
     }
+}
 
+impl Sweeps for Trainbook {
+    fn sweep(&self, spec: SweepSpec) -> Result<SweepJob> {
+        dashboard_options(&view_options(&spec.base))?;
+        let sweep = trainbook_engine::sweep::launch(spec, &REGISTRY)?;
+        notebook::show_launched::<crate::sweep_view::SweepDashboard>(&sweep);
+        Ok(sweep)
+    }
+
+    fn plan_sweep(&self, spec: &SweepSpec) -> Result<Vec<TrialPlan>> {
+        trainbook_engine::sweep::plan(spec, &REGISTRY)
+    }
+
+    fn show_sweep(&self, sweep: &SweepJob) -> Result<()> {
+        crate::sweep_view::show(sweep)
+    }
+}
+
+impl Notebook for Trainbook {
     fn attach_notebook(&self) -> Result<bool> {
         notebook::attach()
     }
@@ -93,7 +101,9 @@ impl Runtime for Trainbook {
     fn display(&self, value: &dyn Any) -> Option<Bundle> {
         display::bundle_of(value)
     }
+}
 
+impl TextData for Trainbook {
     fn text_training_file(&self, hyper: &Hyper) -> Result<PathBuf> {
         trainbook_recipes::bert::training_file(hyper)
     }
@@ -101,32 +111,19 @@ impl Runtime for Trainbook {
     fn read_table(&self, path: &Path) -> Result<Table> {
         crate::frames::from_polars(&trainbook_recipes::text::dataset::read_table(path)?)
     }
+}
 
-    fn scan_images(&self, root: &Path) -> Result<trainbook_api::ImageFolder> {
+impl ImageFolders for Trainbook {
+    fn scan_images(&self, root: &Path) -> Result<ImageFolder> {
         trainbook_recipes::vision::folder::scan(root)
     }
+}
 
+impl Classifiers for Trainbook {
     fn load_text_model(&self, dir: &Path) -> Result<Box<dyn TextModel>> {
         Ok(Box::new(trainbook_recipes::classify::BertTextModel::load(
             dir,
         )?))
-    }
-
-    fn train_tokenizer(
-        &self,
-        spec: &trainbook_api::TokenizerTrainer,
-        out: &Path,
-    ) -> Result<trainbook_api::TrainedTokenizer> {
-        trainbook_recipes::text::wordpiece::train_and_save(spec, out)
-    }
-
-    fn prepare_corpus(
-        &self,
-        spec: &trainbook_api::CorpusPreparer,
-        out: &Path,
-        progress: &mut dyn FnMut(&trainbook_api::PrepareProgress) -> Result<()>,
-    ) -> Result<trainbook_api::PreparedCorpus> {
-        trainbook_recipes::text::corpus::prepare_spec(spec, out, progress)
     }
 
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>> {
@@ -136,28 +133,52 @@ impl Runtime for Trainbook {
     }
 }
 
+impl Tokenizers for Trainbook {
+    fn train_tokenizer(&self, spec: &TokenizerTrainer, out: &Path) -> Result<TrainedTokenizer> {
+        trainbook_recipes::text::wordpiece::train_and_save(spec, out)
+    }
+}
+
+impl Corpora for Trainbook {
+    fn prepare_corpus(
+        &self,
+        spec: &CorpusPreparer,
+        out: &Path,
+        progress: &mut dyn FnMut(&PrepareProgress) -> Result<()>,
+    ) -> Result<PreparedCorpus> {
+        trainbook_recipes::text::corpus::prepare_spec(spec, out, progress)
+    }
+}
+
 // Registration before `main`: a program only names `trainbook_api` items (re-exported here), so
 // nothing else would run this crate's code first. `#[used]` keeps the entry in the link.
 #[used]
 #[link_section = ".init_array"]
 static REGISTER: extern "C" fn() = {
     extern "C" fn register() {
-        trainbook_api::runtime::register(&RUNTIME);
+        plumbing::register::<dyn Jobs>(&ENGINE);
+        plumbing::register::<dyn Sweeps>(&ENGINE);
+        plumbing::register::<dyn Notebook>(&ENGINE);
+        plumbing::register::<dyn TextData>(&ENGINE);
+        plumbing::register::<dyn ImageFolders>(&ENGINE);
+        plumbing::register::<dyn Classifiers>(&ENGINE);
+        plumbing::register::<dyn Tokenizers>(&ENGINE);
+        plumbing::register::<dyn Corpora>(&ENGINE);
     }
     register
 };
 
 /// The fingerprint of the `trainbook_api` build inside this library (see
-/// `trainbook_api::runtime`); notebook cells compare it with their own before they use
-/// [`trainbook_runtime`].
+/// `trainbook_api`'s `runtime` module); notebook cells compare it with their own before they
+/// use [`trainbook_ports`].
 #[no_mangle]
 pub extern "C" fn trainbook_api_fingerprint() -> *const c_char {
-    trainbook_api::runtime::fingerprint().as_ptr()
+    plumbing::fingerprint().as_ptr()
 }
 
-/// This library's runtime, for notebook cells (Rust ABI: cells are built by the same compiler
+/// This library's ports, for notebook cells (Rust ABI: cells are built by the same compiler
 /// against the same `trainbook_api`, which the fingerprint checks).
 #[no_mangle]
-pub fn trainbook_runtime() -> &'static dyn Runtime {
-    &RUNTIME
+pub fn trainbook_ports() -> &'static Registry {
+    plumbing::registry()
 }

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use crate::notebook::{show_live, LiveView};
 use anyhow::Result;
-use trainbook_api::job::JobView;
-use trainbook_api::logs::Shown;
-use trainbook_api::sweep::{best_finished, Goal, SweepJob, SweepUpdate, Trial};
+use trainbook_api::plumbing::JobView;
+use trainbook_api::plumbing::Shown;
+use trainbook_api::{plumbing::best_finished, Goal, SweepJob, SweepUpdate, Trial};
 use trainbook_widgets::sweep::{SweepView, TrialRow};
 use trainbook_widgets::{Bundle, LogLine};
 
@@ -165,7 +165,7 @@ pub fn show(sweep: &SweepJob) -> Result<()> {
         return show_live::<SweepDashboard>(sweep);
     }
     let mut d = SweepDashboard::new(sweep)?;
-    if sweep.status() != trainbook_api::sweep::SweepStatus::Running {
+    if sweep.status() != trainbook_api::SweepStatus::Running {
         d.finish(sweep);
     }
     println!("{}", d.text());

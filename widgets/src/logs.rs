@@ -4,7 +4,7 @@
 use crate::html::{escape, GREY, ORANGE, RED};
 use std::collections::VecDeque;
 use std::fmt;
-pub use trainbook_api::logs::LogLevel;
+pub use trainbook_api::LogLevel;
 
 /// Lines longer than this are cut (the run directory keeps them whole).
 pub const MAX_LINE_CHARS: usize = 400;

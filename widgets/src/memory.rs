@@ -2,7 +2,7 @@
 //! communication buffers take, and the peak. Where ZeRO pays off is visible at a glance: the
 //! optimizer-state column shrinks to 1/W.
 
-pub use trainbook_api::job::MemoryUse;
+pub use trainbook_api::MemoryUse;
 
 use crate::grid::{Grid, Row};
 

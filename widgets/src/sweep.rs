@@ -14,7 +14,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::error::Error;
-use trainbook_api::sweep::TrialStatus;
+use trainbook_api::TrialStatus;
 
 /// Lines the plot labels and colours (the best trial, the running ones, then the best of the
 /// rest); the others are drawn faint and unlabelled.

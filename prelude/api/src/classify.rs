@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::runtime::runtime;
+use crate::runtime::port;
 
 /// One prediction: the most likely label and every label's probability.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -62,6 +62,15 @@ pub trait TextModel {
     fn predict_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<Prediction>>;
 }
 
+/// The engine's side of classifiers: loading a checkpoint's model. The `trainbook` crate
+/// implements it (see `crate::runtime`).
+pub trait Classifiers: Send + Sync {
+    /// Loads a text classifier checkpoint on the CPU.
+    fn load_text_model(&self, dir: &Path) -> Result<Box<dyn TextModel>>;
+    /// Loads an image classifier checkpoint on the CPU.
+    fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>>;
+}
+
 /// A loaded image classifier (the recipes implement it).
 pub trait ImageModel {
     /// Class names in id order.
@@ -76,7 +85,9 @@ pub struct TextClassifier(Box<dyn TextModel>);
 impl TextClassifier {
     /// Loads `dir` (e.g. `result.last_checkpoint`) on the CPU.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
-        Ok(TextClassifier(runtime()?.load_text_model(dir.as_ref())?))
+        Ok(TextClassifier(
+            port::<dyn Classifiers>()?.load_text_model(dir.as_ref())?,
+        ))
     }
 
     /// Label names in id order.
@@ -111,7 +122,9 @@ pub struct ImageClassifier(Box<dyn ImageModel>);
 
 impl ImageClassifier {
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
-        Ok(ImageClassifier(runtime()?.load_image_model(dir.as_ref())?))
+        Ok(ImageClassifier(
+            port::<dyn Classifiers>()?.load_image_model(dir.as_ref())?,
+        ))
     }
 
     pub fn classes(&self) -> &[String] {

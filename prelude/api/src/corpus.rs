@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::runtime::runtime;
+use crate::runtime::port;
 
 /// What to prepare, and how.
 ///
@@ -82,7 +82,7 @@ impl CorpusPreparer {
     /// and returns at once when `out` already holds it. Prints progress every 10 seconds.
     pub fn prepare(&self, out: impl AsRef<Path>) -> Result<PreparedCorpus> {
         let mut last = std::time::Instant::now();
-        runtime()?.prepare_corpus(self, out.as_ref(), &mut |p| {
+        port::<dyn Corpora>()?.prepare_corpus(self, out.as_ref(), &mut |p| {
             if last.elapsed().as_secs() >= 10 {
                 last = std::time::Instant::now();
                 eprintln!("{}", p.line());
@@ -90,6 +90,18 @@ impl CorpusPreparer {
             Ok(())
         })
     }
+}
+
+/// The engine's side of corpora. The `trainbook` crate implements it (see `crate::runtime`).
+pub trait Corpora: Send + Sync {
+    /// Prepares a corpus (see [`CorpusPreparer::prepare`]); `progress` is called as it goes,
+    /// and an error from it stops the preparation (finished shards are kept).
+    fn prepare_corpus(
+        &self,
+        spec: &CorpusPreparer,
+        out: &Path,
+        progress: &mut dyn FnMut(&PrepareProgress) -> Result<()>,
+    ) -> Result<PreparedCorpus>;
 }
 
 /// How far a preparation is.

@@ -7,7 +7,36 @@
 //! jobs: drawn by the engine) and the `Debug` text of anything else, in evcxr's content-block
 //! format on stdout, which the kernel turns into the cell's `execute_result`.
 
-use crate::runtime::{runtime, Bundle};
+use std::any::Any;
+
+use anyhow::Result;
+
+use crate::runtime::port;
+
+/// A value's rich display: MIME type → content (`text/html`, `text/plain`, ...).
+pub type Bundle = serde_json::Map<String, serde_json::Value>;
+
+/// The engine's side of the notebook: how values are drawn and how this process reaches the
+/// trainbook kernel. The `trainbook` crate implements it (see `crate::runtime`).
+pub trait Notebook: Send + Sync {
+    /// Connects this process to the trainbook kernel's display channel, when it runs in one.
+    fn attach_notebook(&self) -> Result<bool>;
+    /// The rich display of trainbook's values (tables, results, jobs); `None` for other values.
+    fn display(&self, value: &dyn Any) -> Option<Bundle>;
+}
+
+/// Connects this process to the trainbook kernel's display channel (the kernel's first cell
+/// calls it); `Ok(false)` outside the kernel.
+pub fn attach() -> Result<bool> {
+    port::<dyn Notebook>()?.attach_notebook()
+}
+
+/// The text a notebook shows for `value` (its rich display's `text/plain`), when the engine
+/// is loaded and draws such values.
+pub(crate) fn plain_text(value: &dyn Any) -> Option<String> {
+    let bundle = port::<dyn Notebook>().ok()?.display(value)?;
+    bundle.get("text/plain")?.as_str().map(String::from)
+}
 
 /// How a cell's final value is shown (evcxr calls the method by this name).
 pub trait ShowValue {
@@ -22,8 +51,8 @@ impl<T: std::fmt::Debug + 'static> ShowValue for T {
     }
 }
 
-fn show(any: &dyn std::any::Any, debug: &dyn std::fmt::Debug) {
-    let bundle = runtime()
+fn show(any: &dyn Any, debug: &dyn std::fmt::Debug) {
+    let bundle = port::<dyn Notebook>()
         .ok()
         .and_then(|r| r.display(any))
         .unwrap_or_else(|| {

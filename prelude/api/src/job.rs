@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::device::DeviceKind;
 use crate::logs::Shown;
 use crate::metric;
-use crate::spec::JobSpec;
+use crate::runtime::port;
+use crate::spec::{JobSpec, Plan};
 use crate::table::{Column, Table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -492,7 +493,7 @@ impl Job {
     /// Displays the job's dashboard (progress, loss plot, metrics table, logs): live in the
     /// trainbook kernel, updating in place until the job ends; as text elsewhere.
     pub fn show(&self) -> Result<()> {
-        crate::runtime::runtime()?.show_job(self)
+        port::<dyn Jobs>()?.show_job(self)
     }
 }
 
@@ -513,7 +514,7 @@ impl std::fmt::Debug for Job {
 
 /// Jobs of this process that have not finished (none when trainbook's engine is not loaded).
 pub fn running_jobs() -> Vec<Job> {
-    crate::runtime::runtime()
+    port::<dyn Jobs>()
         .map(|r| r.running_jobs())
         .unwrap_or_default()
 }
@@ -521,7 +522,23 @@ pub fn running_jobs() -> Vec<Job> {
 /// Stops every running job of this process (what a notebook interrupt does first); returns how
 /// many there were.
 pub fn stop_all() -> usize {
-    crate::runtime::runtime().map(|r| r.stop_all()).unwrap_or(0)
+    port::<dyn Jobs>().map(|r| r.stop_all()).unwrap_or(0)
+}
+
+/// The engine's side of jobs: what [`crate::launch`], [`Job::show`] and the other job
+/// operations need of it. The `trainbook` crate implements it (see `crate::runtime`).
+pub trait Jobs: Send + Sync {
+    /// Starts `spec` with trainbook's recipes; in the trainbook kernel the cell shows its live
+    /// dashboard.
+    fn launch(&self, spec: JobSpec) -> Result<Job>;
+    /// The device and hyper-parameters `spec` would run with (nothing started).
+    fn plan(&self, spec: &JobSpec) -> Result<Plan>;
+    /// Jobs of this process that have not finished.
+    fn running_jobs(&self) -> Vec<Job>;
+    /// Stops every running job of this process; returns how many there were.
+    fn stop_all(&self) -> usize;
+    /// Shows a job's dashboard in the current cell (live in the kernel, text elsewhere).
+    fn show_job(&self, job: &Job) -> Result<()>;
 }
 
 #[cfg(test)]

@@ -1,11 +1,15 @@
 //! trainbook's notebook-facing API: what `use trainbook::prelude::*;` brings into a cell.
 //!
-//! Job specs and every option ([`$crate::spec::JobSpec`], [`BertTrainer`], [`ResnetTrainer`], the option
+//! Job specs and every option ([`JobSpec`], [`BertTrainer`], [`ResnetTrainer`], the option
 //! traits), jobs and results ([`Job`], [`TrainResult`], [`Table`]), classifiers and image
 //! folders. This crate depends on nothing heavy: in the trainbook kernel every cell compiles
 //! against it, and a small dependency graph is what keeps a cell's compile short. The engine
 //! (libtorch, polars, the recipes, the notebook view) is reached at run time through
-//! [`runtime::Runtime`]; the `trainbook` crate provides it and re-exports everything here.
+//! ports found at run time (the private `runtime` module); the `trainbook` crate implements them
+//! and re-exports everything here. What only the engine needs is in the hidden `plumbing`
+//! module.
+// Modules are private; what a user or the engine may name is re-exported below, once.
+#![warn(unreachable_pub)]
 
 // Builders for one recipe each; used by `text` and `vision`.
 /// A recipe's builder: a `JobSpec` for that recipe (2 workers by default) whose job options come
@@ -47,63 +51,94 @@ macro_rules! trainer {
     };
 }
 
-pub mod classify;
-pub mod corpus;
-pub mod device;
-pub mod display;
-pub mod job;
-pub mod logs;
-pub mod memory;
+mod classify;
+mod corpus;
+mod device;
+mod display;
+mod job;
+mod logs;
+mod memory;
 pub mod metric;
-pub mod mlm;
-pub mod options;
-pub mod params;
-pub mod profile;
-pub mod run;
-pub mod runtime;
-pub mod spec;
-pub mod sweep;
-pub mod table;
-pub mod text;
-pub mod tokenizer;
-pub mod topology;
-pub mod view;
-pub mod vision;
+mod mlm;
+mod options;
+mod params;
+mod profile;
+mod run;
+mod runtime;
+mod spec;
+mod sweep;
+mod table;
+mod text;
+mod tokenizer;
+mod topology;
+mod view;
+mod vision;
 
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use corpus::{CorpusPreparer, PrepareProgress, PreparedCorpus};
 pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
 pub use job::{
-    running_jobs, stop_all, Job, JobStatus, JobUpdate, Restart, TrainError, TrainResult,
+    running_jobs, stop_all, Job, JobStatus, JobUpdate, LogRecord, MemoryUse, MetricRow, Progress,
+    Restart, TrainError, TrainResult,
 };
-pub use logs::LogLevel;
-pub use memory::{Footprint, MemoryPlan};
+pub use logs::{LogLevel, Stream};
+pub use memory::{Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
 pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
 pub use params::{Param, ParamError};
 pub use profile::{OpTime, ProfileSteps, StepProfile};
-pub use run::{fit, launch, Plan, Train, View, ViewOptions};
+pub use run::{fit, launch, Train, View};
 pub use spec::{
-    Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,
-    TrainConfig,
+    Configure, ConfigureTraining, DedupConfig, Hyper, JobSpec, OptimizerKind, Plan, Precision,
+    Resume, Schedule, TrainConfig,
 };
 pub use sweep::{
     Asha, Goal, MedianStopping, ParamValue, Scheduler, Space, Sweep, SweepJob, SweepResult,
     SweepSpec, SweepStatus, SweepUpdate, Trial, TrialPlan, TrialStatus,
 };
-pub use table::{Column, Table, Value};
+pub use table::{Column, Table, Value, Values};
 pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TextOptions};
 pub use tokenizer::{TokenizerTrainer, TrainedTokenizer};
 pub use topology::Topology;
-pub use vision::{train_resnet, Arch, ConfigureVision, ImageFolder, ResnetTrainer, VisionOptions};
+pub use view::ViewOptions;
+pub use vision::{
+    train_resnet, Arch, Augment, ConfigureVision, ImageFolder, ResnetTrainer, VisionOptions,
+};
 
 /// The kernel's side of a notebook.
 pub mod notebook {
-    /// Connects this process to the trainbook kernel's display channel (the kernel's first
-    /// cell calls it); `Ok(false)` outside the kernel.
-    pub fn attach() -> anyhow::Result<bool> {
-        crate::runtime::runtime()?.attach_notebook()
-    }
+    pub use crate::display::attach;
+}
+
+/// What the engine and the `trainbook` crate build on, and notebooks never need: the ports the
+/// engine implements (see the `runtime` module: [`plumbing::Jobs`], [`plumbing::Sweeps`], ...),
+/// the handles' engine side ([`plumbing::JobControl`], [`plumbing::SweepControl`]), the
+/// resolved option structs the recipes read, and helpers shared by the engine's views.
+#[doc(hidden)]
+pub mod plumbing {
+    pub use crate::classify::{Classifiers, ImageModel, TextModel};
+    pub use crate::corpus::Corpora;
+    pub use crate::display::{Bundle, Notebook};
+    pub use crate::job::{metrics_table, per_epoch, JobControl, JobView, Jobs};
+    pub use crate::logs::{fmt_num, format_ranks, Repeats, Shown};
+    pub use crate::memory::parse_bytes;
+    pub use crate::mlm::MlmSettings;
+    pub use crate::options::names as option_names;
+    pub use crate::params::{__json, rebind};
+    pub use crate::run::view_options;
+    pub use crate::runtime::{
+        fingerprint, last_dl_error, port, register, registry, Registry, DYLIB_ENV,
+        FINGERPRINT_SYMBOL, REGISTRY_SYMBOL,
+    };
+    pub use crate::spec::{check_mlflow_uri, DEFAULT_HANG_TIMEOUT_SECS};
+    pub use crate::sweep::{
+        best_finished, status_counts, trial_json, trial_params, trials_table, SweepControl, Sweeps,
+    };
+    pub use crate::text::{TextData, TextSettings};
+    pub use crate::tokenizer::Tokenizers;
+    pub use crate::topology::{first_hostlist_entry, DEFAULT_MASTER_PORT};
+    pub use crate::view::LOG_LEVEL_ENV;
+    pub use crate::vision::{ImageFolders, VisionSettings};
 }
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
@@ -116,9 +151,10 @@ pub mod prelude {
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;
-    pub use crate::run::{fit, launch, Plan, Train, View};
+    pub use crate::run::{fit, launch, Train, View};
     pub use crate::spec::{
-        Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Precision, Resume, Schedule,
+        Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Plan, Precision, Resume,
+        Schedule,
     };
     pub use crate::sweep::{
         Asha, Goal, MedianStopping, Scheduler, Sweep, SweepJob, SweepResult, TrialStatus,

@@ -12,7 +12,7 @@ crate::options! {
     /// Options of the masked-LM recipe (bert-mlm).
     struct MlmOptions => MlmSettings, trait ConfigureMlm(mlm_options) {
         /// Chance that a token is selected for prediction (BERT: 0.15); of those 80% become
-        /// [MASK], 10% a random token, 10% stay.
+        /// `[MASK]`, 10% a random token, 10% stay.
         mlm_probability: f64 => f64,
         /// A tokenizer directory (tokenizer.json or vocab.txt, e.g. from `trainbook tokenizer
         /// train`); default: the model's, else the offline uncased BERT vocabulary.

@@ -31,6 +31,7 @@
 /// give access to their `TextOptions` through `text_options`. `[into]` makes the builder
 /// method take `impl Into<T>` (for strings and paths). `extra { ... }` adds resolved fields that
 /// are not options (set by whoever resolves; `Default` when absent from a file).
+#[doc(hidden)]
 #[macro_export]
 macro_rules! options {
     (
@@ -127,6 +128,8 @@ pub fn names<T: serde::Serialize + Default>() -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    // The macro makes its items `pub`, as the real options need; this toy is reached from here only.
+    #![allow(unreachable_pub)]
     use std::path::PathBuf;
 
     crate::options! {

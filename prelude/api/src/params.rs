@@ -34,7 +34,7 @@ pub use serde_json::json as __json;
 ///
 /// ```
 /// # use trainbook_api as trainbook;
-/// # fn main() -> Result<(), trainbook::params::ParamError> {
+/// # fn main() -> Result<(), trainbook::ParamError> {
 /// let epochs: Option<u64> = None;
 /// let preset: Option<&str> = None;
 /// let epochs = trainbook::param!(epochs = 2)?;
@@ -49,10 +49,10 @@ pub use serde_json::json as __json;
 #[macro_export]
 macro_rules! param {
     ($name:ident = $($json:tt)+) => {
-        $crate::params::rebind(
+        $crate::plumbing::rebind(
             ::core::stringify!($name),
             &$name,
-            $crate::params::__json!($($json)+),
+            $crate::plumbing::__json!($($json)+),
         )
     };
 }

@@ -4,16 +4,15 @@
 
 use anyhow::Result;
 
-use crate::device::DeviceKind;
-use crate::job::{Job, TrainResult};
+use crate::job::{Job, Jobs, TrainResult};
 use crate::logs::LogLevel;
-use crate::runtime::runtime;
-use crate::spec::{Configure, Hyper, JobSpec};
+use crate::runtime::port;
+use crate::spec::{Configure, JobSpec, Plan};
 
 /// Starts a job with trainbook's recipes and returns at once; in the trainbook kernel the cell
 /// shows its live dashboard. See [`Job::wait`].
 pub fn launch(spec: JobSpec) -> Result<Job> {
-    runtime()?.launch(spec)
+    port::<dyn Jobs>()?.launch(spec)
 }
 
 /// Launches and waits: the blocking form of [`launch`].
@@ -21,26 +20,12 @@ pub fn fit(spec: JobSpec) -> Result<TrainResult> {
     launch(spec)?.wait()
 }
 
-/// What a job would run with, resolved as `fit` resolves it, with nothing started.
-#[derive(Clone, Debug)]
-pub struct Plan {
-    /// The device its workers would use (`DeviceRequest::Auto`: HPU, then CUDA, then CPU).
-    pub device: DeviceKind,
-    /// Every hyper-parameter: the preset's (named, or chosen as the recipe chooses: e.g.
-    /// bert's "reference" when its model and data are on this machine), with the job's options
-    /// on top; the recipe's own settings in `recipe_options`.
-    pub hyper: Hyper,
-    /// What each device will hold at the job's peak, against its memory, with the levers that
-    /// lower it (`None` for recipes that do not report their model's shapes).
-    pub memory: Option<crate::memory::MemoryPlan>,
-}
-
 /// `fit`, `launch` and `plan` for every job builder (`JobSpec`, `BertTrainer`, ...).
 pub trait Train: Configure {
     /// The device and hyper-parameters this job would run with (see [`Plan`]); a bad option
     /// fails here as it would in `fit`.
     fn plan(&self) -> Result<Plan> {
-        runtime()?.plan(self.spec())
+        port::<dyn Jobs>()?.plan(self.spec())
     }
     /// Runs the job to the end (see [`fit`]).
     fn fit(self) -> Result<TrainResult> {
@@ -86,7 +71,7 @@ pub fn view_options(spec: &JobSpec) -> ViewOptions {
     spec.view.clone()
 }
 
-pub use crate::view::{ViewOptions, LOG_LEVEL_ENV};
+use crate::view::ViewOptions;
 
 #[cfg(test)]
 mod tests {

@@ -4,80 +4,90 @@
 //! metadata of that crate's whole dependency graph for every cell. The engine's graph (libtorch
 //! bindings, polars, tokenizers, ~300 crates) made each cell cost ~0.3 s more than this crate's
 //! small one. So cells compile against this crate only, and the operations that need the
-//! engine go through one [`Runtime`] object found at run time:
+//! engine go through *ports*: small traits, each declared next to what it serves (`Jobs` in
+//! `job`, `Sweeps` in `sweep`, ...), implemented once by the `trainbook` crate and found here
+//! at run time by their type. This module knows none of them, so no module of this crate
+//! depends on the modules that call the engine:
 //!
 //! - In a program that depends on `trainbook` (the CLI, tests, a user's own binary), the
-//!   `trainbook` crate registers its runtime before `main` ([`register`]).
+//!   `trainbook` crate registers its ports before `main` ([`register`]).
 //! - In the trainbook kernel, cells link their own copy of this crate, while the engine lives in
-//!   the prelude library (`TRAINBOOK_PRELUDE_DYLIB`, loaded into the cell process on first use).
-//!   That library exports two symbols: the fingerprint of the copy of this crate it was built
-//!   with, and its runtime. A cell checks the fingerprint before it takes the runtime, because
-//!   values cross between the two copies and both must be the same build of this crate: the
-//!   same layouts, and the same `TypeId`s, which the engine's displays downcast by. The
-//!   fingerprint is a `TypeId` of this crate, so it tells builds apart, not only sources.
+//!   the trainbook_torch library (`TRAINBOOK_TORCH_DYLIB`, loaded into the cell process on
+//!   first use). That library exports two symbols: the fingerprint of the copy of this crate it
+//!   was built with, and its registry of ports. A cell checks the fingerprint before it takes
+//!   the registry, because values cross between the two copies and both must be the same build
+//!   of this crate: the same layouts, and the same `TypeId`s, by which ports are found and the
+//!   engine's displays downcast. The fingerprint is a `TypeId` of this crate, so it tells builds
+//!   apart, not only sources.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::sync::{OnceLock, RwLock};
 
 use anyhow::{anyhow, Result};
 
-use crate::classify::{ImageModel, TextModel};
-use crate::job::Job;
-use crate::run::Plan;
-use crate::spec::{Hyper, JobSpec};
-use crate::table::Table;
-use crate::tokenizer::{TokenizerTrainer, TrainedTokenizer};
-use crate::vision::ImageFolder;
+/// The ports one process has registered: each a `&'static dyn Port` of one port trait, kept
+/// as `Any` and found by the `TypeId` of that reference type.
+pub struct Registry(RwLock<Vec<(TypeId, &'static (dyn Any + Send + Sync))>>);
 
-/// A value's rich display: MIME type → content (`text/html`, `text/plain`, ...).
-pub type Bundle = serde_json::Map<String, serde_json::Value>;
+impl Registry {
+    const fn new() -> Self {
+        Registry(RwLock::new(Vec::new()))
+    }
 
-/// What the engine does for this crate: everything that needs libtorch, polars, the recipes or
-/// the notebook view. Implemented once, by the `trainbook` crate.
-pub trait Runtime: Send + Sync {
-    /// Starts `spec` with trainbook's recipes; in the trainbook kernel the cell shows its live
-    /// dashboard.
-    fn launch(&self, spec: JobSpec) -> Result<Job>;
-    /// The device and hyper-parameters `spec` would run with (nothing started).
-    fn plan(&self, spec: &JobSpec) -> Result<Plan>;
-    /// Starts a sweep; in the trainbook kernel the cell shows its live view.
-    fn sweep(&self, spec: crate::sweep::SweepSpec) -> Result<crate::sweep::SweepJob>;
-    /// The trials `spec` would run, each checked as `plan` checks a job (nothing started).
-    fn plan_sweep(&self, spec: &crate::sweep::SweepSpec) -> Result<Vec<crate::sweep::TrialPlan>>;
-    /// Shows a sweep's live view in the current cell (text elsewhere).
-    fn show_sweep(&self, sweep: &crate::sweep::SweepJob) -> Result<()>;
-    /// Jobs of this process that have not finished.
-    fn running_jobs(&self) -> Vec<Job>;
-    /// Stops every running job of this process; returns how many there were.
-    fn stop_all(&self) -> usize;
-    /// Shows a job's dashboard in the current cell (live in the kernel, text elsewhere).
-    fn show_job(&self, job: &Job) -> Result<()>;
-    /// Connects this process to the trainbook kernel's display channel, when it runs in one.
-    fn attach_notebook(&self) -> Result<bool>;
-    /// The rich display of trainbook's values (tables, results, jobs); `None` for other values.
-    fn display(&self, value: &dyn Any) -> Option<Bundle>;
-    /// The file of the table a text job trains on, as its resolved options choose it.
-    fn text_training_file(&self, hyper: &Hyper) -> Result<PathBuf>;
-    /// Reads a data table (.parquet, .csv, .tsv, .jsonl).
-    fn read_table(&self, path: &Path) -> Result<Table>;
-    /// Scans an image folder (see [`ImageFolder::scan`]).
-    fn scan_images(&self, root: &Path) -> Result<ImageFolder>;
-    /// Loads a text classifier checkpoint on the CPU.
-    fn load_text_model(&self, dir: &Path) -> Result<Box<dyn TextModel>>;
-    /// Loads an image classifier checkpoint on the CPU.
-    fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>>;
-    /// Trains a WordPiece tokenizer and writes it into `out`.
-    fn train_tokenizer(&self, spec: &TokenizerTrainer, out: &Path) -> Result<TrainedTokenizer>;
-    /// Prepares a corpus (see [`crate::corpus::CorpusPreparer::prepare`]); `progress` is called
-    /// as it goes, and an error from it stops the preparation (finished shards are kept).
-    fn prepare_corpus(
-        &self,
-        spec: &crate::corpus::CorpusPreparer,
-        out: &Path,
-        progress: &mut dyn FnMut(&crate::corpus::PrepareProgress) -> Result<()>,
-    ) -> Result<crate::corpus::PreparedCorpus>;
+    fn insert<P: ?Sized + Send + Sync + 'static>(&self, port: &'static P) {
+        let key = TypeId::of::<&'static P>();
+        let boxed: &'static (dyn Any + Send + Sync) = Box::leak(Box::new(port));
+        let mut ports = self.0.write().unwrap_or_else(|e| e.into_inner());
+        // The first registration of a port wins (a program that links trainbook twice keeps one).
+        if !ports.iter().any(|(k, _)| *k == key) {
+            ports.push((key, boxed));
+        }
+    }
+
+    fn get<P: ?Sized + Send + Sync + 'static>(&self) -> Option<&'static P> {
+        let key = TypeId::of::<&'static P>();
+        let ports = self.0.read().unwrap_or_else(|e| e.into_inner());
+        ports
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, any)| any.downcast_ref::<&'static P>().copied())
+    }
+}
+
+static REGISTERED: Registry = Registry::new();
+static FROM_LIBRARY: OnceLock<std::result::Result<&'static Registry, String>> = OnceLock::new();
+
+/// Makes `port` this process's implementation of the port trait `P` (the first registration
+/// wins). The `trainbook` crate calls it before `main`, once per port:
+/// `register::<dyn Jobs>(&ENGINE)`.
+pub fn register<P: ?Sized + Send + Sync + 'static>(port: &'static P) {
+    REGISTERED.insert(port);
+}
+
+/// This process's registry (what the trainbook_torch library exports to cells).
+pub fn registry() -> &'static Registry {
+    &REGISTERED
+}
+
+/// This process's implementation of the port trait `P`: the registered one, else the
+/// trainbook_torch library's.
+pub fn port<P: ?Sized + Send + Sync + 'static>() -> Result<&'static P> {
+    if let Some(p) = REGISTERED.get::<P>() {
+        return Ok(p);
+    }
+    let library = FROM_LIBRARY
+        .get_or_init(from_library)
+        .as_ref()
+        .map_err(|e| anyhow!("{e}"))?;
+    library.get::<P>().ok_or_else(|| {
+        anyhow!(
+            "trainbook's engine has no {}: the trainbook_torch library is from another version \
+             of trainbook; rebuild it with `make build` and restart the kernel",
+            std::any::type_name::<P>()
+        )
+    })
 }
 
 /// The fingerprint of this build of the crate (see the module docs), as a C string.
@@ -90,32 +100,12 @@ pub fn fingerprint() -> &'static CStr {
     })
 }
 
-/// `extern "C" fn() -> *const c_char`: the fingerprint of the prelude library's copy.
-pub const PRELUDE_FINGERPRINT_SYMBOL: &str = "trainbook_api_fingerprint";
-/// `extern "Rust" fn() -> &'static dyn Runtime`: the prelude library's runtime.
-pub const PRELUDE_RUNTIME_SYMBOL: &str = "trainbook_runtime";
-/// Where the kernel tells cell processes the prelude library is.
-pub const PRELUDE_DYLIB_ENV: &str = "TRAINBOOK_PRELUDE_DYLIB";
-
-static REGISTERED: OnceLock<&'static dyn Runtime> = OnceLock::new();
-static FROM_PRELUDE: OnceLock<std::result::Result<&'static dyn Runtime, String>> = OnceLock::new();
-
-/// Makes `runtime` the one this process uses (the first registration wins). The `trainbook`
-/// crate calls it before `main`.
-pub fn register(runtime: &'static dyn Runtime) {
-    let _ = REGISTERED.set(runtime);
-}
-
-/// The runtime of this process: the registered one, else the prelude library's.
-pub fn runtime() -> Result<&'static dyn Runtime> {
-    if let Some(r) = REGISTERED.get() {
-        return Ok(*r);
-    }
-    match FROM_PRELUDE.get_or_init(from_prelude) {
-        Ok(r) => Ok(*r),
-        Err(e) => Err(anyhow!("{e}")),
-    }
-}
+/// `extern "C" fn() -> *const c_char`: the fingerprint of the trainbook_torch library's copy.
+pub const FINGERPRINT_SYMBOL: &str = "trainbook_api_fingerprint";
+/// `extern "Rust" fn() -> &'static Registry`: the trainbook_torch library's ports.
+pub const REGISTRY_SYMBOL: &str = "trainbook_ports";
+/// Where the kernel tells cell processes the trainbook_torch library is.
+pub const DYLIB_ENV: &str = "TRAINBOOK_TORCH_DYLIB";
 
 const RTLD_NOW: c_int = 2;
 const RTLD_GLOBAL: c_int = 0x100;
@@ -139,24 +129,24 @@ pub fn last_dl_error() -> String {
     }
 }
 
-fn from_prelude() -> std::result::Result<&'static dyn Runtime, String> {
-    let Some(path) = std::env::var_os(PRELUDE_DYLIB_ENV) else {
+fn from_library() -> std::result::Result<&'static Registry, String> {
+    let Some(path) = std::env::var_os(DYLIB_ENV) else {
         return Err(format!(
             "trainbook's engine is not loaded in this process. In a program, depend on the \
              `trainbook` crate (not only `trainbook-api`) and use it; in a notebook, use the \
-             trainbook kernel (it sets {PRELUDE_DYLIB_ENV})"
+             trainbook kernel (it sets {DYLIB_ENV})"
         ));
     };
     let shown = Path::new(&path).display().to_string();
-    let c_path = CString::new(path.as_encoded_bytes())
-        .map_err(|_| format!("{PRELUDE_DYLIB_ENV} has a NUL byte"))?;
-    // SAFETY: loading the prelude library runs its initialisers, which only register its
-    // runtime; the symbols are checked below before use.
+    let c_path =
+        CString::new(path.as_encoded_bytes()).map_err(|_| format!("{DYLIB_ENV} has a NUL byte"))?;
+    // SAFETY: loading the trainbook_torch library runs its initialisers, which only register
+    // its ports; the symbols are checked below before use.
     unsafe {
         let handle = dlopen(c_path.as_ptr(), RTLD_NOW | RTLD_GLOBAL);
         if handle.is_null() {
             return Err(format!(
-                "cannot load trainbook's prelude library {shown}: {}. Rebuild it with `make \
+                "cannot load the trainbook_torch library {shown}: {}. Rebuild it with `make \
                  build` and restart the kernel",
                 last_dl_error()
             ));
@@ -166,7 +156,7 @@ fn from_prelude() -> std::result::Result<&'static dyn Runtime, String> {
             let p = dlsym(handle, c.as_ptr());
             if p.is_null() {
                 Err(format!(
-                    "trainbook's prelude library {shown} has no symbol {name} ({}): it is \
+                    "the trainbook_torch library {shown} has no symbol {name} ({}): it is \
                      from another version of trainbook; rebuild it with `make build` and \
                      restart the kernel",
                     last_dl_error()
@@ -176,17 +166,65 @@ fn from_prelude() -> std::result::Result<&'static dyn Runtime, String> {
             }
         };
         let fingerprint: extern "C" fn() -> *const c_char =
-            std::mem::transmute(sym(PRELUDE_FINGERPRINT_SYMBOL)?);
+            std::mem::transmute(sym(FINGERPRINT_SYMBOL)?);
         let theirs = CStr::from_ptr(fingerprint());
         let ours = self::fingerprint();
         if theirs != ours {
             return Err(format!(
-                "trainbook's prelude library {shown} was built with another build of \
+                "the trainbook_torch library {shown} was built with another build of \
                  trainbook-api than this kernel's cells compile against ({theirs:?} vs \
                  {ours:?}): rebuild with `make build` and restart the kernel"
             ));
         }
-        let get: fn() -> &'static dyn Runtime = std::mem::transmute(sym(PRELUDE_RUNTIME_SYMBOL)?);
+        let get: fn() -> &'static Registry = std::mem::transmute(sym(REGISTRY_SYMBOL)?);
         Ok(get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    trait Greets: Send + Sync {
+        fn hello(&self) -> &'static str;
+    }
+    trait Counts: Send + Sync {
+        fn count(&self) -> usize;
+    }
+    struct En;
+    struct Fr;
+    impl Greets for En {
+        fn hello(&self) -> &'static str {
+            "hello"
+        }
+    }
+    impl Greets for Fr {
+        fn hello(&self) -> &'static str {
+            "bonjour"
+        }
+    }
+
+    #[test]
+    fn a_port_is_found_by_its_trait_and_the_first_registration_wins() {
+        let ports = Registry::new();
+        assert!(ports.get::<dyn Greets>().is_none());
+        ports.insert::<dyn Greets>(&En);
+        ports.insert::<dyn Greets>(&Fr);
+        assert_eq!(ports.get::<dyn Greets>().map(|g| g.hello()), Some("hello"));
+        // Another trait is another port, even when the same value implements it.
+        assert!(ports.get::<dyn Counts>().is_none());
+    }
+
+    #[test]
+    fn without_the_engine_a_port_names_what_to_do() {
+        // This test binary registers no port and its environment names no library.
+        if std::env::var_os(DYLIB_ENV).is_some() {
+            return;
+        }
+        let err = port::<dyn Counts>().err().expect("no engine here").to_string();
+        assert!(
+            err.contains("depend on the `trainbook` crate") && err.contains(DYLIB_ENV),
+            "{err}"
+        );
     }
 }

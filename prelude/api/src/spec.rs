@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceRequest;
+use crate::topology::Topology;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -344,8 +345,6 @@ impl std::str::FromStr for Resume {
     }
 }
 
-pub use crate::topology::Topology;
-
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobSpec {
     pub recipe: String,
@@ -486,7 +485,15 @@ pub trait Configure: Sized {
     /// Nodes, node rank and master address as a launcher (Slurm, MPI, torchrun) set them; see
     /// [`Topology::from_env`].
     fn topology(mut self, t: &Topology) -> Self {
-        t.apply(self.job_spec());
+        let spec = self.job_spec();
+        spec.nodes = t.nodes;
+        spec.node_rank = t.node_rank;
+        if let Some(a) = &t.master_addr {
+            spec.master_addr = a.clone();
+        }
+        if let Some(p) = t.master_port {
+            spec.master_port = Some(p);
+        }
         self
     }
     /// Intra-op threads per worker (default: cores / workers on CPU).
@@ -843,4 +850,17 @@ impl JobSpec {
         }
         Ok(())
     }
+}
+/// What a job would run with, resolved as `fit` resolves it, with nothing started.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The device its workers would use (`DeviceRequest::Auto`: HPU, then CUDA, then CPU).
+    pub device: crate::device::DeviceKind,
+    /// Every hyper-parameter: the preset's (named, or chosen as the recipe chooses: e.g.
+    /// bert's "reference" when its model and data are on this machine), with the job's options
+    /// on top; the recipe's own settings in `recipe_options`.
+    pub hyper: Hyper,
+    /// What each device will hold at the job's peak, against its memory, with the levers that
+    /// lower it (`None` for recipes that do not report their model's shapes).
+    pub memory: Option<crate::memory::MemoryPlan>,
 }

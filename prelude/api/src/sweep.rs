@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::{Job, JobView, TrainResult};
 use crate::logs::Shown;
-use crate::runtime::runtime;
+use crate::runtime::port;
 use crate::spec::{Configure, JobSpec};
 use crate::table::{Column, Table};
 
@@ -522,12 +522,12 @@ impl Sweep {
     /// The trials this sweep would run (parameters and each trial's job), every one checked as
     /// `fit` checks a job; nothing starts.
     pub fn plan(&self) -> Result<Vec<TrialPlan>> {
-        runtime()?.plan_sweep(&self.spec)
+        port::<dyn Sweeps>()?.plan_sweep(&self.spec)
     }
 
     /// Starts the sweep and returns at once; in the trainbook kernel the cell shows its live view.
     pub fn launch(self) -> Result<SweepJob> {
-        runtime()?.sweep(self.spec)
+        port::<dyn Sweeps>()?.sweep(self.spec)
     }
 
     /// Runs the sweep to its end (see [`SweepJob::wait`]).
@@ -844,6 +844,17 @@ pub fn trials_table(trials: &[Trial], metric: &str, goal: Goal) -> Table {
 }
 
 /// What is behind a [`SweepJob`] handle: the engine's sweep driver.
+/// The engine's side of sweeps: what [`Sweep::launch`], [`Sweep::plan`] and
+/// [`SweepJob::show`] need of it. The `trainbook` crate implements it (see `crate::runtime`).
+pub trait Sweeps: Send + Sync {
+    /// Starts a sweep; in the trainbook kernel the cell shows its live view.
+    fn sweep(&self, spec: SweepSpec) -> Result<SweepJob>;
+    /// The trials `spec` would run, each checked as `plan` checks a job (nothing started).
+    fn plan_sweep(&self, spec: &SweepSpec) -> Result<Vec<TrialPlan>>;
+    /// Shows a sweep's live view in the current cell (text elsewhere).
+    fn show_sweep(&self, sweep: &SweepJob) -> Result<()>;
+}
+
 pub trait SweepControl: Send + Sync {
     fn spec(&self) -> &SweepSpec;
     fn dir(&self) -> &Path;
@@ -928,7 +939,7 @@ impl SweepJob {
     /// Displays the sweep's live view (table, plot, logs): live in the trainbook kernel, as
     /// text elsewhere.
     pub fn show(&self) -> Result<()> {
-        runtime()?.show_sweep(self)
+        port::<dyn Sweeps>()?.show_sweep(self)
     }
 }
 

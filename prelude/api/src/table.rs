@@ -316,13 +316,7 @@ impl fmt::Display for Table {
     /// The text form a notebook shows (a grid with head and tail of long tables), drawn by
     /// trainbook's engine; the shape only when the engine is not loaded.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let text = crate::runtime::runtime().ok().and_then(|r| {
-            r.display(self).and_then(|b| {
-                b.get("text/plain")
-                    .and_then(|v| v.as_str().map(String::from))
-            })
-        });
-        match text {
+        match crate::display::plain_text(self) {
             Some(t) => f.write_str(&t),
             None => write!(
                 f,

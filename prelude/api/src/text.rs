@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 
 use crate::job::TrainResult;
 use crate::run::Train;
-use crate::runtime::runtime;
-use crate::spec::Configure;
+use crate::runtime::port;
+use crate::spec::{Configure, Hyper};
 use crate::table::Table;
 
 /// How a batch is padded.
@@ -109,15 +109,24 @@ trainer!(
     "bert"
 );
 
+/// The engine's side of text jobs' data. The `trainbook` crate implements it (see
+/// `crate::runtime`).
+pub trait TextData: Send + Sync {
+    /// The file of the table a text job trains on, as its resolved options choose it.
+    fn text_training_file(&self, hyper: &Hyper) -> Result<PathBuf>;
+    /// Reads a data table (.parquet, .csv, .tsv, .jsonl).
+    fn read_table(&self, path: &std::path::Path) -> Result<Table>;
+}
+
 impl BertTrainer {
     /// The file of the table this job will train on, as its preset and `data` option choose it
     /// (nothing is started).
     pub fn training_file(&self) -> Result<PathBuf> {
-        runtime()?.text_training_file(&self.plan()?.hyper)
+        port::<dyn TextData>()?.text_training_file(&self.plan()?.hyper)
     }
     /// The table this job will train on, all its rows (the BERT notebook previews it).
     pub fn training_table(&self) -> Result<Table> {
-        runtime()?.read_table(&self.training_file()?)
+        port::<dyn TextData>()?.read_table(&self.training_file()?)
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::runtime::runtime;
+use crate::runtime::port;
 
 /// What to train a WordPiece vocabulary on, and how. Defaults are Hugging Face's
 /// `BertWordPieceTokenizer.train` settings (vocabulary 30,522, min frequency 2, uncased,
@@ -79,8 +79,14 @@ impl TokenizerTrainer {
     /// Trains and writes `tokenizer.json` and `vocab.txt` into `out` (created); a BERT model
     /// directory uses them when they sit beside its `config.json` and weights.
     pub fn train(&self, out: impl AsRef<Path>) -> Result<TrainedTokenizer> {
-        runtime()?.train_tokenizer(self, out.as_ref())
+        port::<dyn Tokenizers>()?.train_tokenizer(self, out.as_ref())
     }
+}
+
+/// The engine's side of tokenizers. The `trainbook` crate implements it (see `crate::runtime`).
+pub trait Tokenizers: Send + Sync {
+    /// Trains a WordPiece tokenizer and writes it into `out`.
+    fn train_tokenizer(&self, spec: &TokenizerTrainer, out: &Path) -> Result<TrainedTokenizer>;
 }
 
 /// A trained tokenizer on disk.

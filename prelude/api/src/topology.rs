@@ -11,8 +11,6 @@
 
 use anyhow::{bail, Result};
 
-use crate::spec::JobSpec;
-
 /// The port node 0's rendezvous store listens on when nodes must agree on it beforehand
 /// (torch.distributed's customary default).
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -53,18 +51,6 @@ impl Topology {
             return Ok(Some(t));
         }
         env.torchrun()
-    }
-
-    /// Sets the spec's nodes, node rank and (when known) master address and port.
-    pub fn apply(&self, spec: &mut JobSpec) {
-        spec.nodes = self.nodes;
-        spec.node_rank = self.node_rank;
-        if let Some(a) = &self.master_addr {
-            spec.master_addr = a.clone();
-        }
-        if let Some(p) = self.master_port {
-            spec.master_port = Some(p);
-        }
     }
 }
 

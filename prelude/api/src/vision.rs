@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 
 use crate::job::TrainResult;
 use crate::run::Train;
-use crate::runtime::runtime;
+use crate::runtime::port;
 use crate::spec::Configure;
 
 /// The network of an image-classification recipe.
@@ -104,13 +104,20 @@ pub struct ImageFolder {
     pub skipped: Vec<(PathBuf, String)>,
 }
 
+/// The engine's side of image folders. The `trainbook` crate implements it (see
+/// `crate::runtime`).
+pub trait ImageFolders: Send + Sync {
+    /// Scans an image folder (see [`ImageFolder::scan`]).
+    fn scan_images(&self, root: &Path) -> Result<ImageFolder>;
+}
+
 impl ImageFolder {
     /// Scans `root/<class>/<image files>` as torchvision's `ImageFolder` does: classes are the
     /// sorted subdirectories (hidden ones skipped), files with an image extension are samples
     /// in torchvision's order, and files whose header does not decode are listed in `skipped`.
     /// Fails when `root` is missing, has no class directories, or some class has no valid image.
     pub fn scan(root: &Path) -> Result<ImageFolder> {
-        runtime()?.scan_images(root)
+        port::<dyn ImageFolders>()?.scan_images(root)
     }
 
     /// `scan(root.join(split))`, e.g. `ImageFolder::scan_split(&data, "train")`.

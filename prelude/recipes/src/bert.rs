@@ -23,11 +23,11 @@ use crate::models::bert::{load_weights, BertClassifier, BertConfig};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
-use trainbook_api::spec::Hyper;
-use trainbook_api::spec::{JobSpec, OptimizerKind};
+use trainbook_api::Hyper;
+use trainbook_api::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
 
-pub use trainbook_api::text::{ConfigureText, TextOptions, TextSettings};
+pub use trainbook_api::{plumbing::TextSettings, ConfigureText, TextOptions};
 
 /// Held out for evaluation when the data has no test table and no fraction is set.
 const EVAL_FRACTION: f64 = 0.2;
@@ -248,7 +248,7 @@ fn load_examples(
 pub fn footprint(
     hyper: &Hyper,
     layout: &trainbook_engine::Layout,
-) -> Result<trainbook_api::memory::Footprint> {
+) -> Result<trainbook_api::Footprint> {
     let opts: TextSettings = crate::settings(hyper)?;
     let model_name = hyper
         .model

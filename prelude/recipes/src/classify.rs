@@ -8,7 +8,10 @@ use tch::{nn, Device, Kind};
 
 use crate::models::bert::{load_weights, BertClassifier};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
-use trainbook_api::classify::{ImageModel, Prediction, TextModel};
+use trainbook_api::{
+    plumbing::{ImageModel, TextModel},
+    Prediction,
+};
 
 /// A BERT sequence classifier loaded from a Hugging Face-style directory (what trainbook's
 /// BERT checkpoints are).

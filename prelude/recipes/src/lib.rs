@@ -18,7 +18,7 @@ pub mod text;
 pub mod vision;
 
 use anyhow::{Context, Result};
-use trainbook_api::spec::Hyper;
+use trainbook_api::Hyper;
 use trainbook_engine::{RecipeEntry, Registry};
 
 /// Every recipe trainbook ships.

@@ -35,9 +35,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
-use trainbook_api::memory::Footprint;
-use trainbook_api::spec::Hyper;
-use trainbook_api::spec::{JobSpec, OptimizerKind, Schedule};
+use trainbook_api::Footprint;
+use trainbook_api::Hyper;
+use trainbook_api::{JobSpec, OptimizerKind, Schedule};
 use trainbook_engine::Device;
 use trainbook_engine::{Layout, Recipe, Split, Step};
 
@@ -46,8 +46,8 @@ use crate::text::mlm::Masking;
 use crate::text::mlm_source::{self, Sample, Samples};
 use crate::text::tokenizer::{Padding, TextTokenizer};
 use crate::text::wordpiece::SPECIAL_TOKENS;
-pub use trainbook_api::mlm::{MlmOptions, MlmSettings};
-use trainbook_api::text::{TextOptions, TextSettings};
+pub use trainbook_api::{plumbing::MlmSettings, MlmOptions};
+use trainbook_api::{plumbing::TextSettings, TextOptions};
 
 /// Presets of `trainbook train bert-mlm --preset NAME`.
 pub const PRESETS: &[(&str, &str)] = &[
@@ -191,7 +191,7 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
             h.grad_clip = Some(1.0);
             h.grad_accum = 48;
             h.zero = 1;
-            h.precision = trainbook_api::spec::Precision::Bf16;
+            h.precision = trainbook_api::Precision::Bf16;
             h.max_steps = Some(155_000);
             h.seed = 12439;
             let mut m = mlm(48, 1600, 25);

@@ -24,8 +24,8 @@ use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
 use crate::vision::transforms::{Augment, DeviceNormalize, Normalize};
-use trainbook_api::spec::Hyper;
-use trainbook_api::spec::{JobSpec, OptimizerKind};
+use trainbook_api::Hyper;
+use trainbook_api::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
 
 const IMAGENET: Normalize = Normalize::IMAGENET;
@@ -39,7 +39,7 @@ pub const PRESETS: &[(&str, &str)] = &[
 /// The hymenoptera folder the reference notebook downloads, when it is on this machine.
 pub const REFERENCE_DATA: &str = "hymenoptera_data";
 
-pub use trainbook_api::vision::{ConfigureVision, VisionOptions, VisionSettings};
+pub use trainbook_api::{plumbing::VisionSettings, ConfigureVision, VisionOptions};
 
 /// What a preset decides; the job's options go on top.
 struct Preset {
@@ -80,7 +80,7 @@ fn preset(name: &str) -> Result<Preset> {
             // 0.95 and 0.96 from epoch to epoch (measured); the decay settles it.
             hyper: rows(
                 Hyper {
-                    schedule: trainbook_api::spec::Schedule::Linear,
+                    schedule: trainbook_api::Schedule::Linear,
                     warmup_ratio: 0.05,
                     ..Hyper::new(name, 4, 32, 1e-3, OptimizerKind::Adamw)
                 },

@@ -12,8 +12,8 @@ use tch::{nn, Kind, Tensor};
 use trainbook_engine::{Device, OnDeviceOf};
 
 use crate::models::bert::{BertClassifier, BertConfig};
-use trainbook_api::spec::Hyper;
-use trainbook_api::spec::{JobSpec, OptimizerKind};
+use trainbook_api::Hyper;
+use trainbook_api::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
 
 const VOCAB: i64 = 128;
@@ -139,7 +139,7 @@ fn config(p: &Preset) -> BertConfig {
 pub fn footprint(
     hyper: &Hyper,
     layout: &trainbook_engine::Layout,
-) -> Result<trainbook_api::memory::Footprint> {
+) -> Result<trainbook_api::Footprint> {
     let p = preset(&hyper.preset)?;
     Ok(crate::models::bert::plan_footprint(
         &config(&p),

@@ -4,11 +4,10 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use trainbook::api::job::MetricRow;
-use trainbook::api::job::{JobStatus, JobUpdate, Progress};
-use trainbook::api::logs::{Shown, Stream};
 use trainbook::dashboard::JobDashboard;
 use trainbook::notebook::follow;
+use trainbook::plumbing::Shown;
+use trainbook::{JobStatus, JobUpdate, MetricRow, Progress, Stream};
 use trainbook_widgets::DashboardOptions;
 
 const RANKS: usize = 8;

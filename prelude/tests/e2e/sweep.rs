@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::wait_until;
-use trainbook::api::sweep::SweepStatus;
 use trainbook::engine::testing::{children_of, process_alive};
+use trainbook::SweepStatus;
 use trainbook::{
     Asha, BertTrainer, Configure, ConfigureText, ConfigureTraining, DeviceRequest, Goal,
     OptimizerKind, Sweep, SweepJob, TrialStatus,

@@ -39,8 +39,11 @@ const MAX_LABEL_LEN: usize = 64;
 /// Windows are clamped to this so `Instant + window` cannot overflow.
 const MAX_WINDOW: Duration = Duration::from_secs(365 * 24 * 3600);
 
-pub(crate) use trainbook_api::logs::{Repeats, Shown, Stream};
-pub(crate) use trainbook_api::spec::DedupConfig;
+pub(crate) use trainbook_api::DedupConfig;
+pub(crate) use trainbook_api::{
+    plumbing::{Repeats, Shown},
+    Stream,
+};
 
 fn has_digit(s: &str) -> bool {
     s.chars().any(char::is_numeric)
@@ -447,7 +450,7 @@ impl Deduplicator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trainbook_api::logs::fmt_num;
+    use trainbook_api::plumbing::fmt_num;
 
     const S: Stream = Stream::Stdout;
     const WEIGHTS: &str = "Some weights of BertForSequenceClassification were not initialized from the model checkpoint at bert-base-cased and are newly initialized: ['classifier.bias', 'classifier.weight']";

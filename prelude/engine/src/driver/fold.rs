@@ -9,8 +9,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use trainbook_api::job::{JobStatus, JobUpdate, LogRecord, MetricRow, Progress, TrainError};
-use trainbook_api::logs::Stream;
+use trainbook_api::Stream;
+use trainbook_api::{JobStatus, JobUpdate, LogRecord, MetricRow, Progress, TrainError};
 
 use super::dedup::Deduplicator;
 use super::handle::JobState;
@@ -416,8 +416,8 @@ pub(super) mod tests {
     use super::*;
     use crate::shared::events::LogStream;
     use std::sync::mpsc;
-    use trainbook_api::device::DeviceKind;
-    use trainbook_api::spec::{Configure, JobSpec};
+    use trainbook_api::DeviceKind;
+    use trainbook_api::{Configure, JobSpec};
 
     pub(in crate::driver) fn fold(job: &JobState) -> Fold<'_> {
         Fold {

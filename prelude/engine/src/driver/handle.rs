@@ -9,13 +9,13 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
-use trainbook_api::device::DeviceKind;
-use trainbook_api::job::{
-    Job, JobControl, JobStatus, JobUpdate, JobView, LogRecord, MetricRow, Progress, Restart,
-    TrainError, TrainResult,
-};
 use trainbook_api::metric;
-use trainbook_api::spec::JobSpec;
+use trainbook_api::DeviceKind;
+use trainbook_api::JobSpec;
+use trainbook_api::{
+    plumbing::{JobControl, JobView},
+    Job, JobStatus, JobUpdate, LogRecord, MetricRow, Progress, Restart, TrainError, TrainResult,
+};
 
 use super::processes::STOP_GRACE;
 use crate::shared::events::WorkerSummary;

@@ -19,9 +19,9 @@
 //! 25% more time per step, so trainbook leaves the glibc default alone.
 
 use anyhow::{bail, Result};
-use trainbook_api::device::DeviceKind;
-use trainbook_api::memory::{parse_bytes, Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
-use trainbook_api::spec::{Hyper, JobSpec, OptimizerKind, Precision};
+use trainbook_api::DeviceKind;
+use trainbook_api::{plumbing::parse_bytes, Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
+use trainbook_api::{Hyper, JobSpec, OptimizerKind, Precision};
 
 use crate::worker::ddp;
 use crate::worker::recipe::{FootprintFn, Layout, RecipeEntry};

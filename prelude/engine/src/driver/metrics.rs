@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 // polars' prelude has its own `Context`; the anyhow one is called by path where both apply.
 use polars::prelude::*;
 
-pub(crate) use trainbook_api::job::MetricRow;
+pub(crate) use trainbook_api::MetricRow;
 
 pub(crate) fn to_dataframe(rows: &[MetricRow]) -> Result<DataFrame> {
     let df = df!(

@@ -32,9 +32,9 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 
 use anyhow::{anyhow, Context, Result};
-use trainbook_api::device::DeviceKind;
-use trainbook_api::job::{Job, JobStatus};
-use trainbook_api::spec::JobSpec;
+use trainbook_api::DeviceKind;
+use trainbook_api::JobSpec;
+use trainbook_api::{Job, JobStatus};
 
 use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::env;

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 use crate::shared::env::{HpuProbe, PROBE_HPU};
-use trainbook_api::device::{DeviceKind, DeviceRequest};
+use trainbook_api::{DeviceKind, DeviceRequest};
 
 /// Where the Intel Gaudi software shows itself, if anywhere: accelerator device nodes, or the
 /// bridge's Python package (whose plugins live in `habana_frameworks/torch/lib/`) on

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use trainbook_api::device::DeviceKind;
-use trainbook_api::spec::{JobSpec, Resume};
-use trainbook_api::topology::DEFAULT_MASTER_PORT;
+use trainbook_api::plumbing::DEFAULT_MASTER_PORT;
+use trainbook_api::DeviceKind;
+use trainbook_api::{JobSpec, Resume};
 
 use super::placement;
 use crate::shared::checkpoint::{self, RunConfig, RunStatus};

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use trainbook_api::spec::{Hyper, JobSpec};
+use trainbook_api::{Hyper, JobSpec};
 
 /// A run directory's job record.
 pub const RUN_CONFIG: &str = "config.json";

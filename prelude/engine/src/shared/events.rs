@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
-pub(crate) use trainbook_api::logs::Stream;
+pub(crate) use trainbook_api::Stream;
 
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_time() -> f64 {
@@ -42,10 +42,10 @@ pub(crate) struct WorkerSummary {
     /// Final epoch metrics (all-reduced), e.g. eval_loss, eval_accuracy.
     pub metrics: std::collections::BTreeMap<String, f64>,
     #[serde(default)]
-    pub memory: trainbook_api::job::MemoryUse,
+    pub memory: trainbook_api::MemoryUse,
     /// Rank 0's step profile, when the job profiled steps.
     #[serde(default)]
-    pub profile: Option<trainbook_api::profile::StepProfile>,
+    pub profile: Option<trainbook_api::StepProfile>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -24,11 +24,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use trainbook_api::job::{Job, JobStatus, JobUpdate, JobView};
 use trainbook_api::metric;
-use trainbook_api::sweep::{
-    best_finished, status_counts, trial_json, Scheduler, SweepControl, SweepJob, SweepResult,
-    SweepSpec, SweepStatus, SweepUpdate, Trial, TrialPlan, TrialStatus,
+use trainbook_api::{plumbing::JobView, Job, JobStatus, JobUpdate};
+use trainbook_api::{
+    plumbing::{best_finished, status_counts, trial_json, SweepControl},
+    Scheduler, SweepJob, SweepResult, SweepSpec, SweepStatus, SweepUpdate, Trial, TrialPlan,
+    TrialStatus,
 };
 
 use crate::shared::checkpoint::write_json_atomic;

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use trainbook_api::sweep::{Asha, Goal, MedianStopping, Scheduler};
+use trainbook_api::{Asha, Goal, MedianStopping, Scheduler};
 
 /// What a rule answers to a report.
 #[derive(Clone, Debug, PartialEq)]

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use trainbook_api::device::DeviceKind;
-use trainbook_api::spec::JobSpec;
-use trainbook_api::sweep::SweepSpec;
+use trainbook_api::DeviceKind;
+use trainbook_api::JobSpec;
+use trainbook_api::SweepSpec;
 
 /// The machine's room for trials and who holds it.
 pub(crate) struct Slots {
@@ -150,8 +150,8 @@ impl Slots {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trainbook_api::spec::Configure;
-    use trainbook_api::sweep::Sweep;
+    use trainbook_api::Configure;
+    use trainbook_api::Sweep;
 
     fn sweep(workers: usize, concurrent: usize) -> SweepSpec {
         Sweep::new(JobSpec::new("bert").workers(workers))

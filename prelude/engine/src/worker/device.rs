@@ -13,7 +13,7 @@ use tch::{nn, Kind, Tensor};
 
 use crate::shared::ffi::{call_ptr, call_status};
 
-pub(crate) use trainbook_api::device::DeviceKind;
+pub(crate) use trainbook_api::DeviceKind;
 
 extern "C" {
     fn tb_to_device(

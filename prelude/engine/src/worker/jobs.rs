@@ -3,7 +3,7 @@
 //! hyper-parameters. The driver and the worker both decide by [`JobKind`].
 
 use anyhow::{bail, Result};
-use trainbook_api::spec::{Hyper, JobSpec};
+use trainbook_api::{Hyper, JobSpec};
 
 use crate::worker::recipe::{RecipeEntry, Registry};
 use crate::worker::task::{self, TASK};
@@ -76,7 +76,7 @@ mod tests {
             3,
             8,
             0.1,
-            trainbook_api::spec::OptimizerKind::Sgd,
+            trainbook_api::OptimizerKind::Sgd,
         ))
     }
 
@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn resolving_puts_the_jobs_options_over_the_preset() {
-        use trainbook_api::spec::ConfigureTraining;
+        use trainbook_api::ConfigureTraining;
         let r = Registry::new(ENTRIES);
         let h = r
             .resolve(&JobSpec::new("toy").lr(0.5).max_steps(7))

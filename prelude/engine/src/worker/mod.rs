@@ -36,7 +36,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use trainbook_api::device::DeviceKind;
+use trainbook_api::DeviceKind;
 
 use crate::shared::checkpoint::RunConfig;
 use crate::shared::env::{
@@ -288,7 +288,7 @@ fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Resu
 
 fn train_recipe(
     ctx: &WorkerContext,
-    hyper: Option<trainbook_api::spec::Hyper>,
+    hyper: Option<trainbook_api::Hyper>,
     kind: JobKind,
     bridge: Option<&dyn HpuBridge>,
 ) -> Result<()> {

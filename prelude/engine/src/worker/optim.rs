@@ -19,9 +19,9 @@ use tch::{Kind, Tensor};
 
 use crate::shared::ffi::call_status;
 use crate::worker::device::OnDeviceOf;
-use trainbook_api::spec::OptimizerKind;
+use trainbook_api::OptimizerKind;
 
-pub(crate) use trainbook_api::spec::Schedule;
+pub(crate) use trainbook_api::Schedule;
 
 /// The learning rate of every optimizer step of a run.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -9,7 +9,7 @@ use anyhow::Result;
 use crate::shared::ffi::call_status;
 use crate::worker::device::Device;
 
-pub(crate) use trainbook_api::spec::Precision;
+pub(crate) use trainbook_api::Precision;
 
 extern "C" {
     fn tb_autocast_enter(device_type: c_int, err: *mut c_char, errlen: usize) -> c_int;

@@ -8,7 +8,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use trainbook_api::profile::{OpTime, ProfileSteps, StepProfile};
+use trainbook_api::{OpTime, ProfileSteps, StepProfile};
 
 use crate::shared::ffi::call_status;
 

@@ -9,10 +9,10 @@ use anyhow::{bail, Result};
 use tch::{nn, Tensor};
 
 pub(crate) use crate::worker::device::Device;
-use trainbook_api::device::DeviceKind;
-use trainbook_api::memory::Footprint;
-pub(crate) use trainbook_api::spec::Hyper;
-use trainbook_api::spec::JobSpec;
+use trainbook_api::DeviceKind;
+use trainbook_api::Footprint;
+pub(crate) use trainbook_api::Hyper;
+use trainbook_api::JobSpec;
 
 /// A recipe's hyper-parameters for a job: its chosen preset's values, with the recipe's own
 /// options resolved into [`Hyper::recipe_options`]. The shared options go on top afterwards

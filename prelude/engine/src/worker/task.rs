@@ -15,7 +15,7 @@
 //! types of this crate: the file's size and modification time travel with the address and are
 //! checked first (a cell library deleted with its kernel, a rebuilt program: a clear error,
 //! never a jump into other code), and cell libraries are loaded by `trainbook-cell-worker`,
-//! which links the same prelude library as the cells, so each process holds one copy of
+//! which links the same trainbook_torch library as the cells, so each process holds one copy of
 //! trainbook's statics.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -32,7 +32,7 @@ use crate::worker::recipe::{Recipe, Split, Step};
 
 /// The job name of a user's task.
 pub(crate) const TASK: &str = "task";
-use trainbook_api::spec::{Hyper, JobSpec, OptimizerKind};
+use trainbook_api::{Hyper, JobSpec, OptimizerKind};
 
 /// The key of the task in a job's recipe options.
 const OPTION: &str = "task";
@@ -376,7 +376,7 @@ impl EntryPoint {
         let program = engine.with_file_name(env::CELL_WORKER);
         if !program.is_file() {
             bail!(
-                "cannot find {} next to {}: build it with `make build` (scripts/build-prelude.sh), \
+                "cannot find {} next to {}: build it with `make build` (scripts/build-torch-library.sh), \
                  then restart the kernel",
                 program.display(),
                 engine.display()
@@ -408,13 +408,13 @@ impl EntryPoint {
             let c = CString::new(self.file.as_os_str().as_encoded_bytes())
                 .context("the library path has a NUL byte")?;
             // SAFETY: loading a cell library runs no user code (cells have no initialisers);
-            // its dependencies (libstd, the prelude library) are already loaded.
+            // its dependencies (libstd, the trainbook_torch library) are already loaded.
             let handle = unsafe { dlopen(c.as_ptr(), RTLD_NOW) };
             if handle.is_null() {
                 return Err(stale(format!(
                     "cannot load {}: {}",
                     self.file.display(),
-                    trainbook_api::runtime::last_dl_error()
+                    trainbook_api::plumbing::last_dl_error()
                 )));
             }
             let mut map: *const LinkMap = std::ptr::null();
@@ -430,7 +430,7 @@ impl EntryPoint {
                 bail!(
                     "cannot find where {} was loaded: {}",
                     self.file.display(),
-                    trainbook_api::runtime::last_dl_error()
+                    trainbook_api::plumbing::last_dl_error()
                 );
             }
             if let Some(build_dir) = self

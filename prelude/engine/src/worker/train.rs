@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use tch::nn;
 use tch::{Kind, Tensor};
 use trainbook_api::metric;
-use trainbook_api::spec::{Hyper, OptimizerKind, Precision, Schedule};
+use trainbook_api::{Hyper, OptimizerKind, Precision, Schedule};
 
 use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::{Emitter, Event, WorkerSummary};
@@ -362,7 +362,7 @@ pub(crate) struct Trainer<'a> {
     writer: CheckpointWriter,
     /// The step profiler, when the job asks for one (`profile`).
     profiler: Option<StepProfiler>,
-    profile: Option<trainbook_api::profile::StepProfile>,
+    profile: Option<trainbook_api::StepProfile>,
 }
 
 impl<'a> Trainer<'a> {
@@ -961,7 +961,7 @@ impl<'a> Trainer<'a> {
         let (param_sum, param_l2) = param_stats(vs);
         let (optimizer_state, buffers) = self.update.memory();
         let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
-        let memory = trainbook_api::job::MemoryUse {
+        let memory = trainbook_api::MemoryUse {
             rank: self.ctx.rank,
             parameters: vs.variables().values().map(bytes).sum(),
             gradients: self

@@ -741,11 +741,11 @@ pub fn plan_footprint(
     config: &BertConfig,
     head: Head,
     seq: u64,
-    h: &trainbook_api::spec::Hyper,
+    h: &trainbook_api::Hyper,
     layout: &trainbook_engine::Layout,
-) -> trainbook_api::memory::Footprint {
-    use trainbook_api::device::DeviceKind;
-    use trainbook_api::spec::Precision;
+) -> trainbook_api::Footprint {
+    use trainbook_api::DeviceKind;
+    use trainbook_api::Precision;
     let element = if h.precision == Precision::Bf16 { 2 } else { 4 };
     let dropout = h.dropout > 0.0;
     let run = RunShape {
@@ -777,7 +777,7 @@ pub fn plan_footprint(
             .then_some(h.checkpoint_layers_every.max(1)),
     };
     let f = config.footprint(head, &run);
-    trainbook_api::memory::Footprint {
+    trainbook_api::Footprint {
         model: format!(
             "BERT, {} layers, hidden {}, {} heads, vocabulary {}, {seq} tokens",
             config.num_hidden_layers,

@@ -10,7 +10,7 @@ use tch::Tensor;
 
 use super::{load_into, LoadReport, LoadRules};
 
-pub use trainbook_api::vision::Arch;
+pub use trainbook_api::Arch;
 
 /// A built network: `forward_t(images, train)` gives logits.
 pub type Model = Box<dyn ModuleT>;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use trainbook_api::text::TextSettings;
+use trainbook_api::plumbing::TextSettings;
 
 use super::corpus::{self, PreparedCorpus};
 use super::hdf5_shards::{self, Hdf5Shards, Sequence};

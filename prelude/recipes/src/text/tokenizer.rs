@@ -9,7 +9,7 @@ use tch::Tensor;
 use tokenizers::models::wordpiece::WordPiece;
 use tokenizers::{Tokenizer, TruncationParams};
 
-pub use trainbook_api::text::Padding;
+pub use trainbook_api::Padding;
 
 /// One encoded text, truncated but not padded.
 #[derive(Clone, Debug, PartialEq, Eq)]

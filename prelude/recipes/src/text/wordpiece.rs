@@ -187,9 +187,9 @@ pub fn read_texts(path: &Path, column: Option<&str>) -> Result<Vec<String>> {
 /// What `TokenizerTrainer::train` does: reads its sources (default: the offline Brown corpus),
 /// trains, saves into `out`.
 pub fn train_and_save(
-    spec: &trainbook_api::tokenizer::TokenizerTrainer,
+    spec: &trainbook_api::TokenizerTrainer,
     out: &Path,
-) -> Result<trainbook_api::tokenizer::TrainedTokenizer> {
+) -> Result<trainbook_api::TrainedTokenizer> {
     let t0 = std::time::Instant::now();
     let sources = if spec.data.is_empty() {
         let brown = crate::assets::brown_txt();
@@ -228,7 +228,7 @@ pub fn train_and_save(
         .map_err(|e| anyhow!("encoding an example: {e}"))?
         .get_tokens()
         .to_vec();
-    Ok(trainbook_api::tokenizer::TrainedTokenizer {
+    Ok(trainbook_api::TrainedTokenizer {
         dir: out.to_path_buf(),
         tokenizer_json,
         vocab_txt,

@@ -34,7 +34,7 @@ pub const HELD_OUT_SPLITS: &[&str] = &["val", "validation", "test"];
 const LAYOUT_HINT: &str =
     "expected root/<class>/<image files>, e.g. hymenoptera_data/train/ants/x.jpg";
 
-pub use trainbook_api::vision::ImageFolder;
+pub use trainbook_api::ImageFolder;
 
 /// Scans `root/<class>/<image files>`. Fails when `root` is missing or not a directory, when it
 /// has no class directories, when no file decodes, or when some class ends up with no valid

@@ -139,7 +139,7 @@ pub fn random_resized_crop_params(
     }
 }
 
-pub use trainbook_api::vision::Augment;
+pub use trainbook_api::Augment;
 
 /// The pixels a transform chose: `crop` of `image`, mirrored left-right when `flip`.
 pub struct Selection<'a> {

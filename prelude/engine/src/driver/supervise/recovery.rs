@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use trainbook_api::job::TrainError;
-use trainbook_api::logs::Stream;
+use trainbook_api::Stream;
+use trainbook_api::TrainError;
 
 use super::rules::{self, Hangs, Hung, Policy, Signature};
 use crate::driver::fold::{how_it_failed, Fold, Signal};

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use trainbook_api::job::{JobUpdate, Restart, TrainError};
+use trainbook_api::{JobUpdate, Restart, TrainError};
 
 use super::recovery::Recovery;
 use super::rules::Decision;

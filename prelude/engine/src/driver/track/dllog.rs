@@ -18,7 +18,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 use trainbook_api::metric;
 
-use trainbook_api::job::{MetricRow, Restart};
+use trainbook_api::{MetricRow, Restart};
 
 use crate::shared::events::WorkerSummary;
 

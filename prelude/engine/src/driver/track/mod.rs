@@ -11,7 +11,7 @@ mod tensorboard;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use trainbook_api::job::{JobStatus, MetricRow, Restart};
+use trainbook_api::{JobStatus, MetricRow, Restart};
 
 use super::handle::JobState;
 use crate::shared::checkpoint;

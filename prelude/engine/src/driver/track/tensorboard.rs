@@ -23,8 +23,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use trainbook_api::job::{JobStatus, MetricRow, Restart};
 use trainbook_api::metric;
+use trainbook_api::{JobStatus, MetricRow, Restart};
 
 use crate::driver::handle::JobState;
 

@@ -19,7 +19,7 @@ use tch::Tensor;
 use crate::shared::env::{AGENT_STORE, ATTEMPT, NODE_ADDR};
 use crate::shared::ffi::call;
 
-pub(crate) use trainbook_api::device::Backend;
+pub(crate) use trainbook_api::Backend;
 
 /// Whether this build can create NCCL process groups (the `cuda` feature).
 pub(crate) fn have_nccl() -> bool {

@@ -97,10 +97,10 @@ pub fn for_job(
 
 /// What `CorpusPreparer::prepare` and `trainbook prepare` do.
 pub fn prepare_spec(
-    spec: &trainbook_api::corpus::CorpusPreparer,
+    spec: &trainbook_api::CorpusPreparer,
     out: &Path,
     progress: &mut dyn FnMut(&Progress) -> Result<()>,
-) -> Result<trainbook_api::corpus::PreparedCorpus> {
+) -> Result<trainbook_api::PreparedCorpus> {
     if !(0.0..1.0).contains(&spec.eval_fraction) {
         anyhow::bail!(
             "eval_fraction {} must be at least 0 and below 1 (0.05 holds out every 20th text; 0 none)",
@@ -144,7 +144,7 @@ pub fn prepare_spec(
     };
     let sum = |f: fn(&layout::ShardRecord) -> u64| records.iter().map(f).sum::<u64>();
     let (train_tokens, eval_tokens) = (sum(|r| r.train.tokens), sum(|r| r.eval.tokens));
-    Ok(trainbook_api::corpus::PreparedCorpus {
+    Ok(trainbook_api::PreparedCorpus {
         dir: std::fs::canonicalize(out).unwrap_or(out.to_path_buf()),
         texts,
         train_tokens,

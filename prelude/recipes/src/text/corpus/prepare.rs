@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use super::layout::*;
 use super::source::Corpus;
 use crate::text::tokenizer::TextTokenizer;
-pub use trainbook_api::corpus::PrepareProgress as Progress;
+pub use trainbook_api::PrepareProgress as Progress;
 
 /// Default bytes of text tokenised at a time.
 pub const BATCH_BYTES: usize = 4 << 20;

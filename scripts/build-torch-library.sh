@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds target/release/libtrainbook_prelude.so, the shared library the Jupyter kernel loads
+# Builds target/release/libtrainbook_torch.so, the shared library the Jupyter kernel loads
 # into the process that runs notebook cells (trainbook's engine), and puts beside it, as
 # target/release/cells/libtrainbook_api.rlib, the exact build of trainbook-api inside that
 # library: cells compile against it (`use trainbook::prelude::*`), and values cross between
@@ -27,46 +27,46 @@ fi
 # (prelude/dylib/Cargo.toml pins them). Drift would silently compile a second copy of much of
 # the dependency graph, so name it instead.
 tree() { ${CARGO:-cargo} tree -q -e normal,build -f '{p} {f}' --prefix none "${features[@]}" "$@" | sed 's/ (\*)$//' | sort -u; }
-drift=$(comm -23 <(tree -p trainbook-prelude | grep -v '^trainbook-prelude ') <(tree))
+drift=$(comm -23 <(tree -p trainbook-torch | grep -v '^trainbook-torch ') <(tree))
 if [ -n "$drift" ]; then
-    echo "build-prelude: the prelude dylib resolves other features than the workspace build for:" >&2
+    echo "build-torch-library: the trainbook_torch library resolves other features than the workspace build for:" >&2
     echo "$drift" | sed 's/^/  /' >&2
     echo "add the workspace's features of these crates to prelude/dylib/Cargo.toml (see \`cargo tree -e features -i CRATE\`)" >&2
     exit 1
 fi
-messages=$(${CARGO:-cargo} rustc --release -p trainbook-prelude --lib "${features[@]}" \
+messages=$(${CARGO:-cargo} rustc --release -p trainbook-torch --lib "${features[@]}" \
     --message-format=json-render-diagnostics -- -C prefer-dynamic \
     -C "link-arg=-Wl,--version-script=$root/prelude/dylib/export-torch.map")
 api=$(printf '%s\n' "$messages" | grep '"reason":"compiler-artifact"' | grep '"name":"trainbook_api"' \
     | grep -o '"[^"]*/libtrainbook_api-[0-9a-f]*\.rlib"' | tr -d '"' | head -n 1)
 if [ -z "$api" ] || [ ! -f "$api" ]; then
-    echo "build-prelude: cargo reported no trainbook-api rlib for the prelude library" >&2
+    echo "build-torch-library: cargo reported no trainbook-api rlib for the trainbook_torch library" >&2
     exit 1
 fi
 mkdir -p target/release/cells
 cp -f "$api" target/release/cells/libtrainbook_api.rlib
 
-# Cells that name `trainbook_torch` (tch and custom tasks) link the prelude library itself, and
+# Cells that name `trainbook_torch` (tch and custom tasks) link the trainbook_torch library itself, and
 # with it the native libraries it needs (libtorch's, HDF5's): their directories, as the build
 # scripts (torch-sys', hdf5-sys') found them.
 printf '%s\n' "$messages" | grep '"reason":"build-script-executed"' \
     | grep -o '"native=[^"]*"' | sed 's/^"native=//; s/"$//' | sort -u > target/release/cells/native-dirs
 if ! grep -q . target/release/cells/native-dirs || ! printf '%s\n' "$messages" | grep '"package_id":"[^"]*torch-sys' | grep -q '"native='; then
-    echo "build-prelude: cargo reported no libtorch library directory (torch-sys's linked paths)" >&2
+    echo "build-torch-library: cargo reported no libtorch library directory (torch-sys's linked paths)" >&2
     exit 1
 fi
 
 # trainbook-cell-worker: the worker program of tasks defined in notebook cells. It links the
-# prelude library dynamically, as the cells do, so the cell library it loads finds the same
+# trainbook_torch library dynamically, as the cells do, so the cell library it loads finds the same
 # (single) copy of trainbook and its statics.
 sysroot_lib="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib"
 worker=target/release/trainbook-cell-worker
-if [ ! -x "$worker" ] || [ "$worker" -ot target/release/libtrainbook_prelude.so ] \
+if [ ! -x "$worker" ] || [ "$worker" -ot target/release/libtrainbook_torch.so ] \
     || [ "$worker" -ot prelude/dylib/cell_worker.rs ]; then
     native=()
     while read -r d; do native+=(-L "native=$d"); done < target/release/cells/native-dirs
     rustc --edition 2021 -C opt-level=2 -C prefer-dynamic \
-        --extern trainbook_prelude=target/release/libtrainbook_prelude.so \
+        --extern trainbook_torch=target/release/libtrainbook_torch.so \
         -L dependency=target/release/deps "${native[@]}" \
         -C "link-arg=-Wl,-rpath,$root/target/release:$sysroot_lib" \
         -o "$worker.tmp" prelude/dylib/cell_worker.rs
