@@ -35,7 +35,7 @@ pub fn plan_memory(
     recipes: &Registry,
 ) -> anyhow::Result<Option<trainbook_api::MemoryPlan>> {
     match recipes.job_kind(&spec.recipe)? {
-        worker::jobs::JobKind::Recipe(entry) => driver::memory::plan(entry, spec, hyper, device),
+        worker::jobs::JobKind::Recipe(entry) => worker::memory::plan(entry, spec, hyper, device),
         _ => Ok(None),
     }
 }

@@ -19,7 +19,6 @@ mod drive;
 mod fold;
 mod handle;
 mod incoming;
-pub(crate) mod memory;
 pub(crate) mod metrics;
 pub(crate) mod placement;
 pub(crate) mod processes;

@@ -136,7 +136,7 @@ pub(super) fn host(
     let device = placement::resolve(spec.device, spec.workers)?;
     // A job that cannot fit its devices fails here, before its run directory exists.
     if let (Some(h), JobKind::Recipe(entry)) = (&hyper, recipes.job_kind(&spec.recipe)?) {
-        super::memory::check(entry, &spec, h, device)?;
+        crate::worker::memory::check(entry, &spec, h, device)?;
     }
     let run_dir = create_run_dir(&spec, None)?;
     let start = StartInfo {

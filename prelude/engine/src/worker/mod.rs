@@ -20,6 +20,7 @@ pub(crate) mod dist;
 mod grad_hooks;
 mod heartbeat;
 pub(crate) mod jobs;
+pub(crate) mod memory;
 mod optim;
 mod precision;
 mod profiler;

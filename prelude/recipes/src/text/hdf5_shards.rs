@@ -53,7 +53,7 @@ pub fn is_hdf5_dir(dir: &Path) -> bool {
 }
 
 fn shard_files(dir: &Path) -> Vec<PathBuf> {
-    super::corpus::source::files_with_extensions(dir, EXTENSIONS).unwrap_or_default()
+    super::corpus::read::files_with_extensions(dir, EXTENSIONS).unwrap_or_default()
 }
 
 fn shape(file: &hdf5::File, path: &Path, field: &str) -> Result<Option<Vec<usize>>> {

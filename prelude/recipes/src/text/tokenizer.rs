@@ -6,8 +6,12 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use tch::Tensor;
+use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::wordpiece::WordPiece;
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::normalizers::bert::BertNormalizer;
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+use tokenizers::processors::bert::BertProcessing;
+use tokenizers::{Model, Tokenizer, TruncationParams};
 
 pub use trainbook_api::Padding;
 
@@ -186,7 +190,27 @@ fn wordpiece(vocab: &Path, lowercase: bool) -> Result<Tokenizer> {
         .unk_token("[UNK]".into())
         .build()
         .map_err(|e| anyhow!("reading {path}: {e}"))?;
-    super::wordpiece::bert_pipeline(model, lowercase).with_context(|| format!("reading {path}"))
+    bert_pipeline(model, lowercase).with_context(|| format!("reading {path}"))
+}
+
+/// BERT's tokenizer pipeline around a WordPiece model (trained, or read from `vocab.txt`).
+pub fn bert_pipeline(model: WordPiece, lowercase: bool) -> Result<Tokenizer> {
+    let id = |t: &str| {
+        model.token_to_id(t).ok_or_else(|| {
+            anyhow!("the vocabulary has no {t} token: is it a BERT (WordPiece) vocabulary?")
+        })
+    };
+    let (cls, sep) = (id("[CLS]")?, id("[SEP]")?);
+    let mut tok = Tokenizer::new(model);
+    tok.with_normalizer(Some(BertNormalizer::new(true, true, None, lowercase)))
+        .map_err(|e| anyhow!("setting BERT's normaliser: {e}"))?
+        .with_pre_tokenizer(Some(BertPreTokenizer))
+        .with_decoder(Some(WordPieceDecoder::default()))
+        .with_post_processor(Some(BertProcessing::new(
+            ("[SEP]".into(), sep),
+            ("[CLS]".into(), cls),
+        )));
+    Ok(tok)
 }
 
 #[cfg(test)]

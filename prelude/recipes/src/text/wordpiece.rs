@@ -13,15 +13,14 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainer};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
-use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{AddedToken, Model, Tokenizer};
 
 use super::dataset::read_table;
+use super::tokenizer::bert_pipeline;
 
 /// BERT's special tokens, in the order that gives them ids 0–4.
 pub const SPECIAL_TOKENS: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
@@ -65,26 +64,6 @@ impl WordPieceSettings {
         }
         Ok(())
     }
-}
-
-/// BERT's tokenizer pipeline around a WordPiece model (trained, or read from `vocab.txt`).
-pub fn bert_pipeline(model: WordPiece, lowercase: bool) -> Result<Tokenizer> {
-    let id = |t: &str| {
-        model.token_to_id(t).ok_or_else(|| {
-            anyhow!("the vocabulary has no {t} token: is it a BERT (WordPiece) vocabulary?")
-        })
-    };
-    let (cls, sep) = (id("[CLS]")?, id("[SEP]")?);
-    let mut tok = Tokenizer::new(model);
-    tok.with_normalizer(Some(BertNormalizer::new(true, true, None, lowercase)))
-        .map_err(|e| anyhow!("setting BERT's normaliser: {e}"))?
-        .with_pre_tokenizer(Some(BertPreTokenizer))
-        .with_decoder(Some(WordPieceDecoder::default()))
-        .with_post_processor(Some(BertProcessing::new(
-            ("[SEP]".into(), sep),
-            ("[CLS]".into(), cls),
-        )));
-    Ok(tok)
 }
 
 /// Trains a WordPiece vocabulary on `texts`. As with Hugging Face's trainer, the vocabulary is

@@ -19,7 +19,7 @@ use polars_arrow::io::ipc::read::{
     read_file_metadata, read_stream_metadata, FileReader, StreamReader, StreamState,
 };
 
-use super::source::{missing_column, Push};
+use super::read::{missing_column, Push};
 
 /// The split a `DatasetDict` is read from (the one pre-training reads; a job holds out its
 /// own evaluation share).

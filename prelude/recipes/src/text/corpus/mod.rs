@@ -14,6 +14,7 @@ mod arrow;
 pub mod layout;
 pub mod mapped;
 pub mod prepare;
+pub(crate) mod read;
 pub mod source;
 
 use std::hash::{Hash, Hasher};

@@ -13,6 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use polars::prelude::*;
 
 use super::arrow::{hf_dataset_files, is_hf_dataset, read_arrow};
+use super::read::{files_with_extensions, missing_column, Push};
 
 /// File types a corpus is read from.
 pub const CORPUS_EXTENSIONS: &[&str] = &[
@@ -117,23 +118,6 @@ fn saved_datasets(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
-/// The files of `dir` whose extension is one of `extensions` (any case), in name order.
-pub fn files_with_extensions(dir: &Path, extensions: &[&str]) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading the directory {}", dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.is_file()
-                && p.extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| extensions.contains(&e.to_ascii_lowercase().as_str()))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
 struct Batcher {
     texts: Vec<String>,
     bytes: usize,
@@ -170,8 +154,6 @@ impl Batcher {
         each(std::mem::take(&mut self.texts), done)
     }
 }
-
-pub(super) type Push<'a> = dyn FnMut(String, u64) -> Result<()> + 'a;
 
 fn read_file(path: &Path, column: &str, push: &mut Push) -> Result<()> {
     let ext = path
@@ -380,15 +362,6 @@ fn read_parquet(path: &Path, column: &str, push: &mut Push) -> Result<()> {
 fn no_column(path: &Path, df: &DataFrame, column: &str) -> anyhow::Error {
     let names: Vec<&str> = df.get_column_names().iter().map(|n| n.as_str()).collect();
     missing_column(path, &names, column)
-}
-
-/// A table at `path` with the columns `names` has no `column`.
-pub(super) fn missing_column(path: &Path, names: &[&str], column: &str) -> anyhow::Error {
-    anyhow!(
-        "{} has no column '{column}': its columns are {}; choose one with text_column",
-        path.display(),
-        names.join(", ")
-    )
 }
 
 /// The text column `column` of a table read from `path`, or an error naming the columns there

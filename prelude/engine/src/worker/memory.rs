@@ -23,9 +23,9 @@ use trainbook_api::DeviceKind;
 use trainbook_api::{plumbing::parse_bytes, Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
 use trainbook_api::{Hyper, JobSpec, OptimizerKind, Precision};
 
-use crate::worker::ddp;
-use crate::worker::recipe::{FootprintFn, Layout, RecipeEntry};
-use crate::worker::zero::IN_FLIGHT;
+use super::ddp;
+use super::recipe::{FootprintFn, Layout, RecipeEntry};
+use super::zero::IN_FLIGHT;
 
 const F32: u64 = 4;
 const MIB: u64 = 1 << 20;
