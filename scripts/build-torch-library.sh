@@ -14,15 +14,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-# The features `make build` gives the workspace (see the Makefile): cuda, and hpu, whose worker
-# side (the Gaudi bridge) is in this library too, so tasks defined in cells train on Gaudi.
-features=()
-if [ "$(cat .libtorch/cuda 2>/dev/null)" = 1 ]; then features+=(--features trainbook/cuda); fi
-if [ -s .libtorch/hpu-python ]; then
-    features+=(--features trainbook/hpu)
-    PYO3_PYTHON=$(cat .libtorch/hpu-python)
-    export PYO3_PYTHON
-fi
+# The features `make build` gives the workspace: cuda, and hpu, whose worker side (the Gaudi
+# bridge) is in this library too, so tasks defined in cells train on Gaudi.
+source scripts/cargo-features.sh
 # The dylib reuses the workspace build only if both resolve the same dependency features
 # (prelude/dylib/Cargo.toml pins them). Drift would silently compile a second copy of much of
 # the dependency graph, so name it instead.

@@ -1,10 +1,66 @@
 //! Memory per rank at the end of a run: what the parameters, gradients, optimizer state and
 //! communication buffers take, and the peak. Where ZeRO pays off is visible at a glance: the
-//! optimizer-state column shrinks to 1/W.
+//! optimizer-state column shrinks to 1/W. A job of many ranks stays a short table: beyond
+//! [`MAX_ROWS`] ranks, ranks whose parts are the same share a row (their peaks as a range).
 
 pub use trainbook_api::MemoryUse;
 
+use trainbook_api::plumbing::format_ranks;
+
 use crate::grid::{Grid, Row};
+
+/// Most rows the table has, however many ranks the job had.
+pub const MAX_ROWS: usize = 16;
+
+/// One row of the table: the ranks it stands for, their parts (those of its first rank; the
+/// same for all of them unless `mixed`), and the lowest and highest peak among them.
+struct Group<'a> {
+    ranks: Vec<usize>,
+    parts: &'a MemoryUse,
+    mixed: bool,
+    peaks: (u64, u64),
+}
+
+/// The table's rows: one per rank up to [`MAX_ROWS`] ranks; beyond, one per set of equal
+/// parts, and the sets past the first `MAX_ROWS - 1` in one last row.
+fn groups(rows: &[MemoryUse]) -> Vec<Group<'_>> {
+    let key = |r: &MemoryUse| (r.parameters, r.gradients, r.optimizer_state, r.buffers);
+    let mut out: Vec<Group> = Vec::new();
+    for r in rows {
+        let same = (rows.len() > MAX_ROWS)
+            .then(|| out.iter().position(|g| key(g.parts) == key(r)))
+            .flatten()
+            .or_else(|| (out.len() >= MAX_ROWS).then_some(MAX_ROWS - 1));
+        match same {
+            Some(i) => {
+                let g = &mut out[i];
+                g.mixed |= key(g.parts) != key(r);
+                g.ranks.push(r.rank);
+                // A peak of 0 is one that could not be read: not the lowest.
+                let low = match (g.peaks.0, r.peak) {
+                    (0, p) | (p, 0) => p,
+                    (a, b) => a.min(b),
+                };
+                g.peaks = (low, g.peaks.1.max(r.peak));
+            }
+            None => out.push(Group {
+                ranks: vec![r.rank],
+                parts: r,
+                mixed: false,
+                peaks: (r.peak, r.peak),
+            }),
+        }
+    }
+    out
+}
+
+fn peak_cell(g: &Group) -> String {
+    match g.peaks {
+        (_, 0) => "–".into(),
+        (lo, hi) if lo == hi => format_bytes(hi),
+        (lo, hi) => format!("{}–{}", format_bytes(lo), format_bytes(hi)),
+    }
+}
 
 /// Bytes in the unit people read them in: `512 B`, `3.4 MiB`, `1.25 GiB`.
 pub fn format_bytes(b: u64) -> String {
@@ -37,21 +93,24 @@ fn grid(rows: &[MemoryUse]) -> Grid {
     ];
     Grid {
         columns: columns.iter().map(|c| c.to_string()).collect(),
-        rows: rows
+        rows: groups(rows)
             .iter()
-            .map(|r| {
-                let peak = if r.peak > 0 {
-                    format_bytes(r.peak)
-                } else {
-                    "–".into()
+            .map(|g| {
+                let r = g.parts;
+                let part = |b: u64| {
+                    if g.mixed {
+                        "…".to_string()
+                    } else {
+                        format_bytes(b)
+                    }
                 };
                 Row::Cells(vec![
-                    r.rank.to_string(),
-                    format_bytes(r.parameters),
-                    format_bytes(r.gradients),
-                    format_bytes(r.optimizer_state),
-                    format_bytes(r.buffers),
-                    peak,
+                    format_ranks(&g.ranks),
+                    part(r.parameters),
+                    part(r.gradients),
+                    part(r.optimizer_state),
+                    part(r.buffers),
+                    peak_cell(g),
                 ])
             })
             .collect(),
@@ -122,5 +181,52 @@ mod tests {
         );
         assert_eq!(memory_text(&[]), "");
         assert_eq!(memory_html(&[]), "");
+    }
+
+    #[test]
+    fn a_thousand_ranks_make_a_short_table() {
+        // ZeRO-1 over 1,024 ranks: the last rank's optimizer shard is smaller; peaks vary.
+        let rows: Vec<MemoryUse> = (0..1024)
+            .map(|rank| MemoryUse {
+                rank,
+                parameters: 420 << 20,
+                gradients: 420 << 20,
+                optimizer_state: if rank == 1023 { 1 << 20 } else { 2 << 20 },
+                buffers: 25 << 20,
+                peak: (3 << 30) + rank as u64 * (1 << 20),
+                peak_of: "rss".into(),
+            })
+            .collect();
+        let text = memory_text(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(
+            lines[2].trim_start().starts_with("0-1022")
+                && lines[2].contains("2.0 MiB")
+                && lines[2].contains("3.00 GiB–4.00 GiB"),
+            "{text}"
+        );
+        assert!(
+            lines[3].trim_start().starts_with("1023") && lines[3].contains("1.0 MiB"),
+            "{text}"
+        );
+        assert!(memory_html(&rows).len() < 4096);
+
+        // Every rank different: the first 15 alone, the rest in one row whose parts are mixed.
+        let apart: Vec<MemoryUse> = (0..100)
+            .map(|rank| MemoryUse {
+                rank,
+                optimizer_state: rank as u64,
+                ..rows[0].clone()
+            })
+            .collect();
+        let text = memory_text(&apart);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2 + MAX_ROWS, "{text}");
+        let last = lines.last().unwrap();
+        assert!(
+            last.trim_start().starts_with("15-99") && last.contains('…'),
+            "{text}"
+        );
     }
 }

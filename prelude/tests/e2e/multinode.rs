@@ -159,14 +159,19 @@ fn two_nodes_train_like_one() {
         format!("{}-node1", run0.file_name().unwrap().to_string_lossy())
     );
 
-    let one = finish(start(&job_args("1", "20"), &[]), Duration::from_secs(120));
+    trains_like_one_worker(&s0, &job_args("1", "20"));
+}
+
+/// The job `one` (one node, one worker) ends with the parameters of `summary`'s job (1e-5).
+fn trains_like_one_worker(summary: &serde_json::Value, one: &[String]) {
+    let one = finish(start(one, &[]), Duration::from_secs(120));
     assert!(
         one.status.success(),
         "{}",
         String::from_utf8_lossy(&one.stderr)
     );
     let max_diff = crate::common::max_abs_diff(
-        &checkpoint(&s0).join("model.safetensors"),
+        &checkpoint(summary).join("model.safetensors"),
         &checkpoint(&last_json(&one)).join("model.safetensors"),
     );
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
@@ -497,4 +502,79 @@ fn real_mpirun_starts_a_two_node_job() {
         serde_json::from_str(read("node0.out").lines().last().unwrap_or_default()).unwrap();
     assert_eq!(s0["status"], "succeeded");
     assert_eq!(s0["workers"], 2);
+}
+
+/// 16 ranks for real: 8 nodes (each its own driver on its own loopback address, 127.0.0.2 to
+/// 127.0.0.9) x 2 workers end where 1 worker ends with the same global batch, and node 0
+/// tells the whole job. The rendezvous, the event stream and the drivers' node checks at a
+/// size no other test reaches.
+#[test]
+fn eight_nodes_of_two_workers_train_like_one() {
+    const NODES: usize = 8;
+    let port = free_port();
+    let job = |workers: &str| {
+        let mut a = job_args(workers, "10");
+        let batch = a.iter().position(|s| s == "--global-batch-size").unwrap() + 1;
+        a[batch] = "16".into();
+        a
+    };
+    let node_args = |k: usize| {
+        let mut a = job("2");
+        a.extend(
+            [
+                "--nnodes",
+                &NODES.to_string(),
+                "--node-rank",
+                &k.to_string(),
+                "--master-addr",
+                NODE0,
+                "--master-port",
+                &port.to_string(),
+                "--node-addr",
+                &format!("127.0.0.{}", k + 2),
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    // Nodes 7..1 first, waiting for node 0's rendezvous like nodes booted early.
+    let others: Vec<Child> = (1..NODES)
+        .rev()
+        .map(|k| start(&node_args(k), &[]))
+        .collect();
+    let n0 = start(&node_args(0), &[]);
+    let out0 = finish(n0, Duration::from_secs(240));
+    let outs: Vec<Output> = others
+        .into_iter()
+        .map(|c| finish(c, Duration::from_secs(60)))
+        .collect();
+    let err0 = String::from_utf8_lossy(&out0.stderr);
+    assert!(out0.status.success(), "node 0 failed: {err0}");
+    for (i, out) in outs.iter().enumerate() {
+        let k = NODES - 1 - i;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "node {k} failed: {err}");
+        let first = 2 * k;
+        assert!(
+            err.contains(&format!(
+                "node {k} of {NODES}, ranks {first}-{} of 16",
+                first + 1
+            )),
+            "{err}"
+        );
+    }
+    let s0 = last_json(&out0);
+    assert_eq!(s0["status"], "succeeded");
+    assert_eq!(s0["workers"], 16);
+    assert_eq!(s0["steps"], 10);
+    let run0 = PathBuf::from(s0["run_dir"].as_str().unwrap());
+    for rank in [0, 7, 15] {
+        let log = std::fs::read_to_string(run0.join(format!("logs/rank{rank}.log"))).unwrap();
+        assert!(
+            log.contains("loss"),
+            "rank {rank}'s lines reach node 0: {log}"
+        );
+    }
+
+    trains_like_one_worker(&s0, &job("1"));
 }
