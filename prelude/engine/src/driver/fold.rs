@@ -14,6 +14,7 @@ use trainbook_api::{JobStatus, JobUpdate, LogRecord, MetricRow, Progress, TrainE
 
 use super::dedup::Deduplicator;
 use super::handle::JobState;
+use super::history::{Thinning, OTHER_RANK_ROWS};
 use super::incoming::Incoming;
 use super::metrics;
 use super::processes::{Exit, RawOutput};
@@ -65,6 +66,8 @@ pub(super) struct Fold<'a> {
     pub(super) forward: Option<Emitter>,
     /// This node joined node 0's job (its workers' events go to node 0).
     pub(super) joined: bool,
+    /// How the job's metric rows stay bounded (see `history`).
+    thinning: Thinning,
 }
 
 impl<'a> Fold<'a> {
@@ -92,6 +95,7 @@ impl<'a> Fold<'a> {
             },
             forward,
             joined,
+            thinning: Thinning::new(OTHER_RANK_ROWS),
         }
     }
 
@@ -152,7 +156,8 @@ impl<'a> Fold<'a> {
         if row.rank == 0 {
             self.trackers.metric(&row);
         }
-        self.job.lock().metrics.push(row.clone());
+        self.thinning
+            .push(&mut self.job.lock().metrics, row.clone());
         self.job.publish(JobUpdate::Metric(row));
     }
 
@@ -427,6 +432,7 @@ pub(super) mod tests {
             trackers: Trackers::none(),
             forward: None,
             joined: false,
+            thinning: Thinning::new(OTHER_RANK_ROWS),
         }
     }
 

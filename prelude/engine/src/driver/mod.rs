@@ -18,6 +18,7 @@ pub(crate) mod dedup;
 mod drive;
 mod fold;
 mod handle;
+mod history;
 mod incoming;
 pub(crate) mod metrics;
 pub(crate) mod placement;
