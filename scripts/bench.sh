@@ -49,12 +49,14 @@
 # y: the memory plan against measured peaks (bench/memory_plan.py): bert-mlm on 2 CPU workers
 #    from a 2-layer to BERT-large, ZeRO 0/1/2, activation checkpointing, fp32/bf16; the levers'
 #    savings; a markdown table on stderr
+# l: the driver under 1,024 simulated ranks (bench/driver_load.sh): start time, the driver's CPU
+#    and memory, event latency, the dashboard's size, de-duplication; BENCH_LOAD_RANKS (1024)
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y l)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -227,6 +229,9 @@ fi
 if has x; then
   cargo build -q --release -p trainbook $features --bins
   .venv/bin/python bench/async_checkpoint.py --rounds "${BENCH_CKPT_ROUNDS:-2}"
+fi
+if has l; then
+  bench/driver_load.sh "${BENCH_LOAD_RANKS:-1024}"
 fi
 
 python3 - "$out" <<'PY'
