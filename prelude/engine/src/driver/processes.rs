@@ -490,25 +490,18 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::sync::mpsc;
 
-    /// Workers that print 3,000 numbered lines on stdout (more than a pipe holds), one line on
-    /// stderr, and a last stdout line without a newline.
-    fn script(dir: &Path) -> PathBuf {
-        let path = dir.join("worker.sh");
-        std::fs::write(
-            &path,
-            "#!/bin/sh\ni=1\nwhile [ $i -le 3000 ]; do echo \"line $i of rank $RANK\"; i=$((i+1)); done\n\
-             echo \"warning from $RANK\" >&2\nprintf 'no newline'\n",
-        )
-        .unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
-
-    #[test]
-    fn one_reader_hands_on_every_line_of_every_worker_in_order() {
-        let dir = std::env::temp_dir().join(format!("trainbook-output-{}", std::process::id()));
+    /// Four workers running the shell script `body` (with RANK set), their output sent to
+    /// `out`; and the folder that holds the script (remove it at the end).
+    fn four_workers(
+        name: &str,
+        body: &str,
+        out: impl Fn(RawOutput) -> bool + Clone + Send + 'static,
+    ) -> (Workers, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("trainbook-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let program = script(&dir);
+        let program = dir.join("worker.sh");
+        std::fs::write(&program, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cmds: Vec<WorkerCommand> = (0..4)
             .map(|rank| WorkerCommand {
                 rank,
@@ -517,13 +510,32 @@ mod tests {
                 cwd: dir.clone(),
             })
             .collect();
-        let (tx, rx) = mpsc::channel();
-        let mut workers = Workers::spawn(cmds, move |o| tx.send(o).is_ok()).unwrap();
+        (Workers::spawn(cmds, out).unwrap(), dir)
+    }
+
+    /// Polls until every worker has exited; their exits.
+    fn reap(workers: &mut Workers) -> Vec<Exit> {
+        let mut exits = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(30);
         while !workers.all_exited() && Instant::now() < deadline {
-            workers.poll();
+            exits.extend(workers.poll());
             thread::sleep(Duration::from_millis(10));
         }
+        exits
+    }
+
+    #[test]
+    fn one_reader_hands_on_every_line_of_every_worker_in_order() {
+        // 3,000 numbered lines on stdout (more than a pipe holds), one line on stderr, and a
+        // last stdout line without a newline.
+        let (tx, rx) = mpsc::channel();
+        let (mut workers, dir) = four_workers(
+            "output",
+            "i=1\nwhile [ $i -le 3000 ]; do echo \"line $i of rank $RANK\"; i=$((i+1)); done\n\
+             echo \"warning from $RANK\" >&2\nprintf 'no newline'\n",
+            move |o| tx.send(o).is_ok(),
+        );
+        reap(&mut workers);
         workers.join_readers(Duration::from_secs(10));
         let mut lines: Vec<Vec<String>> = vec![Vec::new(); 4];
         let mut errors: Vec<Vec<String>> = vec![Vec::new(); 4];
@@ -544,32 +556,12 @@ mod tests {
 
     #[test]
     fn exits_are_reaped_with_their_codes_and_signals() {
-        let dir = std::env::temp_dir().join(format!("trainbook-exits-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let program = dir.join("worker.sh");
-        std::fs::write(
-            &program,
-            "#!/bin/sh
-case $RANK in 0) exit 0;; 1) exit 3;; 2) kill -9 $$;; *) sleep 0.3; exit 7;; esac
-",
-        )
-        .unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let cmds: Vec<WorkerCommand> = (0..4)
-            .map(|rank| WorkerCommand {
-                rank,
-                program: program.clone(),
-                env: vec![("RANK".into(), rank.to_string())],
-                cwd: dir.clone(),
-            })
-            .collect();
-        let mut workers = Workers::spawn(cmds, |_| true).unwrap();
-        let mut exits = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !workers.all_exited() && Instant::now() < deadline {
-            exits.extend(workers.poll());
-            thread::sleep(Duration::from_millis(10));
-        }
+        let (mut workers, dir) = four_workers(
+            "exits",
+            "case $RANK in 0) exit 0;; 1) exit 3;; 2) kill -9 $$;; *) sleep 0.3; exit 7;; esac\n",
+            |_| true,
+        );
+        let mut exits = reap(&mut workers);
         exits.sort_by_key(|e| e.rank);
         let seen: Vec<(usize, Option<i32>, Option<i32>)> =
             exits.iter().map(|e| (e.rank, e.code, e.signal)).collect();
