@@ -11,9 +11,9 @@ export LIBTORCH=$root/.libtorch
 source scripts/cargo-features.sh
 cargo build --release -q -p trainbook-simworker
 export TRAINBOOK_WORKER=$root/target/release/trainbook-simworker
-# Each worker holds two pipes to the driver and one socket: raise the open-file limit to what
-# the hard limit allows.
-ulimit -n "$(ulimit -Hn)"
+# Each worker holds two pipes to the driver and one socket; the driver raises its own soft limit
+# of open files to the hard one. TRAINBOOK_SIM_NOFILE=1024 starts it at the usual default.
+ulimit -Sn "${TRAINBOOK_SIM_NOFILE:-$(ulimit -Hn)}"
 export TRAINBOOK_RUNS=${TRAINBOOK_RUNS:-${TMPDIR:-/tmp}/trainbook-driver-load}
 cargo bench -q -p trainbook --bench driver_load "${features[@]}" -- "$@"
 rm -rf "$TRAINBOOK_RUNS"

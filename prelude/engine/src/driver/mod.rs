@@ -71,6 +71,7 @@ pub fn validate(spec: &JobSpec, recipes: &Registry) -> Result<()> {
 /// resolved configuration (its [`Job`] shows its own workers' output and how they ended).
 pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     validate(&spec, recipes)?;
+    processes::raise_open_file_limit();
     let program = match recipes.job_kind(&spec.recipe)? {
         JobKind::Task => crate::worker::task::worker_program(&spec)?,
         _ => (processes::worker_binary()?, Vec::new()),

@@ -61,6 +61,54 @@ pub(crate) fn worker_binary() -> Result<PathBuf> {
     })
 }
 
+/// Raises this process's soft limit of open files to its hard limit (once). A driver holds
+/// two pipes and a log file per worker, and node 0 an event connection per rank of the job:
+/// 1,024 ranks need over 3,000 descriptors, and the usual soft limit is 1,024 (the hard one
+/// far higher), so a job of 1,024 ranks failed at its 333rd worker.
+pub(crate) fn raise_open_file_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let (soft, hard) = open_file_limits();
+        if soft < hard {
+            set_open_file_limit(hard);
+        }
+    });
+}
+
+/// This process's soft and hard limits of open files.
+fn open_file_limits() -> (libc::rlim_t, libc::rlim_t) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct passed, nothing else.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (lim.rlim_cur, lim.rlim_max)
+}
+
+/// Sets the soft limit of open files (at most the hard one).
+fn set_open_file_limit(soft: libc::rlim_t) {
+    let (_, hard) = open_file_limits();
+    let lim = libc::rlimit {
+        rlim_cur: soft.min(hard),
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit reads the struct passed, nothing else.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
+/// What to say when a worker cannot start for want of file descriptors.
+fn open_file_hint(e: &std::io::Error) -> String {
+    if e.raw_os_error() != Some(libc::EMFILE) {
+        return String::new();
+    }
+    format!(
+        " This process may hold {} open files, and each worker takes three: raise the limit \\
+         (`ulimit -n`, or LimitNOFILE= for a service) or start fewer workers on this node.",
+        open_file_limits().0
+    )
+}
+
 /// One worker to start.
 #[derive(Clone)]
 pub(crate) struct WorkerCommand {
@@ -185,6 +233,10 @@ impl Workers {
                 Ok(c) => c,
                 Err(e) => {
                     me.stop(STOP_GRACE);
+                    let hint = open_file_hint(&e);
+                    if !hint.is_empty() {
+                        bail!("worker {} could not start: {e}.{hint}", wc.rank);
+                    }
                     bail!(
                         "worker {} could not start: {}: {e}. Check that the worker binary exists and \
                          is executable (set TRAINBOOK_WORKER to override it)",
@@ -575,5 +627,21 @@ mod tests {
             ]
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_soft_limit_of_open_files_is_raised_and_running_out_is_explained() {
+        // Lowering this process's limit here would starve the tests running beside it; the
+        // raise from a lower soft limit is checked by bench/driver_load.sh (docs/benchmarks.md).
+        raise_open_file_limit();
+        let (soft, hard) = open_file_limits();
+        assert_eq!(soft, hard);
+        let err = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert!(open_file_hint(&err).contains(&format!("may hold {soft} open files")));
+        assert!(open_file_hint(&err).contains("ulimit -n"));
+        assert_eq!(
+            open_file_hint(&std::io::Error::from_raw_os_error(libc::ENOENT)),
+            ""
+        );
     }
 }
