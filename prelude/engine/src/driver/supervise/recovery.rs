@@ -27,6 +27,8 @@ const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(2500);
 /// How often another node’s driver says it is alive, and the silence that means it is lost.
 const NODE_ALIVE_EVERY: Duration = Duration::from_secs(1);
 const NODE_LOST_AFTER: Duration = Duration::from_millis(2000);
+/// How often the watch loop checks pulses and exits while events keep coming.
+const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// How long node 0 waits, once its own workers are done, for other nodes’ `done` events.
 const REMOTE_DONE_WAIT: Duration = Duration::from_secs(10);
 
@@ -206,6 +208,7 @@ impl Recovery {
     pub(in crate::driver) fn watch(&mut self, fold: &mut Fold, workers: &mut Workers) -> bool {
         let mut stopped_by_user = false;
         let mut polled = Instant::now();
+        let mut checked = Instant::now() - CHECK_EVERY;
         while !workers.all_exited() {
             self.receive(fold, Duration::from_millis(20));
             fold.flush_dedup(false);
@@ -230,6 +233,12 @@ impl Recovery {
                 workers.stop(STOP_GRACE);
                 continue;
             }
+            // What follows walks every rank (pulses, `done`s, exits): every CHECK_EVERY, not
+            // after each batch of events (1,024 ranks send thousands a second).
+            if checked.elapsed() < CHECK_EVERY {
+                continue;
+            }
+            checked = Instant::now();
             if !stopped_by_user && !fold.joined && fold.job.lock().failure.is_none() {
                 if let Some(hung) = self.hangs.hung(Instant::now()) {
                     self.hang(fold, hung, workers);
