@@ -1,12 +1,12 @@
 //! How trainbook's values look when a cell returns them: a `Table` as an HTML table (head and
 //! tail of long tables, as pandas and polars show them in Python notebooks), a `TrainResult`
-//! and a `Job` and a `MemoryPlan` as a summary table, each with its text twin. `trainbook_api`'s `ShowValue` asks
-//! for them through the runtime ([`bundle_of`]).
+//! and a `Job`, a `Plan` and a `MemoryPlan` as a summary table, each with its text twin.
+//! `trainbook_api`'s `ShowValue` asks for them through the `Notebook` port ([`bundle_of`]).
 
 use std::any::Any;
 
 use trainbook_api::metric;
-use trainbook_api::{Job, MemoryPlan, SweepJob, SweepResult, TrainResult};
+use trainbook_api::{Job, MemoryPlan, Plan, SweepJob, SweepResult, TrainResult};
 use trainbook_api::{Table, Value};
 use trainbook_widgets::grid::{elide, Align, Grid, Row};
 use trainbook_widgets::{format_bytes, format_duration, format_metric, Bundle};
@@ -36,49 +36,95 @@ pub fn bundle_of(value: &dyn Any) -> Option<Bundle> {
     if let Some(p) = value.downcast_ref::<MemoryPlan>() {
         return Some(p.bundle());
     }
+    if let Some(p) = value.downcast_ref::<Plan>() {
+        return Some(p.bundle());
+    }
     None
+}
+
+/// What a job would run with (`trainer.plan()?`): the device, the settings a reader checks
+/// first, then its memory plan.
+impl NotebookDisplay for Plan {
+    fn bundle(&self) -> Bundle {
+        let h = &self.hyper;
+        let length = match (h.max_steps, h.epochs) {
+            (Some(s), e) => format!("{s} steps at most ({e} epoch(s))"),
+            (None, e) => format!("{e} epoch(s)"),
+        };
+        let batch = match h.grad_accum {
+            0 | 1 => h.global_batch_size.to_string(),
+            k => format!("{} ({k} micro-batches a step)", h.global_batch_size),
+        };
+        let mut pairs = vec![
+            ("device", self.device.name().to_string()),
+            ("preset", h.preset.clone()),
+            ("length", length),
+            ("global batch", batch),
+            (
+                "optimizer",
+                format!("{}, lr {}, {} schedule", h.optimizer, h.lr, h.schedule),
+            ),
+            ("precision", h.precision.to_string()),
+        ];
+        if h.zero > 0 {
+            pairs.push(("ZeRO", format!("stage {}", h.zero)));
+        }
+        if h.activation_checkpointing {
+            pairs.push(("activation checkpointing", "on".into()));
+        }
+        if let Some(m) = &self.memory {
+            pairs.extend(memory_pairs(m));
+        }
+        summary("trainbook-plan", pairs).bundle()
+    }
 }
 
 /// A memory plan: its rows, the total against the device, the levers.
 impl NotebookDisplay for MemoryPlan {
     fn bundle(&self) -> Bundle {
-        let mut pairs = vec![
-            (
-                "model",
-                format!(
-                    "{} on {} × {}, {} per device × {} micro-batch(es)",
-                    self.model,
-                    self.workers,
-                    self.device.name(),
-                    self.batch_per_device,
-                    self.grad_accum
-                ),
-            ),
-            ("setup", self.setup.clone()),
-        ];
-        for r in &self.rows {
-            pairs.push((
-                r.what.as_str(),
-                format!("{}: {}", format_bytes(r.bytes), r.detail),
-            ));
-        }
-        pairs.push((
-            "total",
-            format!("{}: {}", format_bytes(self.total), self.verdict()),
-        ));
-        for l in &self.levers {
-            let fits = match l.fits {
-                Some(true) => ", fits",
-                Some(false) => ", does not fit",
-                None => "",
-            };
-            pairs.push((
-                "lever",
-                format!("{}: {}{fits}", l.change, format_bytes(l.total)),
-            ));
-        }
-        summary("trainbook-plan", pairs).bundle()
+        summary("trainbook-plan", memory_pairs(self)).bundle()
     }
+}
+
+/// A memory plan's lines: the model and setup, each row, the total against the device, the
+/// levers.
+fn memory_pairs(plan: &MemoryPlan) -> Vec<(&str, String)> {
+    let mut pairs = vec![
+        (
+            "model",
+            format!(
+                "{} on {} × {}, {} per device × {} micro-batch(es)",
+                plan.model,
+                plan.workers,
+                plan.device.name(),
+                plan.batch_per_device,
+                plan.grad_accum
+            ),
+        ),
+        ("setup", plan.setup.clone()),
+    ];
+    for r in &plan.rows {
+        pairs.push((
+            r.what.as_str(),
+            format!("{}: {}", format_bytes(r.bytes), r.detail),
+        ));
+    }
+    pairs.push((
+        "total",
+        format!("{}: {}", format_bytes(plan.total), plan.verdict()),
+    ));
+    for l in &plan.levers {
+        let fits = match l.fits {
+            Some(true) => ", fits",
+            Some(false) => ", does not fit",
+            None => "",
+        };
+        pairs.push((
+            "lever",
+            format!("{}: {}{fits}", l.change, format_bytes(l.total)),
+        ));
+    }
+    pairs
 }
 
 impl NotebookDisplay for Table {
@@ -366,6 +412,29 @@ mod tests {
         assert!(html.contains(
             "text-align:left;font-variant-numeric:tabular-nums;white-space:pre\">&quot;m0&quot;"
         ));
+    }
+
+    #[test]
+    fn a_plan_shows_its_device_settings_and_memory() {
+        use trainbook_api::Configure;
+        let spec = trainbook_api::JobSpec::new("synthetic").workers(1);
+        let plan = trainbook_api::plumbing::Jobs::plan(&crate::run::ENGINE, &spec).unwrap();
+        let bundle = bundle_of(&plan).expect("a plan has a rich display");
+        let text = bundle["text/plain"].as_str().unwrap();
+        for want in [
+            "device",
+            "cpu",
+            "preset",
+            "global batch",
+            "optimizer",
+            "total",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        assert!(bundle["text/html"]
+            .as_str()
+            .unwrap()
+            .contains("trainbook-plan"));
     }
 
     #[test]
