@@ -309,7 +309,7 @@ pub struct TrainArgs {
     pub master_port: Option<u16>,
     /// Machines in the job, each running this command with its own --node-rank (default: 1,
     /// or what srun, mpirun or torchrun set; see the README's "More than one machine").
-    #[arg(long, value_name = "N", help_heading = "More than one machine")]
+    #[arg(long, value_name = "N", value_parser = parse_nnodes, help_heading = "More than one machine")]
     pub nnodes: Option<usize>,
     /// This machine's rank among the nodes; node 0 hosts the rendezvous and shows the
     /// dashboard for the whole job.
@@ -560,6 +560,21 @@ impl SweepArgs {
 
 fn parse_device(s: &str) -> Result<DeviceRequest, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
+/// `--nnodes N`. torchrun's elastic `MIN:MAX` is refused with what to give instead: a
+/// trainbook job keeps the number of nodes it starts with.
+fn parse_nnodes(s: &str) -> Result<usize, String> {
+    if let Some((_, max)) = s.split_once(':') {
+        return Err(format!(
+            "{s} is an elastic range (MIN:MAX, as torchrun takes it), and a trainbook job keeps the nodes it starts with: give their number, e.g. --nnodes {max}"
+        ));
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err("a job needs at least 1 node".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s} is not a number of nodes: e.g. --nnodes 2")),
+    }
 }
 
 fn parse_resume(s: &str) -> Result<Resume, String> {

@@ -218,6 +218,25 @@ fn worker_that_cannot_start() {
     );
 }
 
+/// torchrun's elastic `--nnodes MIN:MAX` is refused with what to give instead.
+#[test]
+fn an_elastic_node_range_says_jobs_keep_their_size() {
+    expect_clear_error(
+        &["train", "synthetic", "--nnodes", "2:4"],
+        &[],
+        &[
+            "2:4 is an elastic range",
+            "keeps the nodes it starts with",
+            "--nnodes 4",
+        ],
+    );
+    expect_clear_error(
+        &["train", "synthetic", "--nnodes", "0"],
+        &[],
+        &["at least 1 node"],
+    );
+}
+
 #[test]
 fn bad_device_name_and_help() {
     expect_clear_error(
