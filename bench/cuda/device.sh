@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trainbook's CUDA checks and benchmarks, in one run on a GPU machine (packed by
 # bench/cuda/pack.sh into .gpu/pack.tar.xz; the machine's python3 must hold the same torch):
-#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet|strong]
+#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet|strong|speed]
 #                                    (default all; results in $OUT or ./cuda-out)
 #
 # checks: NCCL collectives (`trainbook check`), the optimizer unit tests on the GPU (the fused
@@ -117,6 +117,44 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = strong ]; then
   timeout 420 "$py" bench/cuda/strong.py --steps "${STRONG_STEPS:-50}" --warmup 15 > "$out/strong.jsonl"
   echo "strong $?" >> "$out/exits.txt"
   cat "$out/strong.jsonl"
+fi
+
+if [ "$what" = speed ]; then
+  # The speed issue's table in one call (~8 minutes on an H200): a CUDA-against-CPU check of
+  # this build, trainbook's BERT and ResNet-50 steps with a profile of each (the device's busy
+  # share of a step), the build in .gpu/base.tar.xz (when packed) on the same BERT job for a
+  # before/after ratio, then the strong PyTorch baselines, the compiled ones last.
+  run check1 60 "$tb" check --device cuda --workers 1
+  run cpu_fp32 120 "$tb" "${tiny[@]}" --max-steps 20 --device cpu --threads 8
+  run cuda_fp32 120 "$tb" "${tiny[@]}" --max-steps 20 --device cuda
+  bert=(train bert-mlm --workers 1 --max-length 128 --global-batch-size 256 --device cuda
+    --precision bf16 --layers 12 --hidden-size 768 --heads 12 --max-predictions-per-seq 20
+    --optimizer adamw --lr 5e-5 --weight-decay 0.01 --schedule constant --eval-rows 0 --json --log-level warn)
+  resnet=(train resnet --workers 1 --device cuda --precision bf16 --arch resnet50 --image-size 224
+    --global-batch-size 256 --optimizer adamw --lr 1e-3 --weight-decay 0 --schedule constant
+    --loader-threads 14 --eval-rows 0 --json --log-level warn)
+  base=()
+  if [ -f .gpu/base.tar.xz ]; then
+    mkdir -p "$work/base" && tar -C "$work/base" -xJf .gpu/base.tar.xz && base=("$work/base/bin/trainbook")
+  fi
+  run tb_bert 180 "$tb" "${bert[@]}" --max-steps 80
+  [ ${#base[@]} = 0 ] || run base_bert 180 "${base[@]}" "${bert[@]}" --max-steps 80
+  run tb_bert_again 180 "$tb" "${bert[@]}" --max-steps 80
+  run tb_bert_profile 180 "$tb" "${bert[@]}" --max-steps 36 --profile 30..34
+  run tb_resnet 240 "$tb" "${resnet[@]}" --max-steps 60
+  run tb_resnet_profile 240 "$tb" "${resnet[@]}" --max-steps 36 --profile 30..34
+  for r in cpu_fp32 cuda_fp32 tb_bert base_bert tb_bert_again tb_resnet; do
+    d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
+      && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
+  done
+  for r in tb_bert_profile tb_resnet_profile; do
+    d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
+      && gzip -c "$d/profile/rank0.pt.trace.json" > "$out/$r.trace.json.gz" 2>/dev/null
+  done
+  say "strong baselines: bench/cuda/strong.py"
+  timeout 330 "$py" bench/cuda/strong.py --steps 40 --warmup 15 \
+    --only bert-eager,resnet-cl,bert-compiled,resnet-cl-compiled | tee "$out/strong.jsonl"
+  echo "strong $?" >> "$out/exits.txt"
 fi
 
 if [ "$what" = scaling ] || [ "$what" = checks+scaling ]; then

@@ -81,6 +81,11 @@ def strong_table(res, measured):
         mem_t = (jt.get("memory") or [{}])[0].get("peak")
         if rt:
             print(f"| {model} | trainbook ({'its loader' if tb == 'tb_resnet' else 'its masking on the fly'}) | {rt:.0f} | 1.00 | {mfu(rt)} | {mem_t / 2**30 if mem_t else 0:.1f} |")
+        # The speed run's extra trainbook runs: the same job again, and the build before.
+        for extra, label in ((tb + "_again", "trainbook, again"), ("base_" + tb[3:], "trainbook, the build before")):
+            rx = steady_rate(res, extra, batch) if batch else None
+            if rx and rt:
+                print(f"| {model} | {label} | {rx:.0f} | {rt / rx:.2f} | {mfu(rx)} | - |")
         for n in names:
             if n in strong:
                 r = strong[n]["samples_per_second_median_step"]
@@ -173,6 +178,20 @@ def main():
             rate = j.get("samples_per_second_median_step") if name.startswith("scale_torch") else steady_rate(res, name, batch)
             peak = j.get("cuda_max_memory_allocated") or ((j.get("memory") or [{}])[0].get("peak"))
             print(f"| {name} | {rate or 0:.0f} | {gib(peak)} |")
+    profiles = [(n, (load(res, n) or {}).get("profile")) for n in ("tb_bert_profile", "tb_resnet_profile")]
+    if any(p for _, p in profiles):
+        print("\n## Step profiles (trainbook --profile, rank 0)\n")
+        for name, p in profiles:
+            if not p:
+                continue
+            busy = p.get("device_busy")
+            print(f"### {name}: {p['step_ms']:.2f} ms a step, {100 * p['covered']:.0f}% inside operators"
+                  + (f", the GPU busy {100 * busy:.1f}%" if busy is not None else "") + "\n")
+            print("| kernel | self ms (all steps) | calls | % of steps |")
+            print("| --- | --- | --- | --- |")
+            for k in p.get("kernels", [])[:15]:
+                print(f"| {k['name'][:90]} | {k['self_ms']:.3f} | {k['calls']} | {100 * k['share']:.1f} |")
+            print()
     if measured:
         print(f"\nMeasured bf16 matrix product (8192^3): {measured / 1e12:.0f} TFLOP/s; datasheet peak {PEAK_BF16 / 1e12:.0f}.")
 

@@ -263,10 +263,13 @@ fn profile_grid(p: &trainbook_api::StepProfile) -> Grid {
             })
             .collect(),
         caption: Some(format!(
-            "profiled steps {} on rank 0: {:.2} ms a step, {:.0}% inside operators; traces: {}",
+            "profiled steps {} on rank 0: {:.2} ms a step, {:.0}% inside operators{}; traces: {}",
             p.steps,
             p.step_ms,
             100.0 * p.covered,
+            p.device_busy
+                .map(|b| format!(", the device busy {:.0}%", 100.0 * b))
+                .unwrap_or_default(),
             p.traces
                 .first()
                 .and_then(|t| t.parent())

@@ -104,16 +104,24 @@ pub struct StepProfile {
     /// Device kernels (CUDA), by self time, when the device records them.
     #[serde(default)]
     pub kernels: Vec<OpTime>,
+    /// The share of the steps' wall time in which the device ran a kernel or a copy (where it
+    /// records them: CUDA). Below 1, the device waited for the host: for data, for the host
+    /// queuing work, or at a synchronisation.
+    #[serde(default)]
+    pub device_busy: Option<f64>,
 }
 
 impl StepProfile {
     /// The top-ops table as text (the terminal's and the notebook's text twin).
     pub fn table(&self, rows: usize) -> String {
         let mut out = format!(
-            "profiled steps {} on rank 0: {:.2} ms a step, {:.0}% of it inside operators\n",
+            "profiled steps {} on rank 0: {:.2} ms a step, {:.0}% of it inside operators{}\n",
             self.steps,
             self.step_ms,
-            100.0 * self.covered
+            100.0 * self.covered,
+            self.device_busy
+                .map(|b| format!(", the device busy {:.0}% of it", 100.0 * b))
+                .unwrap_or_default()
         );
         let mut section = |title: &str, ops: &[OpTime]| {
             if ops.is_empty() {

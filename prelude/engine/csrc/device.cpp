@@ -8,6 +8,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
 #include <c10/core/GradMode.h>
+#ifdef TRAINBOOK_WITH_NCCL
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -82,5 +86,50 @@ void tb_device_of(const at::Tensor* t, int* type, int* index) {
   auto d = t->device();
   *type = static_cast<int>(d.type());
   *index = d.has_index() ? d.index() : -1;
+}
+
+// A CUDA event recorded now on the current stream of CUDA device `index`: it completes when
+// the work queued before it has run, so the host can wait for that point alone while later
+// work stays queued. Null (with a message) in builds without CUDA or on error.
+void* tb_cuda_event_record(int index, char* err, size_t errlen) {
+#ifdef TRAINBOOK_WITH_NCCL
+  try {
+    auto* e = new at::cuda::CUDAEvent();
+    e->record(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)));
+    return e;
+  } catch (const std::exception& e) {
+    set_err(err, errlen, trim_what(e.what()));
+  }
+  return nullptr;
+#else
+  (void)index;
+  set_err(err, errlen, "this trainbook was built without CUDA");
+  return nullptr;
+#endif
+}
+
+// Waits until event `e` (from tb_cuda_event_record) has completed. 0, or -1 with a message.
+int tb_cuda_event_wait(void* e, char* err, size_t errlen) {
+#ifdef TRAINBOOK_WITH_NCCL
+  try {
+    static_cast<at::cuda::CUDAEvent*>(e)->synchronize();
+    return 0;
+  } catch (const std::exception& ex) {
+    set_err(err, errlen, trim_what(ex.what()));
+  }
+  return -1;
+#else
+  (void)e;
+  set_err(err, errlen, "this trainbook was built without CUDA");
+  return -1;
+#endif
+}
+
+void tb_cuda_event_free(void* e) {
+#ifdef TRAINBOOK_WITH_NCCL
+  delete static_cast<at::cuda::CUDAEvent*>(e);
+#else
+  (void)e;
+#endif
 }
 }

@@ -41,7 +41,9 @@ use trainbook_api::{JobSpec, OptimizerKind, Schedule};
 use trainbook_engine::Device;
 use trainbook_engine::{Layout, Recipe, Split, Step};
 
-use crate::models::bert::{load_weights, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX};
+use crate::models::bert::{
+    load_weights, masked_positions, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX,
+};
 use crate::text::mlm::Masking;
 use crate::text::mlm_source::{self, Sample, Samples};
 use crate::text::tokenizer::{Padding, TextTokenizer};
@@ -463,11 +465,15 @@ impl MlmRecipe {
                 labels[i] = input[i];
             }
         }
+        let (positions, labels) = masked_positions(&labels);
+        // Page-locked on CUDA, so the copies to the device are queued, not waited for.
+        let d = self.device;
         let shape = [indices.len() as i64, -1];
-        let tensor = |v: &[i64]| (!v.is_empty()).then(|| Tensor::from_slice(v).view(shape));
+        let tensor = |v: &[i64]| (!v.is_empty()).then(|| d.pin(Tensor::from_slice(v).view(shape)));
         Ok(Batch {
-            input: Tensor::from_slice(&input).view(shape),
-            labels: Tensor::from_slice(&labels).view(shape),
+            input: d.pin(Tensor::from_slice(&input).view(shape)),
+            positions: d.pin(Tensor::from_slice(&positions)),
+            labels: d.pin(Tensor::from_slice(&labels)),
             attention_mask: tensor(&mask),
             token_types: tensor(&types),
         })
@@ -477,6 +483,8 @@ impl MlmRecipe {
 /// A batch's tensors; HDF5 shards bring their own attention mask and segment ids.
 struct Batch {
     input: Tensor,
+    /// The masked tokens' flat positions and their labels ([`masked_positions`]).
+    positions: Tensor,
     labels: Tensor,
     attention_mask: Option<Tensor>,
     token_types: Option<Tensor>,
@@ -505,13 +513,14 @@ impl Recipe for MlmRecipe {
         let d = self.device;
         let put = |t: &Option<Tensor>| t.as_ref().map(|t| d.put(t)).transpose();
         let (mask, types) = (put(&b.attention_mask)?, put(&b.token_types)?);
-        let (logits, labels) = self.model.forward_masked(
+        let logits = self.model.forward_masked(
             &d.put(&b.input)?,
             mask.as_ref(),
             types.as_ref(),
-            &d.put(&b.labels)?,
+            &d.put(&b.positions)?,
             train,
         );
+        let labels = d.put(&b.labels)?;
         let logits = logits.to_kind(Kind::Float);
         let loss = logits.cross_entropy_for_logits(&labels);
         let accuracy = logits

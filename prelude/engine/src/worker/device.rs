@@ -6,7 +6,7 @@
 //! device PyTorch knows through the engine's C++ helpers, and recipes build their models on the
 //! CPU and move them ([`Device::var_store`], [`Device::place_vars`]).
 
-use std::os::raw::{c_char, c_int};
+use std::os::raw::{c_char, c_int, c_void};
 
 use anyhow::Result;
 use tch::{nn, Kind, Tensor};
@@ -38,6 +38,30 @@ extern "C" {
     ) -> *mut torch_sys::C_tensor;
     fn tb_channels_last_(t: *mut torch_sys::C_tensor, err: *mut c_char, errlen: usize) -> c_int;
     fn tb_is_channels_last(t: *const torch_sys::C_tensor) -> c_int;
+    fn tb_cuda_event_record(index: c_int, err: *mut c_char, errlen: usize) -> *mut c_void;
+    fn tb_cuda_event_wait(event: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
+    fn tb_cuda_event_free(event: *mut c_void);
+}
+
+/// A point in a CUDA device's queued work (an event recorded on its stream): the host can
+/// wait for the work before it while the work queued after it goes on ([`Device::mark`]).
+pub(crate) struct Mark(*mut c_void);
+
+impl Mark {
+    /// Returns once the device has run everything queued before the mark.
+    pub(crate) fn wait(self) -> Result<()> {
+        call_status("waiting for the GPU", |e, n| {
+            // SAFETY: self.0 is a live event from tb_cuda_event_record (freed on drop).
+            unsafe { tb_cuda_event_wait(self.0, e, n) }
+        })
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        // SAFETY: self.0 came from tb_cuda_event_record and is freed once, here.
+        unsafe { tb_cuda_event_free(self.0) }
+    }
 }
 
 /// `t` (N, C, H, W) with its memory in channels-last order (NHWC) when `channels_last`, else
@@ -177,6 +201,20 @@ impl Device {
         wrap(&format!("moving a tensor to {self}"), |err, len| unsafe {
             tb_to_device(t.as_ptr(), ty, index, err, len)
         })
+    }
+
+    /// A mark at the end of the work queued so far on this CUDA device; an error on other
+    /// devices (the CPU has no queue; the Gaudi bridge has no events trainbook can reach).
+    pub(crate) fn mark(self) -> Result<Mark> {
+        let index = match self {
+            Device::Cuda(i) => i as c_int,
+            other => anyhow::bail!("marks are for CUDA devices, not {other}"),
+        };
+        let ptr = call_ptr("recording a CUDA event", |e, n| {
+            // SAFETY: a plain call; the shim catches C++ exceptions.
+            unsafe { tb_cuda_event_record(index, e, n) }
+        })?;
+        Ok(Mark(ptr))
     }
 
     /// The device whose copies page-locked host memory speeds up (CUDA), for input pipelines

@@ -115,10 +115,15 @@ impl StepProfiler {
         Ok(())
     }
 
+    /// Whether the trace is saved after the step that makes `steps_done`.
+    pub(crate) fn saves_after(&self, steps_done: u64) -> bool {
+        self.active && steps_done >= self.steps.end
+    }
+
     /// After a step; `steps_done` counts it. Returns the trace's path once it is saved.
     pub(crate) fn after_step(&mut self, steps_done: u64) -> Result<Option<PathBuf>> {
         self.range = None;
-        if self.active && steps_done >= self.steps.end {
+        if self.saves_after(steps_done) {
             return self.finish();
         }
         Ok(None)
@@ -235,7 +240,9 @@ pub(crate) fn summarize(path: &Path, steps: ProfileSteps) -> Result<StepProfile>
     } else {
         steps
     };
+    let busy = union_length(kernels.iter().map(|k| (k.start, k.end)).collect(), &windows);
     Ok(StepProfile {
+        device_busy: (!kernels.is_empty()).then(|| busy / wall.max(f64::MIN_POSITIVE)),
         steps,
         traces: vec![path.to_path_buf()],
         step_ms: wall / 1e3 / windows.len() as f64,

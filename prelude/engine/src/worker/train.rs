@@ -18,6 +18,7 @@ use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::{Emitter, Event, WorkerSummary};
 use crate::worker::checkpoint_writer::{CheckpointWriter, Contents, Finished};
 use crate::worker::ddp;
+use crate::worker::device::{Device, Mark};
 use crate::worker::dist::ProcessGroup;
 use crate::worker::heartbeat::{self, Busy};
 use crate::worker::optim::{LrSchedule, OptimizerConfig};
@@ -99,10 +100,41 @@ impl StepScalars {
         self.batches.push((n, hits.is_some(), host, names));
     }
 
+    /// The numbers on their way to the host: on CUDA a queued copy into page-locked memory
+    /// and an event behind it, so the host can go on queuing work and wait for this point
+    /// alone later ([`SentScalars::read`]); elsewhere a plain copy, done when this returns.
+    fn send(self, device: Device) -> Result<SentScalars> {
+        let all = Tensor::cat(&self.values, 0);
+        let cuda = matches!(device, Device::Cuda(_));
+        let host = if cuda {
+            all.to_device_(tch::Device::Cpu, Kind::Double, true, false)
+        } else {
+            all.to_device(tch::Device::Cpu)
+        };
+        let mark = if cuda { Some(device.mark()?) } else { None };
+        Ok(SentScalars {
+            host,
+            mark,
+            batches: self.batches,
+        })
+    }
+}
+
+/// A step's numbers copied (or being copied) to the host.
+struct SentScalars {
+    host: Tensor,
+    /// Reached when the copy into `host` has landed; `None` when it already has.
+    mark: Option<Mark>,
+    batches: Vec<(usize, bool, Vec<(String, f64)>, Vec<String>)>,
+}
+
+impl SentScalars {
     /// The loss summed over samples, the samples, the metrics; hits go into `sums`.
     fn read(self, sums: &mut EpochSums) -> Result<(f64, usize, MetricSums)> {
-        let all = Tensor::cat(&self.values, 0).to_device(tch::Device::Cpu);
-        let mut values = Vec::<f64>::try_from(&all)?.into_iter();
+        if let Some(mark) = self.mark {
+            mark.wait()?;
+        }
+        let mut values = Vec::<f64>::try_from(&self.host)?.into_iter();
         let (mut loss_sum, mut samples, mut metrics) = (0.0, 0, MetricSums::default());
         for (n, counted, mut host, names) in self.batches {
             let mut next = || values.next().context("a step scalar is missing");
@@ -275,6 +307,36 @@ struct Clock {
     epoch_start: Instant,
 }
 
+impl Clock {
+    /// A clock for a run from `step` to `total_steps`: throughput counts from a tenth of the
+    /// run in, at most [`THROUGHPUT_WARMUP_STEPS`] steps.
+    fn new(step: u64, total_steps: u64, now: Instant) -> Self {
+        Clock {
+            samples: 0,
+            train_time: Duration::ZERO,
+            steady_from: step
+                + (total_steps - step)
+                    .div_ceil(10)
+                    .min(THROUGHPUT_WARMUP_STEPS),
+            steady_samples: 0,
+            steady_time: Duration::ZERO,
+            last_progress: now - PROGRESS_EVERY,
+            epoch_start: now,
+        }
+    }
+}
+
+/// A step whose update is queued and whose numbers are on their way to the host. The host
+/// reads them after queuing the next step, so on an accelerator it prepares and queues step
+/// n + 1 while step n still runs, instead of waiting for the device to drain at every step.
+struct InFlight {
+    scalars: SentScalars,
+    epoch: u64,
+    /// The step's index (0-based) and its learning rate.
+    index: u64,
+    lr: f64,
+}
+
 /// One epoch's training sums on this rank.
 #[derive(Default)]
 struct EpochSums {
@@ -356,6 +418,7 @@ pub(crate) struct Trainer<'a> {
     /// Steps of the first epoch already taken before a resume.
     skip: u64,
     clock: Clock,
+    in_flight: Option<InFlight>,
     final_train_loss: f64,
     final_metrics: BTreeMap<String, f64>,
     written: Written,
@@ -442,18 +505,8 @@ impl<'a> Trainer<'a> {
             epochs: total_steps.div_ceil(per_epoch),
             first_epoch,
             skip,
-            clock: Clock {
-                samples: 0,
-                train_time: Duration::ZERO,
-                steady_from: step
-                    + (total_steps - step)
-                        .div_ceil(10)
-                        .min(THROUGHPUT_WARMUP_STEPS),
-                steady_samples: 0,
-                steady_time: Duration::ZERO,
-                last_progress: now - PROGRESS_EVERY,
-                epoch_start: now,
-            },
+            clock: Clock::new(step, total_steps, now),
+            in_flight: None,
             final_train_loss: f64::NAN,
             final_metrics: BTreeMap::new(),
             written: Written::found(
@@ -570,14 +623,20 @@ impl<'a> Trainer<'a> {
                 p.before_step(self.step)?;
             }
             self.step(epoch, group, &mut sums)?;
+            let step = self.step;
+            if self.profiler.as_ref().is_some_and(|p| p.saves_after(step)) {
+                // The last recorded step ends whole on the device before the trace is saved.
+                self.settle(&mut sums)?;
+            }
             let saved = match self.profiler.as_mut() {
-                Some(p) => p.after_step(self.step)?,
+                Some(p) => p.after_step(step)?,
                 None => None,
             };
             if let Some(path) = saved {
                 self.profiled(&path)?;
             }
         }
+        self.settle(&mut sums)?;
         self.clock.train_time += self.clock.epoch_start.elapsed();
         Ok(sums)
     }
@@ -614,12 +673,18 @@ impl<'a> Trainer<'a> {
         let lr = self.schedule.at(self.step);
         self.update
             .step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
-        // The step's numbers, read once the update is queued.
-        let (loss_sum, n, metrics) = scalars.read(sums)?;
-        let l = loss_sum / n.max(1) as f64;
-        if !l.is_finite() {
-            bail!("loss became {l} at step {} (epoch {epoch}): lower the learning rate or enable gradient clipping", self.step);
-        }
+        // The step's numbers, sent once the update is queued; the previous step's are read
+        // now that this one is queued behind them.
+        let n: usize = group.iter().map(|b| b.len()).sum();
+        let scalars = scalars.send(ctx.device)?;
+        self.settle(sums)?;
+        let deferred = scalars.mark.is_some();
+        self.in_flight = Some(InFlight {
+            scalars,
+            epoch,
+            index: self.step,
+            lr,
+        });
         if self.step >= self.clock.steady_from {
             self.clock.steady_samples += n as u64;
             self.clock.steady_time += started.elapsed();
@@ -627,11 +692,13 @@ impl<'a> Trainer<'a> {
         self.step += 1;
         heartbeat::set_step(self.step);
         self.clock.samples += n as u64;
-        sums.loss += loss_sum;
-        sums.n += n as f64;
-        self.report_step(epoch, l, lr, &metrics);
-        sums.metrics.merge(&metrics);
-        if self.step < self.total_steps && self.checkpoint_due()? {
+        let due = self.step < self.total_steps && self.checkpoint_due()?;
+        let loss = if due || !deferred {
+            self.settle(sums)?
+        } else {
+            None
+        };
+        if let (true, Some(l)) = (due, loss) {
             let at = [(metric::TRAIN_LOSS.to_string(), l)].into_iter().collect();
             let dir = ctx
                 .run_dir
@@ -644,6 +711,24 @@ impl<'a> Trainer<'a> {
         }
         self.progress(epoch);
         Ok(())
+    }
+
+    /// Reads the step in flight, if any: its loss (also returned) and metrics go into `sums`
+    /// and out as events. A loss that is not finite ends the run.
+    fn settle(&mut self, sums: &mut EpochSums) -> Result<Option<f64>> {
+        let Some(f) = self.in_flight.take() else {
+            return Ok(None);
+        };
+        let (loss_sum, n, metrics) = f.scalars.read(sums)?;
+        let l = loss_sum / n.max(1) as f64;
+        if !l.is_finite() {
+            bail!("loss became {l} at step {} (epoch {}): lower the learning rate or enable gradient clipping", f.index, f.epoch);
+        }
+        sums.loss += loss_sum;
+        sums.n += n as f64;
+        self.report_step(f.epoch, f.index + 1, l, f.lr, &metrics);
+        sums.metrics.merge(&metrics);
+        Ok(Some(l))
     }
 
     /// Whether this step ends with a step checkpoint: every `checkpoint_every` steps, or when
@@ -667,8 +752,8 @@ impl<'a> Trainer<'a> {
     }
 
     /// The step's metric events and its log line.
-    fn report_step(&self, epoch: u64, loss: f64, lr: f64, metrics: &MetricSums) {
-        let (ev, step) = (&self.ctx.events, self.step);
+    fn report_step(&self, epoch: u64, step: u64, loss: f64, lr: f64, metrics: &MetricSums) {
+        let ev = &self.ctx.events;
         ev.log(format!("train epoch:[{epoch}]\tloss:{loss:.6}"));
         ev.metric(step, epoch, metric::LOSS, loss);
         if self.recipe.perplexity() {

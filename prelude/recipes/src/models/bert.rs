@@ -176,15 +176,16 @@ impl Embeddings {
 
     fn forward(&self, ids: &Tensor, token_types: Option<&Tensor>, train: bool) -> Tensor {
         let seq = ids.size()[1];
-        // 0..seq on the ids' device, derived from them: tch cannot name every device (an HPU
-        // reads as MPS), and a host-made arange would cost a copy per forward pass.
-        let pos = ids.narrow(0, 0, 1).ones_like().cumsum(1, Kind::Int64) - 1;
-        debug_assert_eq!(pos.size(), [1, seq]);
+        // Positions 0..seq are the first rows of the table, and without segment ids every
+        // token is of type 0: slices added by broadcasting, not lookups. A lookup's backward
+        // pass sorts and sums one gradient row per token (batch × seq of them) on CUDA; a
+        // slice's sums over the batch.
+        let pos = self.position.ws.narrow(0, 0, seq);
         let tt = match token_types {
             Some(t) => self.token_type.forward(t),
-            None => self.token_type.forward(&ids.zeros_like()),
+            None => self.token_type.ws.get(0),
         };
-        let x = self.word.forward(ids) + self.position.forward(&pos) + tt;
+        let x = self.word.forward(ids) + pos + tt;
         self.norm.forward(&x).dropout(self.dropout, train)
     }
 }
@@ -228,10 +229,19 @@ impl Layer {
     fn forward(&self, x: &Tensor, mask: Option<&Tensor>, train: bool) -> Tensor {
         let (b, s, h) = x.size3().expect("hidden states are (batch, seq, hidden)");
         let d = h / self.heads;
-        let split = |t: Tensor| t.view([b, s, self.heads, d]).transpose(1, 2);
-        let q = split(self.query.forward(x));
-        let k = split(self.key.forward(x));
-        let v = split(self.value.forward(x));
+        // One projection for q, k and v (one matrix product of thrice the width, forward and
+        // backward), from the three weights Transformers names: checkpoints keep their layout.
+        let cat = |a: &Tensor, b: &Tensor, c: &Tensor| Tensor::cat(&[a, b, c], 0);
+        let (wq, wk, wv) = (&self.query.ws, &self.key.ws, &self.value.ws);
+        let bias = match (&self.query.bs, &self.key.bs, &self.value.bs) {
+            (Some(bq), Some(bk), Some(bv)) => Some(cat(bq, bk, bv)),
+            _ => None,
+        };
+        let qkv = x
+            .linear(&cat(wq, wk, wv), bias.as_ref())
+            .view([b, s, 3, self.heads, d])
+            .permute([2, 0, 3, 1, 4]);
+        let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
         let p = if train { self.attn_dropout } else { 0.0 };
         let ctx = if trainbook_engine::on_hpu(&q) {
             math_attention(&q, &k, &v, mask, p, train)
@@ -439,26 +449,37 @@ impl BertForMaskedLm {
         self.predict(&x)
     }
 
-    /// Logits at the labelled positions only (labels other than [`IGNORE_INDEX`]), in row-major
-    /// order, and those labels: the loss needs nothing else, and the vocabulary projection of
-    /// the ~85% unmasked positions is most of a forward pass's work at BERT sizes.
+    /// Logits (n, vocab) at `positions` only: indices into the flattened (batch × seq)
+    /// tokens, from [`masked_positions`]. The loss needs nothing else, and the vocabulary
+    /// projection of the ~85% unmasked positions is most of a forward pass's work at BERT
+    /// sizes. The positions come from the host with the batch: finding them on the device
+    /// (`nonzero`) would make the host wait for the encoder mid-step.
     pub fn forward_masked(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
         token_types: Option<&Tensor>,
-        labels: &Tensor,
+        positions: &Tensor,
         train: bool,
-    ) -> (Tensor, Tensor) {
+    ) -> Tensor {
         let x = self
             .encoder
             .forward(input_ids, attention_mask, token_types, train);
         let h = x.size()[2];
-        let flat = labels.reshape([-1]);
-        let at = flat.ne(IGNORE_INDEX).nonzero().squeeze_dim(1);
-        let picked = x.reshape([-1, h]).index_select(0, &at);
-        (self.predict(&picked), flat.index_select(0, &at))
+        let picked = x.reshape([-1, h]).index_select(0, positions);
+        self.predict(&picked)
     }
+}
+
+/// The flat positions (row-major over batch × seq) whose label is not [`IGNORE_INDEX`], and
+/// those labels: what [`BertForMaskedLm::forward_masked`] and its loss take.
+pub fn masked_positions(labels: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    labels
+        .iter()
+        .enumerate()
+        .filter(|(_, &l)| l != IGNORE_INDEX)
+        .map(|(i, &l)| (i as i64, l))
+        .unzip()
 }
 
 pub use super::LoadReport;
