@@ -8,10 +8,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
 #include <c10/core/GradMode.h>
-#ifdef TRAINBOOK_WITH_NCCL
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cstdint>
 #include <cstring>
@@ -88,48 +86,38 @@ void tb_device_of(const at::Tensor* t, int* type, int* index) {
   *index = d.has_index() ? d.index() : -1;
 }
 
-// A CUDA event recorded now on the current stream of CUDA device `index`: it completes when
-// the work queued before it has run, so the host can wait for that point alone while later
-// work stays queued. Null (with a message) in builds without CUDA or on error.
+// An event recorded now on the current stream of CUDA device `index`: it completes when the
+// work queued before it has run, so the host can wait for that point alone while later work
+// stays queued. Through c10's device-generic events (libc10_cuda registers CUDA's at load
+// time): no CUDA runtime symbol of trainbook's own. Null with a message on error (no CUDA).
 void* tb_cuda_event_record(int index, char* err, size_t errlen) {
-#ifdef TRAINBOOK_WITH_NCCL
   try {
-    auto* e = new at::cuda::CUDAEvent();
-    e->record(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)));
+    c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    auto* e = new c10::Event(c10::DeviceType::CUDA);
+    try {
+      e->record(impl.getStream(device));
+    } catch (...) {
+      delete e;
+      throw;
+    }
     return e;
   } catch (const std::exception& e) {
     set_err(err, errlen, trim_what(e.what()));
   }
   return nullptr;
-#else
-  (void)index;
-  set_err(err, errlen, "this trainbook was built without CUDA");
-  return nullptr;
-#endif
 }
 
 // Waits until event `e` (from tb_cuda_event_record) has completed. 0, or -1 with a message.
 int tb_cuda_event_wait(void* e, char* err, size_t errlen) {
-#ifdef TRAINBOOK_WITH_NCCL
   try {
-    static_cast<at::cuda::CUDAEvent*>(e)->synchronize();
+    static_cast<c10::Event*>(e)->synchronize();
     return 0;
   } catch (const std::exception& ex) {
     set_err(err, errlen, trim_what(ex.what()));
   }
   return -1;
-#else
-  (void)e;
-  set_err(err, errlen, "this trainbook was built without CUDA");
-  return -1;
-#endif
 }
 
-void tb_cuda_event_free(void* e) {
-#ifdef TRAINBOOK_WITH_NCCL
-  delete static_cast<at::cuda::CUDAEvent*>(e);
-#else
-  (void)e;
-#endif
-}
+void tb_cuda_event_free(void* e) { delete static_cast<c10::Event*>(e); }
 }
