@@ -300,6 +300,7 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
     largest.sort_unstable_by(|a, b| b.cmp(a));
     let in_flight: u64 = largest.iter().take(IN_FLIGHT + 1).sum::<u64>() * F32;
     let (comm, comm_detail) = match zero {
+        0 if world == 1 => (0, "none: one worker exchanges no gradients".to_string()),
         0 => (
             p * F32,
             "flat gradient buckets (25 MiB each), kept between steps".to_string(),

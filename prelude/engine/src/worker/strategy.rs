@@ -38,7 +38,13 @@ impl UpdateStrategy {
                 ddp::BUCKET_BYTES,
             )?));
         }
-        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+        // One worker has no gradients to exchange: no buckets to fill and copy back each step
+        // (a gradient-sized buffer and two passes over it), as PyTorch without DDP.
+        let tensors: Vec<Tensor> = if pg.world_size() > 1 {
+            params.iter().map(|(_, t)| t.shallow_clone()).collect()
+        } else {
+            Vec::new()
+        };
         Ok(UpdateStrategy::Replicated {
             sync: GradSync::new(&tensors, ddp::BUCKET_BYTES),
             opt: Optimizer::new(cfg, params),

@@ -705,19 +705,20 @@ impl BertConfig {
         };
         let layer = e * n + 3 * e * w + attention + 3 * e * n + 2 * inter * w + masks(2 * e);
         let every = r.checkpoint_every.map(|k| k.max(1) as u64);
-        let kept = match every {
-            // A checkpointed layer keeps its input only, and is recomputed (all of its
-            // activations) when the backward pass reaches it: by then the layers after it
-            // are freed, so the recomputation adds to the peak only when no plain layer
-            // follows the last checkpointed one.
+        // A checkpointed layer keeps its input only, and is recomputed (all of its
+        // activations) when the backward pass reaches it: by then the layers after it are
+        // freed, and so is the head, whose backward pass ran first. So a recomputation adds
+        // to the peak only when no plain layer follows the last checkpointed one, and then it
+        // takes the head's place rather than adding to it.
+        let (kept, recompute) = match every {
             Some(k) if l > 0 => {
                 let checkpointed = l.div_ceil(k);
                 let after_last = l - 1 - (l - 1) / k * k;
                 let recompute = if after_last == 0 { layer } else { 0 };
-                checkpointed * e * n + (l - checkpointed) * layer + recompute
+                (checkpointed * e * n + (l - checkpointed) * layer, recompute)
             }
-            Some(_) => 0,
-            None => l * layer,
+            Some(_) => (0, 0),
+            None => (l * layer, 0),
         };
         let embeddings = e * n + masks(e);
         let mut parts = vec![
@@ -733,25 +734,33 @@ impl BertConfig {
         // The backward pass's working set inside a layer: the gradients of the feed-forward
         // activations and of the residual stream.
         parts.push(("backward working set".into(), (2 * inter + 2 * e) * w));
-        match head {
+        let (name, bytes) = match head {
             Head::MaskedLm { predictions } => {
                 let m = (predictions * r.batch as f64).ceil() as u64;
                 // The picked positions through the transform (4 tensors of m x h), the
                 // log-softmax over the vocabulary, and in the backward pass two more m x v
                 // gradients and the decoder's weight gradient (v x h, held until the tied
                 // word embeddings take it).
-                parts.push((
+                (
                     format!("masked-LM head ({m} positions x {v})"),
                     4 * m * h * w + m * v * fp32 + 2 * m * v * fp32 + v * h * fp32,
-                ));
+                )
             }
-            Head::Classifier(labels) => {
-                parts.push((
-                    "classification head".into(),
-                    r.batch * (3 * h + 2 * labels.max(1) as u64) * fp32,
-                ));
-            }
-        }
+            Head::Classifier(labels) => (
+                "classification head".into(),
+                r.batch * (3 * h + 2 * labels.max(1) as u64) * fp32,
+            ),
+        };
+        parts.push(if recompute > bytes {
+            (
+                format!("a recomputed layer (more than the {name})"),
+                recompute,
+            )
+        } else if recompute > 0 {
+            (format!("{name}, or a recomputed layer"), bytes)
+        } else {
+            (name, bytes)
+        });
         parts
     }
 }
@@ -873,5 +882,43 @@ mod footprint_tests {
         };
         let (plain, all, half) = (total(None), total(Some(1)), total(Some(2)));
         assert!(all < half && half <= plain, "{all} {half} {plain}");
+    }
+
+    /// The head's backward pass runs (and frees its tensors) before the first checkpointed
+    /// layer is recomputed: the plan counts the larger of the two, not their sum.
+    #[test]
+    fn a_recomputed_layer_takes_the_heads_place_at_the_peak() {
+        let run = |every| RunShape {
+            batch: 256,
+            seq: 128,
+            element: 2,
+            norm: 4,
+            mask: 1,
+            dropout: true,
+            fused_attention: true,
+            checkpoint_every: every,
+        };
+        let c = BertConfig {
+            hidden_size: 768,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            intermediate_size: 3072,
+            ..BertConfig::tiny(30522, 512)
+        };
+        let parts = |every| {
+            c.footprint(Head::MaskedLm { predictions: 20.0 }, &run(every))
+                .activations
+        };
+        let (plain, all) = (parts(None), parts(Some(1)));
+        let head = plain.last().unwrap().1;
+        let last = all.last().unwrap();
+        assert_eq!(
+            last.1, head,
+            "{last:?}: at BERT-base, batch 256, the head is the larger"
+        );
+        assert!(last.0.ends_with("or a recomputed layer"), "{}", last.0);
+        // Only the layers' own row differs from the plain plan's.
+        assert_eq!(plain[0], all[0]);
+        assert_eq!(plain[2], all[2]);
     }
 }
