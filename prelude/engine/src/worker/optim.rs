@@ -106,6 +106,11 @@ pub(crate) struct Optimizer {
     /// SGD: one momentum buffer; AdamW: first and second moments.
     state: Vec<Vec<Tensor>>,
     steps: u64,
+    /// `steps` as a float scalar on the parameters' device, which the fused AdamW kernel reads.
+    /// Made once and refilled each step (a kernel launch): a fresh host scalar copied over
+    /// each step would come from pageable memory, a copy the host waits for, behind the whole
+    /// backward pass queued before it.
+    step_tensor: Option<Tensor>,
 }
 
 /// Where a flat piece of a parameter lies: LAMB's and LANS's per-tensor norms add up the
@@ -176,6 +181,7 @@ impl Optimizer {
             decays,
             state,
             steps: 0,
+            step_tensor: None,
         }
     }
 
@@ -298,10 +304,14 @@ impl Optimizer {
         }
         // The fused AdamW kernel reads the (already incremented) step from a float tensor per
         // parameter; one shared scalar serves them all since it never writes it.
-        let step = match self.params.first() {
-            Some((_, p)) => Tensor::from(self.steps as f32).to_device_of(p),
-            None => return Ok(()),
+        let Some(like) = self.params.first().map(|(_, p)| p.shallow_clone()) else {
+            return Ok(());
         };
+        let mut step = self
+            .step_tensor
+            .get_or_insert_with(|| Tensor::from(0f32).to_device_of(&like))
+            .shallow_clone();
+        let _ = step.fill_(self.steps as f64);
         for decay in [true, false] {
             let idx: Vec<usize> = (0..self.params.len())
                 .filter(|&i| self.decays[i] == decay && grads[i].defined())

@@ -108,9 +108,11 @@ impl Pipeline {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    // Pinned here, off the training loop's path, when the batch goes to a GPU.
+                    // Pinned here, off the training loop's path, when the batch goes to a GPU:
+                    // labels too, or their copy would make the host wait for the forward pass.
                     let out = batch(&folder, &batches[b], size, mode).map(|mut b| {
                         b.images = device.pin(b.images);
+                        b.labels = device.pin(b.labels);
                         b
                     });
                     if tx.send(out).is_err() {
