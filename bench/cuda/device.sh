@@ -141,6 +141,13 @@ if [ "$what" = speed ]; then
   [ ${#base[@]} = 0 ] || run base_bert 180 "${base[@]}" "${bert[@]}" --max-steps 80
   run tb_bert_again 180 "$tb" "${bert[@]}" --max-steps 80
   run tb_bert_profile 180 "$tb" "${bert[@]}" --max-steps 36 --profile 30..34
+  # Operations that make the host wait for the GPU: none should come once a step per step.
+  for n in 10 30; do
+    run "tb_bert_syncs$n" 120 env TRAINBOOK_CUDA_SYNC_DEBUG=warn "$tb" "${bert[@]}" --max-steps "$n" --log-level info
+    d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/tb_bert_syncs$n.json" 2>/dev/null) \
+      && echo "tb_bert_syncs$n $(grep -ci 'synchroniz' "$d/logs/rank0.log")" | tee -a "$out/syncs.txt" \
+      && grep -i -A3 'synchroniz' "$d/logs/rank0.log" | head -40 > "$out/syncs$n.txt"
+  done
   run tb_resnet 240 "$tb" "${resnet[@]}" --max-steps 60
   run tb_resnet_profile 240 "$tb" "${resnet[@]}" --max-steps 36 --profile 30..34
   for r in cpu_fp32 cuda_fp32 tb_bert base_bert tb_bert_again tb_resnet; do

@@ -178,6 +178,14 @@ def main():
             rate = j.get("samples_per_second_median_step") if name.startswith("scale_torch") else steady_rate(res, name, batch)
             peak = j.get("cuda_max_memory_allocated") or ((j.get("memory") or [{}])[0].get("peak"))
             print(f"| {name} | {rate or 0:.0f} | {gib(peak)} |")
+    if os.path.exists(os.path.join(res, "syncs.txt")):
+        counts = dict(line.split() for line in open(os.path.join(res, "syncs.txt")) if len(line.split()) == 2)
+        print("\n## Host waits for the GPU (TRAINBOOK_CUDA_SYNC_DEBUG=warn, BERT job)\n")
+        print("| steps | warnings in rank 0's log |")
+        print("| --- | --- |")
+        for name, count in sorted(counts.items()):
+            print(f"| {name.removeprefix('tb_bert_syncs')} | {count} |")
+        print("\nThe same count at 10 and 30 steps: none inside a step (set-up and the final checkpoint only).")
     profiles = [(n, (load(res, n) or {}).get("profile")) for n in ("tb_bert_profile", "tb_resnet_profile")]
     if any(p for _, p in profiles):
         print("\n## Step profiles (trainbook --profile, rank 0)\n")

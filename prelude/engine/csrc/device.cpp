@@ -10,6 +10,9 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#ifdef TRAINBOOK_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -120,4 +123,22 @@ int tb_cuda_event_wait(void* e, char* err, size_t errlen) {
 }
 
 void tb_cuda_event_free(void* e) { delete static_cast<c10::Event*>(e); }
+
+// torch.cuda.set_sync_debug_mode(level): 0 off, 1 warn, 2 error at every operation that makes
+// the host wait for the GPU. 0, or -1 with a message (a build without CUDA).
+int tb_cuda_sync_debug(int level, char* err, size_t errlen) {
+#ifdef TRAINBOOK_WITH_NCCL
+  try {
+    c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(level));
+    return 0;
+  } catch (const std::exception& e) {
+    set_err(err, errlen, trim_what(e.what()));
+  }
+  return -1;
+#else
+  (void)level;
+  set_err(err, errlen, "this trainbook was built without CUDA");
+  return -1;
+#endif
+}
 }

@@ -26,6 +26,10 @@ pub(crate) const RESUME: &str = "TRAINBOOK_RESUME";
 /// Which start of the job's workers this is (0 first, 1 after the first restart...): each
 /// start rendezvouses under its own store prefix, so nothing of a failed start is read again.
 pub(crate) const ATTEMPT: &str = "TRAINBOOK_ATTEMPT";
+/// `warn` or `error`: a CUDA worker reports (or fails at) every operation that makes the host
+/// wait for the GPU while it trains (`torch.cuda.set_sync_debug_mode`), to find the ones
+/// inside a step.
+pub(crate) const CUDA_SYNC_DEBUG: &str = "TRAINBOOK_CUDA_SYNC_DEBUG";
 /// Set for a user's program re-executed as a worker of its own task (see `worker::task`).
 pub const WORKER_MAIN: &str = "TRAINBOOK_WORKER_MAIN";
 /// The worker binary of tasks defined in notebook cells, beside `trainbook-worker`.

@@ -41,6 +41,28 @@ extern "C" {
     fn tb_cuda_event_record(index: c_int, err: *mut c_char, errlen: usize) -> *mut c_void;
     fn tb_cuda_event_wait(event: *mut c_void, err: *mut c_char, errlen: usize) -> c_int;
     fn tb_cuda_event_free(event: *mut c_void);
+    fn tb_cuda_sync_debug(level: c_int, err: *mut c_char, errlen: usize) -> c_int;
+}
+
+/// `torch.cuda.set_sync_debug_mode` from here on: `warn` reports every operation that makes
+/// the host wait for the GPU, `error` fails it, `off` stops; nothing on other devices.
+pub(crate) fn cuda_sync_debug(device: Device, level: &str) -> Result<()> {
+    let level = match level {
+        "off" | "" => 0,
+        "warn" => 1,
+        "error" => 2,
+        other => anyhow::bail!(
+            "{} is {other:?}: it takes warn, error or off",
+            crate::shared::env::CUDA_SYNC_DEBUG
+        ),
+    };
+    if !matches!(device, Device::Cuda(_)) {
+        return Ok(());
+    }
+    call_status("setting CUDA's sync debug mode", |e, n| {
+        // SAFETY: a plain call; the shim catches C++ exceptions.
+        unsafe { tb_cuda_sync_debug(level, e, n) }
+    })
 }
 
 /// A point in a CUDA device's queued work (an event recorded on its stream): the host can
@@ -328,4 +350,35 @@ fn peak_rss() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_debug_levels_name_the_choices_and_leave_other_devices_alone() {
+        assert!(cuda_sync_debug(Device::Cpu, "warn").is_ok());
+        assert!(cuda_sync_debug(Device::Cpu, "off").is_ok());
+        let e = cuda_sync_debug(Device::Cpu, "loud")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("warn, error or off"), "{e}");
+    }
+
+    /// Marks are CUDA events: asked of the CPU (no queue to mark) they are refused, and on a
+    /// build or machine without CUDA the shim answers with an error, not an abort.
+    #[test]
+    fn marks_are_refused_where_there_is_no_cuda_queue() {
+        let e = Device::Cpu
+            .mark()
+            .err()
+            .expect("no mark on the CPU")
+            .to_string();
+        assert!(e.contains("CUDA"), "{e}");
+        if !tch::Cuda::is_available() {
+            let e = Device::Cuda(0).mark().err().expect("no CUDA here");
+            assert!(e.to_string().contains("recording a CUDA event"), "{e}");
+        }
+    }
 }

@@ -571,6 +571,9 @@ impl<'a> Trainer<'a> {
     /// Trains every epoch left, evaluating and checkpointing at the end of each; returns this
     /// rank's summary for the driver.
     pub(crate) fn run(mut self) -> Result<WorkerSummary> {
+        if let Ok(level) = std::env::var(crate::shared::env::CUDA_SYNC_DEBUG) {
+            crate::worker::device::cuda_sync_debug(self.ctx.device, &level)?;
+        }
         for epoch in self.first_epoch..self.epochs {
             let sums = self.train_epoch(epoch)?;
             self.end_epoch(epoch, sums)?;
