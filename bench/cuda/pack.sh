@@ -2,6 +2,9 @@
 # Builds trainbook for a CUDA machine that has no Rust toolchain and no network, and packs what
 # bench/cuda/device.sh needs into .gpu/ (git-ignored) for copying there:
 #   bench/cuda/pack.sh [TORCH_VERSION]        (default 2.11.0: the GPU machine's torch)
+#   PACK_REV=<commit> bench/cuda/pack.sh       the binaries of that commit alone, into
+#                                              .gpu/base.tar.xz: the build device.sh speed
+#                                              compares this one with (a before/after ratio)
 #
 # trainbook links the libtorch it was compiled against, so the build must use the same torch
 # release as the GPU machine's Python (tch checks the exact version). This script:
@@ -34,9 +37,10 @@ fi
 if [ ! -d "$build/tree/.git" ] && [ ! -f "$build/tree/.git" ]; then
   git worktree add -f --detach "$build/tree" HEAD
 fi
-(cd "$build/tree" && git checkout -q --detach -f "$(cd "$root" && git rev-parse HEAD)")
+rev=${PACK_REV:-HEAD}
+(cd "$build/tree" && git checkout -q --detach -f "$(cd "$root" && git rev-parse "$rev")")
 # Uncommitted changes of this checkout travel too (a benchmark script being edited).
-git diff HEAD | (cd "$build/tree" && git apply --allow-empty)
+[ -n "${PACK_REV:-}" ] || git diff HEAD | (cd "$build/tree" && git apply --allow-empty)
 (cd "$build/tree" && scripts/use-tch.sh "$tch")
 LIBTORCH="$build/libtorch" TRAINBOOK_VENV="$build/venv" TRAINBOOK_CUDA=1 TRAINBOOK_HPU=0 \
   scripts/libtorch-layout.sh
@@ -47,8 +51,16 @@ export LIBTORCH="$build/libtorch"
   && cargo test --release -p trainbook-engine --features cuda --lib --no-run)
 test_bin=$(ls -t "$build"/tree/target/release/deps/trainbook_engine-* | grep -v '\.d$' | head -n1)
 
+if [ -n "${PACK_REV:-}" ]; then
+  rm -rf .gpu/base && mkdir -p .gpu/base/bin
+  cp "$build"/tree/target/release/{trainbook,trainbook-worker} .gpu/base/bin/
+  strip .gpu/base/bin/*
+  tar -C .gpu/base -cJf .gpu/base.tar.xz bin && rm -rf .gpu/base
+  say "$(du -h .gpu/base.tar.xz | cut -f1) in .gpu/base.tar.xz (the binaries of $rev)"
+  exit 0
+fi
 say "packing .gpu/"
-rm -rf .gpu && mkdir -p .gpu/stage/bin .gpu/stage/data/models/all-MiniLM-L6-v2 .gpu/stage/data/datasets
+rm -rf .gpu/stage .gpu/pack.tar.xz && mkdir -p .gpu/stage/bin .gpu/stage/data/models/all-MiniLM-L6-v2 .gpu/stage/data/datasets
 cp "$build"/tree/target/release/{trainbook,trainbook-worker} .gpu/stage/bin/
 cp "$test_bin" .gpu/stage/bin/engine-unit-tests
 strip .gpu/stage/bin/*
