@@ -193,8 +193,11 @@ def main():
             if not p:
                 continue
             busy = p.get("device_busy")
+            # The rate if the GPU never waited (for data, for the host, at a synchronisation):
+            # the batch over the GPU's busy time per step, the model's own speed.
+            bound = f", {256 / (p['step_ms'] * busy / 1e3):.0f} samples/s if the GPU never waited (batch 256)" if busy else ""
             print(f"### {name}: {p['step_ms']:.2f} ms a step, {100 * p['covered']:.0f}% inside operators"
-                  + (f", the GPU busy {100 * busy:.1f}%" if busy is not None else "") + "\n")
+                  + (f", the GPU busy {100 * busy:.1f}%" if busy is not None else "") + bound + "\n")
             print("| kernel | self ms (all steps) | calls | % of steps |")
             print("| --- | --- | --- | --- |")
             for k in p.get("kernels", [])[:15]:
