@@ -213,8 +213,8 @@ crate::options! {
         #[arg(value_name = "fp32|bf16")]
         precision: Precision => Precision,
         /// Continue from a checkpoint directory (.../checkpoints/epoch-E): weights, optimizer
-        /// state, step count and data order; needs the same batch, and the same workers
-        /// unless it is an epoch checkpoint.
+        /// state, step count and data order; needs the same batch, and mid-epoch a worker
+        /// count that splits it evenly (any count at an epoch's end).
         #[arg(value_name = "CHECKPOINT")]
         resume_from: PathBuf [into] => Option<PathBuf>,
         /// Model to start from: a Hugging Face-style directory, a weights file or a Hub id (each

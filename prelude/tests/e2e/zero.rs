@@ -148,8 +148,10 @@ fn a_zero1_checkpoint_resumes_with_another_worker_count() {
         "resumed with and without ZeRO: weights differ by {d}"
     );
 
-    // A mid-epoch checkpoint cannot change the worker count: its position means nothing in
-    // another sharding.
+    // A mid-epoch ZeRO-1 checkpoint of 2 workers continues with 3 (the batch of 12 splits
+    // evenly over both) and ends where 2 workers continuing from it end (a step checkpoint
+    // that is not the latest keeps no optimizer state: both restart it); 5 workers cannot
+    // split 12 evenly, so their steps would cover other samples: refused, naming the choices.
     let mid = trainbook::fit(
         job(2, 1, OptimizerKind::Adamw)
             .max_steps(10)
@@ -157,11 +159,29 @@ fn a_zero1_checkpoint_resumes_with_another_worker_count() {
     )
     .unwrap();
     let step5 = mid.run_dir.join("checkpoints/step-5");
-    let err = trainbook::fit(job(3, 1, OptimizerKind::Adamw).resume_from(step5))
+    let three = trainbook::fit(
+        job(3, 1, OptimizerKind::Adamw)
+            .max_steps(10)
+            .resume_from(step5.clone()),
+    )
+    .unwrap();
+    let two = trainbook::fit(
+        job(2, 1, OptimizerKind::Adamw)
+            .max_steps(10)
+            .resume_from(step5.clone()),
+    )
+    .unwrap();
+    assert_eq!((three.steps, two.steps), (10, 10));
+    let d = last_diff(&two, &three, "model.safetensors");
+    assert!(
+        d < 1e-5,
+        "continued from step 5 by 3 and by 2 workers: weights differ by {d}"
+    );
+    let err = trainbook::fit(job(5, 1, OptimizerKind::Adamw).resume_from(step5))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("middle of an epoch") && err.contains("end of an epoch"),
+        err.contains("does not split evenly over 5 workers") && err.contains("end of an epoch"),
         "{err}"
     );
 }

@@ -229,10 +229,12 @@ fn resume(
 
 /// Where a resumed run continues: (step, first epoch, steps of that epoch already taken).
 ///
-/// The data order depends on the worker count, the batch and the accumulation. With the same
-/// values the run continues mid-epoch exactly where the checkpoint left it; with another
-/// worker count (the optimizer state is whole in every checkpoint, ZeRO's too) only from the
-/// end of an epoch, since a mid-epoch position means nothing in another sharding.
+/// Every worker count trains on the same global order of an epoch, and global step i covers
+/// its positions i·B..(i+1)·B whenever the workers' micro-batches add up to the global batch B
+/// exactly (see `sampler`). So a run continues mid-epoch with the checkpoint's worker count or
+/// any other that divides B (the optimizer state is whole in every checkpoint, ZeRO's too): the
+/// new workers skip the positions the checkpoint's steps took. Only the positions trimmed at
+/// an epoch's end (len % W) depend on the count.
 fn continue_at(
     dir: &Path,
     state: &TrainerState,
@@ -244,10 +246,6 @@ fn continue_at(
     let step = state.step;
     let same_batch = (state.global_batch_size, state.grad_accum)
         == (Some(h.global_batch_size), Some(h.grad_accum));
-    let then_world = state.world_size.unwrap_or(world);
-    if same_batch && then_world == world {
-        return Ok((step, step / steps_per_epoch, step % steps_per_epoch));
-    }
     let then = |v: Option<usize>| v.map_or("?".into(), |v| v.to_string());
     if !same_batch {
         bail!(
@@ -259,19 +257,31 @@ fn continue_at(
             h.grad_accum
         );
     }
-    let then_per_epoch = steps_per_epoch_of(
-        train_len,
-        then_world,
-        h.global_batch_size,
-        h.grad_accum.max(1),
-    );
-    if !step.is_multiple_of(then_per_epoch) {
+    let then_world = state.world_size.unwrap_or(world);
+    if then_world == world {
+        return Ok((step, step / steps_per_epoch, step % steps_per_epoch));
+    }
+    let accum = h.grad_accum.max(1);
+    let then_per_epoch = steps_per_epoch_of(train_len, then_world, h.global_batch_size, accum);
+    let (epoch, done) = (step / then_per_epoch, step % then_per_epoch);
+    if done == 0 {
+        return Ok((step, epoch, 0));
+    }
+    let b = h.global_batch_size;
+    if let Some(w) = [then_world, world]
+        .into_iter()
+        .find(|&w| !b.is_multiple_of(w * accum))
+    {
         bail!(
-            "cannot resume from {} with {world} workers: it was written in the middle of an epoch by {then_world} workers, whose data order only {then_world} workers can continue. Resume with {then_world} workers, or from a checkpoint written at the end of an epoch to change the worker count",
+            "cannot resume from {} with {world} workers: it was written in the middle of an epoch by {then_world} workers, and global batch {b} does not split evenly over {w} workers x {accum} micro-batches, so the steps would not cover the same samples. Use a worker count that divides {b}, resume with {then_world} workers, or resume from a checkpoint written at the end of an epoch",
             dir.display()
         );
     }
-    Ok((step, step / then_per_epoch, 0))
+    // The new sharding trims more of the epoch's end than the old one did: past its last step.
+    if done >= steps_per_epoch {
+        return Ok((step, epoch + 1, 0));
+    }
+    Ok((step, epoch, done))
 }
 
 fn steps_per_epoch_of(train_len: usize, world: usize, global_batch: usize, accum: usize) -> u64 {
