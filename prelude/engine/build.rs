@@ -13,6 +13,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/recompute.cpp");
     println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
+    println!("cargo:rerun-if-changed=csrc/graph.cpp");
     println!("cargo:rerun-if-changed=csrc/errors.h");
     println!("cargo:rerun-if-changed=csrc/torch_compat.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
@@ -60,6 +61,7 @@ fn main() {
         .warnings(false)
         .file("csrc/c10d_shim.cpp")
         .file("csrc/autocast.cpp")
+        .file("csrc/graph.cpp")
         .file("csrc/optim.cpp")
         .file("csrc/device.cpp")
         .file("csrc/recompute.cpp")

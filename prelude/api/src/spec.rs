@@ -235,6 +235,12 @@ crate::options! {
         /// a table of the operators with the most time.
         #[arg(value_name = "START..END")]
         profile: crate::profile::ProfileSteps [into] => Option<crate::profile::ProfileSteps>,
+        /// Capture the training step (forward, backward and optimizer) in a CUDA graph after a
+        /// few steps, then replay it: one launch a step instead of one per operator. For
+        /// fixed-shape steps on one CUDA worker (bert-mlm with max_predictions_per_seq); a
+        /// batch of another shape ends the run with an error.
+        #[arg(value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        cuda_graphs: bool => bool,
     }
     extra {
         /// The recipe's own resolved options (text or image settings), by name.
@@ -283,6 +289,7 @@ impl Hyper {
             train_rows: None,
             eval_rows: None,
             profile: None,
+            cuda_graphs: false,
             recipe_options: Default::default(),
         }
     }
@@ -737,6 +744,7 @@ impl JobSpec {
             );
         }
         self.check_training()?;
+        self.check_cuda_graphs()?;
         if self.collective_timeout_secs == 0 {
             bail!("collective timeout must be at least 1 s");
         }
@@ -786,6 +794,45 @@ impl JobSpec {
     }
 
     /// The training options' ranges and the batch split (part of [`JobSpec::check`]).
+    /// What a captured step cannot hold: another device, other workers' all-reduce, several
+    /// micro-batches, a host-side norm, recomputation, sharded or layer-wise optimizers.
+    fn check_cuda_graphs(&self) -> Result<()> {
+        let t = &self.train;
+        if t.cuda_graphs != Some(true) {
+            return Ok(());
+        }
+        let refuse =
+            |why: String| -> Result<()> { bail!("cuda_graphs: {why}; or leave cuda_graphs off") };
+        if matches!(self.device, DeviceRequest::Cpu | DeviceRequest::Hpu) {
+            return refuse(format!(
+                "CUDA graphs run on CUDA, not on {:?}: use --device cuda",
+                self.device
+            ));
+        }
+        if self.world_size() > 1 {
+            return refuse(format!("a graph holds one worker's step, and the gradient all-reduce of {} workers is not captured: use 1 worker", self.world_size()));
+        }
+        if t.grad_accum.is_some_and(|a| a > 1) {
+            return refuse("a graph holds one forward and backward pass: use grad_accum 1 (a larger batch, if it fits)".into());
+        }
+        if t.grad_clip.is_some() {
+            return refuse("gradient clipping reads the norm on the host, which a graph cannot: drop grad_clip".into());
+        }
+        if t.activation_checkpointing == Some(true) {
+            return refuse("activation checkpointing's recomputation is not captured: drop activation_checkpointing".into());
+        }
+        if t.zero.is_some_and(|z| z > 0) {
+            return refuse("ZeRO shards need several workers: use zero 0".into());
+        }
+        if let Some(o) = t
+            .optimizer
+            .filter(|o| !matches!(o, OptimizerKind::Adamw | OptimizerKind::Sgd))
+        {
+            return refuse(format!("{o} computes per-layer norms step by step; adamw and sgd are captured: use one of them"));
+        }
+        Ok(())
+    }
+
     fn check_training(&self) -> Result<()> {
         let t = &self.train;
         let world = self.world_size();
@@ -863,4 +910,38 @@ pub struct Plan {
     /// What each device will hold at the job's peak, against its memory, with the levers that
     /// lower it (`None` for recipes that do not report their model's shapes).
     pub memory: Option<crate::memory::MemoryPlan>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prelude::*;
+
+    /// Each setting a captured step cannot hold is refused up front, naming the way out.
+    #[test]
+    fn cuda_graphs_refuse_what_a_graph_cannot_hold() {
+        let job = || {
+            JobSpec::new("bert-mlm")
+                .workers(1)
+                .device(DeviceRequest::Cuda)
+                .cuda_graphs(true)
+        };
+        assert!(job().check().is_ok());
+        let refused = |s: JobSpec, want: &str| {
+            let e = s.check().unwrap_err().to_string();
+            assert!(
+                e.contains(want) && e.contains("leave cuda_graphs off"),
+                "{e}"
+            );
+        };
+        refused(job().device(DeviceRequest::Cpu), "--device cuda");
+        refused(job().workers(2), "use 1 worker");
+        refused(job().grad_accum(2), "grad_accum 1");
+        refused(job().grad_clip(1.0), "drop grad_clip");
+        refused(
+            job().activation_checkpointing(true),
+            "activation_checkpointing",
+        );
+        refused(job().optimizer(OptimizerKind::Lamb), "adamw and sgd");
+    }
 }

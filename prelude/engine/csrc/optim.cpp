@@ -94,14 +94,22 @@ extern "C" {
 // AdamW over n parameters; `steps` are float scalar tensors holding the step number already
 // incremented for this update (as torch.optim.AdamW(fused=True) passes them), `step` the same
 // number. Parameters on an HPU go through the Gaudi bridge's op instead (see hpu_adamw).
+// `lr_t`, when not null, is the learning rate as a device scalar (what a CUDA graph replays:
+// its value changes between replays, a host number would be baked in).
 int tb_fused_adamw(void* const* params, void* const* grads, void* const* exp_avgs,
                    void* const* exp_avg_sqs, void* const* steps, size_t n, int64_t step,
-                   double lr, double beta1, double beta2, double weight_decay, double eps,
-                   char* err, size_t errlen) {
+                   double lr, const at::Tensor* lr_t, double beta1, double beta2,
+                   double weight_decay, double eps, char* err, size_t errlen) {
   try {
     c10::AutoGradMode no_grad(false);  // parameters are leaves that require grad
     if (n > 0 && static_cast<at::Tensor*>(params[0])->device().type() == c10::DeviceType::HPU) {
       hpu_adamw(params, grads, exp_avgs, exp_avg_sqs, n, step, lr, beta1, beta2, weight_decay, eps);
+      return 0;
+    }
+    if (lr_t != nullptr) {
+      at::_fused_adamw_(list(params, n), list(grads, n), list(exp_avgs, n),
+                        list(exp_avg_sqs, n), {}, list(steps, n), *lr_t, beta1, beta2,
+                        weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
       return 0;
     }
     at::_fused_adamw_(list(params, n), list(grads, n), list(exp_avgs, n), list(exp_avg_sqs, n),
@@ -115,8 +123,8 @@ int tb_fused_adamw(void* const* params, void* const* grads, void* const* exp_avg
 }
 
 int tb_fused_sgd(void* const* params, void* const* grads, void* const* momentum_buffers, size_t n,
-                 double lr, double momentum, double weight_decay, int is_first_step, char* err,
-                 size_t errlen) {
+                 double lr, const at::Tensor* lr_t, double momentum, double weight_decay,
+                 int is_first_step, char* err, size_t errlen) {
   try {
     c10::AutoGradMode no_grad(false);  // parameters are leaves that require grad
     if (n > 0 && static_cast<at::Tensor*>(params[0])->device().type() == c10::DeviceType::HPU) {
@@ -125,6 +133,12 @@ int tb_fused_sgd(void* const* params, void* const* grads, void* const* momentum_
     }
     std::vector<at::Tensor> bufs;
     if (momentum != 0.0) bufs = list(momentum_buffers, n);
+    if (lr_t != nullptr) {
+      at::_fused_sgd_(list(params, n), list(grads, n), bufs, weight_decay, momentum, *lr_t,
+                      /*dampening=*/0.0, /*nesterov=*/false, /*maximize=*/false,
+                      is_first_step != 0);
+      return 0;
+    }
     at::_fused_sgd_(list(params, n), list(grads, n), bufs, weight_decay, momentum, lr,
                     /*dampening=*/0.0, /*nesterov=*/false, /*maximize=*/false,
                     is_first_step != 0);

@@ -55,7 +55,7 @@ pub use worker::device::{
 pub use worker::dist::{BackendHandle, InitOptions};
 pub use worker::jobs::CHECK;
 pub use worker::recipe::{
-    BuildFn, FootprintFn, Layout, PresetFn, Recipe, RecipeEntry, Registry, Split, Step,
+    BuildFn, FootprintFn, Layout, PresetFn, Recipe, RecipeEntry, Registry, Split, StagedStep, Step,
 };
 pub use worker::recompute::checkpointed;
 pub use worker::task::{Batch, Setup, Task};

@@ -39,7 +39,7 @@ use trainbook_api::Footprint;
 use trainbook_api::Hyper;
 use trainbook_api::{JobSpec, OptimizerKind, Schedule};
 use trainbook_engine::Device;
-use trainbook_engine::{Layout, Recipe, Split, Step};
+use trainbook_engine::{Layout, Recipe, Split, StagedStep, Step};
 
 use crate::models::bert::{
     load_weights, masked_positions, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX,
@@ -335,6 +335,9 @@ pub struct MlmRecipe {
     /// The epoch of the current training pass (masks change per epoch).
     epoch: Cell<u64>,
     device: Device,
+    /// Masked positions per block every batch is padded to (`cuda_graphs`: a captured step
+    /// needs fixed shapes); `None`: as many as were masked.
+    fixed_predictions: Option<usize>,
 }
 
 impl MlmRecipe {
@@ -364,6 +367,10 @@ impl MlmRecipe {
         let specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
         let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?
             .with_max_predictions(s.mlm.max_predictions_per_seq);
+        let fixed_predictions = match (hyper.cuda_graphs, s.mlm.max_predictions_per_seq) {
+            (true, None) => bail!("cuda_graphs needs the same number of masked positions in every batch: set max_predictions_per_seq (BERT: 20 at 128 tokens)"),
+            (graphs, max) => max.filter(|_| graphs),
+        };
 
         // Blocks, from the prepared corpus (raw text is prepared first).
         let data = hyper.data.as_deref().context(
@@ -428,6 +435,7 @@ impl MlmRecipe {
             seed: hyper.seed,
             epoch: Cell::new(0),
             device,
+            fixed_predictions,
         })
     }
 
@@ -465,7 +473,16 @@ impl MlmRecipe {
                 labels[i] = input[i];
             }
         }
-        let (positions, labels) = masked_positions(&labels);
+        let (mut positions, mut labels) = masked_positions(&labels);
+        if let Some(per_block) = self.fixed_predictions {
+            let room = per_block * indices.len();
+            if positions.len() > room {
+                bail!("a batch has {} masked positions, more than the {room} its CUDA graph holds (max_predictions_per_seq {per_block} x {} blocks): the data was masked with more predictions per block; raise max_predictions_per_seq", positions.len(), indices.len());
+            }
+            // Padding predicts position 0 with the ignored label: the loss and accuracy skip it.
+            positions.resize(room, 0);
+            labels.resize(room, IGNORE_INDEX);
+        }
         // Page-locked on CUDA, so the copies to the device are queued, not waited for.
         let d = self.device;
         let shape = [indices.len() as i64, -1];
@@ -477,6 +494,40 @@ impl MlmRecipe {
             attention_mask: tensor(&mask),
             token_types: tensor(&types),
         })
+    }
+}
+
+impl StagedStep for MlmRecipe {
+    /// ids, masked positions, their labels, then the attention mask and segment ids when the
+    /// data brings them (HDF5 shards).
+    fn inputs(&self, split: Split, indices: &[usize]) -> Result<Vec<Tensor>> {
+        let b = self.batch(split, indices)?;
+        let mut v = vec![b.input, b.positions, b.labels];
+        v.extend(b.attention_mask.into_iter().chain(b.token_types));
+        Ok(v)
+    }
+
+    fn compute(&self, inputs: &[Tensor], train: bool) -> Result<Step> {
+        let (input, positions, labels, mask, types) = match inputs {
+            [i, p, l] => (i, p, l, None, None),
+            [i, p, l, m, t] => (i, p, l, Some(m), Some(t)),
+            _ => bail!("a masked-LM step takes 3 or 5 inputs, not {}", inputs.len()),
+        };
+        let logits = self
+            .model
+            .forward_masked(input, mask, types, positions, train)
+            .to_kind(Kind::Float);
+        let loss = logits.cross_entropy_for_logits(labels);
+        // Padded positions (the ignored label) count in neither the hits nor the total.
+        let valid = labels.ne(IGNORE_INDEX);
+        let hits = logits
+            .argmax(-1, false)
+            .eq_tensor(labels)
+            .logical_and(&valid)
+            .to_kind(Kind::Float)
+            .sum(Kind::Float);
+        let accuracy = hits / valid.to_kind(Kind::Float).sum(Kind::Float);
+        Ok(Step::loss(loss).metric_tensor("masked_accuracy", &accuracy))
     }
 }
 
@@ -509,29 +560,19 @@ impl Recipe for MlmRecipe {
         }
     }
     fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
-        let b = self.batch(split, indices)?;
+        let inputs = self.inputs(split, indices)?;
         let d = self.device;
-        let put = |t: &Option<Tensor>| t.as_ref().map(|t| d.put(t)).transpose();
-        let (mask, types) = (put(&b.attention_mask)?, put(&b.token_types)?);
-        let logits = self.model.forward_masked(
-            &d.put(&b.input)?,
-            mask.as_ref(),
-            types.as_ref(),
-            &d.put(&b.positions)?,
-            train,
-        );
-        let labels = d.put(&b.labels)?;
-        let logits = logits.to_kind(Kind::Float);
-        let loss = logits.cross_entropy_for_logits(&labels);
-        let accuracy = logits
-            .argmax(-1, false)
-            .eq_tensor(&labels)
-            .to_kind(Kind::Float)
-            .mean(Kind::Float);
-        Ok(Step::loss(loss).metric_tensor("masked_accuracy", &accuracy))
+        let on_device = inputs
+            .iter()
+            .map(|t| d.put(t))
+            .collect::<Result<Vec<_>>>()?;
+        self.compute(&on_device, train)
     }
     fn perplexity(&self) -> bool {
         true
+    }
+    fn staged(&self) -> Option<&dyn StagedStep> {
+        Some(self)
     }
     /// A directory Transformers' `BertForMaskedLM.from_pretrained` loads (the decoder is tied,
     /// as in its own checkpoints), with the tokenizer files.

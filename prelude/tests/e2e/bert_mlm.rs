@@ -228,3 +228,73 @@ fn the_reference_preset_reads_a_corpus_directory() {
     let read = logs.iter().find(|l| l.starts_with("data: ")).unwrap();
     assert!(read.contains("(12453 + 655 texts"), "{read}");
 }
+
+/// What a CUDA graph needs of the masked-LM step: every batch padded to
+/// max_predictions_per_seq × blocks positions, the padding ignored. The loss and the accuracy
+/// come out as without it.
+#[test]
+fn padded_masked_positions_change_neither_loss_nor_accuracy() {
+    use trainbook::engine::{Device, Recipe, Split};
+    use trainbook::prelude::*;
+    use trainbook::recipes::mlm::{resolve, MlmRecipe};
+    let recipe = |graphs: bool| {
+        let t = tiny()
+            .workers(1)
+            .max_predictions_per_seq(20)
+            .cuda_graphs(graphs);
+        let h = resolve(t.spec()).unwrap().with_overrides(&t.spec().train);
+        MlmRecipe::build(&h, Device::Cpu, &|_| {}).unwrap()
+    };
+    let (plain, padded) = (recipe(false), recipe(true));
+    let blocks: Vec<usize> = (0..8).collect();
+    let staged = padded.staged().expect("bert-mlm has a fixed-shape step");
+    let inputs = staged.inputs(Split::Train, &blocks).unwrap();
+    assert_eq!(
+        inputs[1].size(),
+        [8 * 20],
+        "positions padded to 20 per block"
+    );
+    let (a, b) = (
+        plain.step(Split::Train, &blocks, false).unwrap(),
+        padded.step(Split::Train, &blocks, false).unwrap(),
+    );
+    let d = (a.loss.double_value(&[]) - b.loss.double_value(&[])).abs();
+    assert!(d < 1e-6, "loss differs by {d}");
+    let acc = |s: &trainbook::engine::Step| s.device_metrics[0].1.double_value(&[]);
+    assert!((acc(&a) - acc(&b)).abs() < 1e-6);
+}
+
+/// `cuda_graphs` where it cannot work fails before training, saying why and what to do.
+#[test]
+fn cuda_graphs_are_refused_off_cuda_and_without_fixed_predictions() {
+    use trainbook::prelude::*;
+    let err = |t: trainbook::BertMlmTrainer| format!("{:#}", t.max_steps(2).fit().unwrap_err());
+    let e = err(tiny()
+        .workers(1)
+        .max_predictions_per_seq(20)
+        .cuda_graphs(true));
+    assert!(
+        e.contains("CUDA graphs run on CUDA") && e.contains("--device cuda"),
+        "{e}"
+    );
+    let e = err(tiny()
+        .device(DeviceRequest::Auto)
+        .max_predictions_per_seq(20)
+        .cuda_graphs(true));
+    assert!(e.contains("use 1 worker"), "{e}");
+    // On a machine without a GPU `auto` trains on the CPU: refused by the worker.
+    let e = err(tiny()
+        .workers(1)
+        .device(DeviceRequest::Auto)
+        .max_predictions_per_seq(20)
+        .cuda_graphs(true));
+    assert!(
+        e.contains("CUDA graphs need a CUDA device") || e.contains("CUDA graphs run on CUDA"),
+        "{e}"
+    );
+    let e = err(tiny()
+        .workers(1)
+        .device(DeviceRequest::Auto)
+        .cuda_graphs(true));
+    assert!(e.contains("max_predictions_per_seq"), "{e}");
+}

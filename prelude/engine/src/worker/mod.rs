@@ -18,6 +18,7 @@ pub(crate) mod ddp;
 pub(crate) mod device;
 pub(crate) mod dist;
 mod grad_hooks;
+mod graph;
 mod heartbeat;
 pub(crate) mod jobs;
 pub(crate) mod memory;

@@ -111,6 +111,9 @@ pub(crate) struct Optimizer {
     /// each step would come from pageable memory, a copy the host waits for, behind the whole
     /// backward pass queued before it.
     step_tensor: Option<Tensor>,
+    /// In a CUDA graph: the learning rate as a device scalar, refilled before each replay, and
+    /// the step counted on the device (a host number would be baked into the graph).
+    graph_lr: Option<Tensor>,
 }
 
 /// Where a flat piece of a parameter lies: LAMB's and LANS's per-tensor norms add up the
@@ -141,6 +144,7 @@ extern "C" {
         n: usize,
         step: i64,
         lr: f64,
+        lr_t: *const c_void,
         beta1: f64,
         beta2: f64,
         weight_decay: f64,
@@ -154,6 +158,7 @@ extern "C" {
         momentum_buffers: *const *mut c_void,
         n: usize,
         lr: f64,
+        lr_t: *const c_void,
         momentum: f64,
         weight_decay: f64,
         is_first_step: c_int,
@@ -182,6 +187,7 @@ impl Optimizer {
             state,
             steps: 0,
             step_tensor: None,
+            graph_lr: None,
         }
     }
 
@@ -233,6 +239,30 @@ impl Optimizer {
     /// Optimizer steps taken so far (restored by [`Optimizer::load`]).
     pub(crate) fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// Prepares the steps a CUDA graph captures: the learning rate becomes the returned device
+    /// scalar (fill it before each replay) and the step number is counted on the device. The
+    /// fused AdamW and SGD steps only; at least one eager step must have run (momentum buffers
+    /// and the step scalar exist).
+    pub(crate) fn enter_graph(&mut self) -> Result<Tensor> {
+        if !matches!(self.cfg.kind, OptimizerKind::Adamw | OptimizerKind::Sgd) {
+            bail!(
+                "a CUDA graph captures the adamw and sgd steps, not {}",
+                self.cfg.kind
+            );
+        }
+        let Some(step) = self.step_tensor.as_ref() else {
+            bail!("the optimizer has not stepped yet: a CUDA graph is captured after eager steps");
+        };
+        let lr = step.zeros_like();
+        self.graph_lr = Some(lr.shallow_clone());
+        Ok(lr)
+    }
+
+    /// Counts an update that ran inside a replayed CUDA graph (the host code did not run).
+    pub(crate) fn count_replayed_step(&mut self) {
+        self.steps += 1;
     }
 
     /// Drops every gradient before a step's backward passes (PyTorch's default,
@@ -311,7 +341,15 @@ impl Optimizer {
             .step_tensor
             .get_or_insert_with(|| Tensor::from(0f32).to_device_of(&like))
             .shallow_clone();
-        let _ = step.fill_(self.steps as f64);
+        if self.graph_lr.is_some() {
+            let _ = step.g_add_scalar_(1.0);
+        } else {
+            let _ = step.fill_(self.steps as f64);
+        }
+        let lr_t = self
+            .graph_lr
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t.as_ptr() as *const c_void);
         for decay in [true, false] {
             let idx: Vec<usize> = (0..self.params.len())
                 .filter(|&i| self.decays[i] == decay && grads[i].defined())
@@ -341,6 +379,7 @@ impl Optimizer {
                             idx.len(),
                             self.steps as i64,
                             lr,
+                            lr_t,
                             c.betas.0,
                             c.betas.1,
                             wd,
@@ -362,6 +401,7 @@ impl Optimizer {
                             b.as_ptr(),
                             idx.len(),
                             lr,
+                            lr_t,
                             c.momentum,
                             wd,
                             i32::from(self.steps == 1),

@@ -149,6 +149,17 @@ impl Step {
     }
 }
 
+/// A step whose host part (making the batch) and device part (the computation) are apart: a
+/// CUDA graph captures the device part once on fixed input tensors, and each later step only
+/// copies the next batch into them.
+pub trait StagedStep {
+    /// The batch of `indices` as host tensors, page-locked where that helps: for a given job
+    /// always as many, with the same shapes and dtypes (or the run ends with an error).
+    fn inputs(&self, split: Split, indices: &[usize]) -> Result<Vec<Tensor>>;
+    /// The step's computation on `inputs`, already on the device, in the order `inputs` gave.
+    fn compute(&self, inputs: &[Tensor], train: bool) -> Result<Step>;
+}
+
 /// What the training loop needs from a recipe.
 pub trait Recipe {
     fn vars(&self) -> &nn::VarStore;
@@ -165,6 +176,11 @@ pub trait Recipe {
     /// then also reports `perplexity`, exp(loss), per step and per epoch.
     fn perplexity(&self) -> bool {
         false
+    }
+    /// The training step in two parts, for CUDA graphs (`cuda_graphs`): `None` (the default)
+    /// where a recipe cannot keep its batches' shapes fixed.
+    fn staged(&self) -> Option<&dyn StagedStep> {
+        None
     }
     /// The weights a checkpoint holds, by the names its loader expects: the variable store's,
     /// sorted.

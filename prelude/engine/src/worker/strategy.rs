@@ -87,6 +87,24 @@ impl UpdateStrategy {
         }
     }
 
+    /// Prepares the update for capture in a CUDA graph: the learning rate as the returned device
+    /// scalar. One worker, plain data parallelism only (the spec's check refuses the rest).
+    pub(crate) fn enter_graph(&mut self) -> Result<Tensor> {
+        match self {
+            UpdateStrategy::Replicated { opt, .. } => opt.enter_graph(),
+            UpdateStrategy::Sharded(_) => {
+                anyhow::bail!("a CUDA graph does not capture ZeRO's sharded update: use zero 0")
+            }
+        }
+    }
+
+    /// Counts an update that ran inside a replayed CUDA graph.
+    pub(crate) fn count_replayed_step(&mut self) {
+        if let UpdateStrategy::Replicated { opt, .. } = self {
+            opt.count_replayed_step();
+        }
+    }
+
     /// The whole optimizer state for rank 0's checkpoint (other ranks get nothing). Under
     /// ZeRO a collective: every rank calls it at the same step.
     pub(crate) fn checkpoint_state(&mut self, pg: &ProcessGroup) -> Result<Vec<(String, Tensor)>> {

@@ -20,11 +20,12 @@ use crate::worker::checkpoint_writer::{CheckpointWriter, Contents, Finished};
 use crate::worker::ddp;
 use crate::worker::device::{Device, Mark};
 use crate::worker::dist::ProcessGroup;
+use crate::worker::graph::{self, CapturedStep};
 use crate::worker::heartbeat::{self, Busy};
 use crate::worker::optim::{LrSchedule, OptimizerConfig};
 use crate::worker::precision::autocast;
 use crate::worker::profiler::{self, StepProfiler};
-use crate::worker::recipe::{Recipe, Split};
+use crate::worker::recipe::{Recipe, Split, Step};
 use crate::worker::sampler::{self, DistributedSampler};
 use crate::worker::scores::Confusion;
 use crate::worker::strategy::UpdateStrategy;
@@ -82,6 +83,14 @@ struct StepScalars {
 }
 
 impl StepScalars {
+    /// The same numbers again (a replayed graph rewrote the tensors in place).
+    fn again(&self) -> StepScalars {
+        StepScalars {
+            values: self.values.iter().map(Tensor::shallow_clone).collect(),
+            batches: self.batches.clone(),
+        }
+    }
+
     fn push(
         &mut self,
         n: usize,
@@ -151,6 +160,30 @@ impl SentScalars {
         }
         Ok((loss_sum, samples, metrics))
     }
+}
+
+/// One micro-batch's forward pass (under the job's precision) and backward pass, its numbers
+/// kept in `scalars`; `of` micro-batches make the step (their gradients add up, so each loss
+/// is divided by their number, like one big batch).
+fn forward_backward(
+    h: &Hyper,
+    ctx: &WorkerContext,
+    n: usize,
+    of: usize,
+    scalars: &mut StepScalars,
+    step: impl FnOnce() -> Result<Step>,
+) -> Result<()> {
+    let (loss, hits, out) = autocast(h.precision, ctx.device, || {
+        let out = step()?;
+        let hits = out
+            .predictions
+            .as_ref()
+            .map(|(logits, labels)| logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64));
+        Ok((out.loss.shallow_clone(), hits, out))
+    })?;
+    (&loss / of as f64).backward();
+    scalars.push(n, &loss, hits, out.metrics, out.device_metrics);
+    Ok(())
 }
 
 /// One rank's evaluation of an epoch.
@@ -429,6 +462,9 @@ pub(crate) struct Trainer<'a> {
     skip: u64,
     clock: Clock,
     in_flight: Option<InFlight>,
+    /// `cuda_graphs`: the step from which steps go through the graph, and the graph.
+    graph_from: Option<u64>,
+    captured: Option<CapturedStep<StepScalars>>,
     final_train_loss: f64,
     final_metrics: BTreeMap<String, f64>,
     written: Written,
@@ -517,6 +553,8 @@ impl<'a> Trainer<'a> {
             skip,
             clock: Clock::new(step, total_steps, now),
             in_flight: None,
+            graph_from: h.cuda_graphs.then_some(step + graph::EAGER_STEPS),
+            captured: None,
             final_train_loss: f64::NAN,
             final_metrics: BTreeMap::new(),
             written: Written::found(
@@ -583,6 +621,9 @@ impl<'a> Trainer<'a> {
     pub(crate) fn run(mut self) -> Result<WorkerSummary> {
         if let Ok(level) = std::env::var(crate::shared::env::CUDA_SYNC_DEBUG) {
             crate::worker::device::cuda_sync_debug(self.ctx.device, &level)?;
+        }
+        if self.graph_from.is_some() {
+            graph::check(self.ctx.device, self.recipe.staged().is_some())?;
         }
         for epoch in self.first_epoch..self.epochs {
             let sums = self.train_epoch(epoch)?;
@@ -668,24 +709,24 @@ impl<'a> Trainer<'a> {
                 .wrapping_mul(1_000_003)
                 .wrapping_add((self.step * world as u64 + rank as u64) as i64),
         );
-        self.update.zero_grad();
-        let mut scalars = StepScalars::default();
-        for batch in group {
-            let (loss, hits, out) = autocast(h.precision, ctx.device, || {
-                let out = self.recipe.step(Split::Train, batch, true)?;
-                let hits = out.predictions.as_ref().map(|(logits, labels)| {
-                    logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
-                });
-                Ok((out.loss.shallow_clone(), hits, out))
-            })?;
-            // Gradients add up over micro-batches; average them like one big batch.
-            (&loss / group.len() as f64).backward();
-            scalars.push(batch.len(), &loss, hits, out.metrics, out.device_metrics);
-        }
-        // Each rank's share of the global batch (equal shards: 1/world).
         let lr = self.schedule.at(self.step);
-        self.update
-            .step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
+        let scalars = match self.graphed(group)? {
+            Some(host) => self.graphed_step(host, lr)?,
+            None => {
+                self.update.zero_grad();
+                let mut scalars = StepScalars::default();
+                for batch in group {
+                    let recipe = &*self.recipe;
+                    forward_backward(h, ctx, batch.len(), group.len(), &mut scalars, || {
+                        recipe.step(Split::Train, batch, true)
+                    })?;
+                }
+                // Each rank's share of the global batch (equal shards: 1/world).
+                self.update
+                    .step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
+                scalars
+            }
+        };
         // The step's numbers, sent once the update is queued; the previous step's are read
         // now that this one is queued behind them.
         let n: usize = group.iter().map(|b| b.len()).sum();
@@ -724,6 +765,56 @@ impl<'a> Trainer<'a> {
         }
         self.progress(epoch);
         Ok(())
+    }
+
+    /// With `cuda_graphs`, once the eager steps are done: the step's batch as host tensors
+    /// when it goes through the captured graph; `None` for an eager step (before the capture,
+    /// or the short last batch of an epoch, whose shapes the graph does not hold).
+    fn graphed(&mut self, group: &[&[usize]]) -> Result<Option<Vec<Tensor>>> {
+        let (Some(from), [batch]) = (self.graph_from, group) else {
+            return Ok(None);
+        };
+        if self.step < from || batch.len() != self.local_batch {
+            return Ok(None);
+        }
+        let Some(staged) = self.recipe.staged() else {
+            bail!("cuda_graphs: this recipe's batches change shape, so its step cannot be captured (bert-mlm's can): leave cuda_graphs off");
+        };
+        Ok(Some(staged.inputs(Split::Train, batch)?))
+    }
+
+    /// A step through the CUDA graph: captured (and run) the first time, replayed after.
+    fn graphed_step(&mut self, host: Vec<Tensor>, lr: f64) -> Result<StepScalars> {
+        if let Some(c) = self.captured.as_mut() {
+            c.replay(&host, lr)?;
+            self.update.count_replayed_step();
+            return Ok(c.outputs.again());
+        }
+        let (ctx, h) = (self.ctx, self.h);
+        let lr_t = self.update.enter_graph()?;
+        let _ = lr_t.shallow_clone().fill_(lr);
+        // The captured backward pass hands each gradient over into the graph's memory.
+        self.update.zero_grad();
+        let (recipe, update, n) = (&*self.recipe, &mut self.update, self.local_batch);
+        let staged = recipe
+            .staged()
+            .context("cuda_graphs: this recipe has no fixed-shape step")?;
+        let captured = CapturedStep::capture(ctx.device, &host, lr_t, |inputs| {
+            let mut scalars = StepScalars::default();
+            forward_backward(h, ctx, n, 1, &mut scalars, || staged.compute(inputs, true))?;
+            update.step(&ctx.pg, 1.0, None, lr)?;
+            Ok(scalars)
+        })?;
+        if captured.outputs.batches.iter().any(|b| !b.2.is_empty()) {
+            bail!("cuda_graphs: the recipe reports metrics computed on the host, which a replay would not update: leave cuda_graphs off");
+        }
+        let out = captured.outputs.again();
+        ctx.events.log(format!(
+            "cuda graphs: step {} captured; the steps after it replay it",
+            self.step + 1
+        ));
+        self.captured = Some(captured);
+        Ok(out)
     }
 
     /// Reads the step in flight, if any: its loss (also returned) and metrics go into `sums`
