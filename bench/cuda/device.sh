@@ -140,6 +140,7 @@ if [ "$what" = speed ]; then
   run tb_bert 180 "$tb" "${bert[@]}" --max-steps 80
   [ ${#base[@]} = 0 ] || run base_bert 180 "${base[@]}" "${bert[@]}" --max-steps 80
   run tb_bert_again 180 "$tb" "${bert[@]}" --max-steps 80
+  run tb_bert_graphs 180 "$tb" "${bert[@]}" --max-steps 80 --cuda-graphs
   run tb_bert_profile 180 "$tb" "${bert[@]}" --max-steps 36 --profile 30..34
   # Operations that make the host wait for the GPU: none should come once a step per step.
   for n in 10 30; do
@@ -150,7 +151,7 @@ if [ "$what" = speed ]; then
   done
   run tb_resnet 240 "$tb" "${resnet[@]}" --max-steps 60
   run tb_resnet_profile 240 "$tb" "${resnet[@]}" --max-steps 36 --profile 30..34
-  for r in cpu_fp32 cuda_fp32 tb_bert base_bert tb_bert_again tb_resnet; do
+  for r in cpu_fp32 cuda_fp32 tb_bert base_bert tb_bert_again tb_bert_graphs tb_resnet; do
     d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
       && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
   done

@@ -82,7 +82,8 @@ def strong_table(res, measured):
         if rt:
             print(f"| {model} | trainbook ({'its loader' if tb == 'tb_resnet' else 'its masking on the fly'}) | {rt:.0f} | 1.00 | {mfu(rt)} | {mem_t / 2**30 if mem_t else 0:.1f} |")
         # The speed run's extra trainbook runs: the same job again, and the build before.
-        for extra, label in ((tb + "_again", "trainbook, again"), ("base_" + tb[3:], "trainbook, the build before")):
+        for extra, label in ((tb + "_again", "trainbook, again"), (tb + "_graphs", "trainbook, cuda_graphs"),
+                             ("base_" + tb[3:], "trainbook, the build before")):
             rx = steady_rate(res, extra, batch) if batch else None
             if rx and rt:
                 print(f"| {model} | {label} | {rx:.0f} | {rt / rx:.2f} | {mfu(rx)} | - |")
@@ -178,6 +179,12 @@ def main():
             rate = j.get("samples_per_second_median_step") if name.startswith("scale_torch") else steady_rate(res, name, batch)
             peak = j.get("cuda_max_memory_allocated") or ((j.get("memory") or [{}])[0].get("peak"))
             print(f"| {name} | {rate or 0:.0f} | {gib(peak)} |")
+    eager, graphed = losses(res, "tb_bert"), losses(res, "tb_bert_graphs")
+    if eager and graphed:
+        common = sorted(set(eager) & set(graphed))
+        diff = max(abs(eager[s][0] - graphed[s][0]) / abs(eager[s][0]) for s in common)
+        print(f"\ncuda_graphs against eager, BERT: {len(common)} steps, largest relative loss difference {diff:.2e}"
+              f" (steps 1-3 eager in both; the same seeds, dropout on), exit {exits.get('tb_bert_graphs')}")
     if os.path.exists(os.path.join(res, "syncs.txt")):
         counts = dict(line.split() for line in open(os.path.join(res, "syncs.txt")) if len(line.split()) == 2)
         print("\n## Host waits for the GPU (TRAINBOOK_CUDA_SYNC_DEBUG=warn, BERT job)\n")

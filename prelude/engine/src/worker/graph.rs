@@ -139,8 +139,14 @@ impl<T> CapturedStep<T> {
             // From page-locked memory the copy to the device is queued, not waited for.
             s.copy_(&self.device.put(h)?);
         }
-        let _ = self.lr.fill_(lr);
+        self.set_lr(lr);
         self.graph.replay()
+    }
+
+    /// The learning rate the optimizer reads from now on, in the graph and in eager steps
+    /// alike (once captured, the optimizer reads it from the device).
+    pub(crate) fn set_lr(&self, lr: f64) {
+        let _ = self.lr.shallow_clone().fill_(lr);
     }
 }
 

@@ -713,6 +713,9 @@ impl<'a> Trainer<'a> {
         let scalars = match self.graphed(group)? {
             Some(host) => self.graphed_step(host, lr)?,
             None => {
+                if let Some(c) = &self.captured {
+                    c.set_lr(lr);
+                }
                 self.update.zero_grad();
                 let mut scalars = StepScalars::default();
                 for batch in group {
