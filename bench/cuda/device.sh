@@ -12,6 +12,10 @@
 #   bench/torch_resnet.py) on the same GPU, one after the other: BERT-base masked-LM from
 #   scratch at 128 tokens and ResNet-50 at 224 px, both bf16; samples/s after warm-up, the ratio,
 #   MFU, and each side's peak GPU memory. bench/cuda/summary.py writes summary.md.
+# speed: the speed issue's table in one call: a check, BERT with this build, the build in
+#   .gpu/base.tar.xz (PACK_REV=... bench/cuda/pack.sh), again and with --cuda-graphs, host waits
+#   counted (TRAINBOOK_CUDA_SYNC_DEBUG), profiles with the GPU busy share, ResNet-50, the strong
+#   baselines. DEADLINE (seconds, default 540) bounds the whole call.
 # TORCH_BASELINES=0 leaves out bench's older PyTorch runs (bench/torch_*.py; the strong ones stay).
 # strong (part of bench too): the strong baselines (bench/cuda/strong.py): PyTorch eager done well
 #   and torch.compile for BERT-base MLM (fused q/k/v, SDPA, the head on the masked positions,
