@@ -321,7 +321,20 @@ impl OnDeviceOf for Tensor {
     }
 
     fn zeros_on_device(&self, size: &[i64], kind: Kind) -> Tensor {
-        Tensor::zeros(size, (kind, tch::Device::Cpu)).to_device_of(self)
+        if self.numel() == 0 {
+            return Tensor::zeros(size, (kind, tch::Device::Cpu)).to_device_of(self);
+        }
+        // Made on the device from a view of one element of `self` (tch cannot name every
+        // device, so `Tensor::zeros` cannot be asked for it): zeros made on the host and
+        // copied over would be a copy the host waits for, on an accelerator inside a step.
+        let mut first = self.shallow_clone();
+        while first.dim() > 0 {
+            first = first.select(0, 0);
+        }
+        let one = first.zeros_like().to_kind(kind);
+        one.reshape(vec![1; size.len()])
+            .expand(size, false)
+            .contiguous()
     }
 }
 
@@ -364,6 +377,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("warn, error or off"), "{e}");
+    }
+
+    #[test]
+    fn zeros_on_device_have_the_shape_and_kind_asked_whatever_the_model_tensor() {
+        let w = memory_format(
+            &Tensor::ones([4, 3, 2, 2], (Kind::Float, tch::Device::Cpu)),
+            true,
+        )
+        .unwrap();
+        for like in [
+            w,
+            Tensor::from(2.5f64),
+            Tensor::zeros([0], (Kind::Float, tch::Device::Cpu)),
+        ] {
+            for size in [&[][..], &[5][..], &[2, 3][..]] {
+                let z = like.zeros_on_device(size, Kind::Double);
+                assert_eq!((z.size(), z.kind()), (size.to_vec(), Kind::Double));
+                assert_eq!(z.abs().sum(Kind::Double).double_value(&[]), 0.0);
+                assert!(z.is_contiguous());
+            }
+        }
     }
 
     /// Marks are CUDA events: asked of the CPU (no queue to mark) they are refused, and on a

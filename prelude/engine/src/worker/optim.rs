@@ -114,6 +114,10 @@ pub(crate) struct Optimizer {
     /// In a CUDA graph: the learning rate as a device scalar, refilled before each replay, and
     /// the step counted on the device (a host number would be baked into the graph).
     graph_lr: Option<Tensor>,
+    /// LAMB's and LANS's parameter index of each piece, on the device, for the pieces it was
+    /// made for (the same every step, unless a gradient goes missing): uploaded once, not at
+    /// every step (a copy from pageable memory the host waits for).
+    piece_index: std::cell::RefCell<Option<(Vec<i64>, Tensor)>>,
 }
 
 /// Where a flat piece of a parameter lies: LAMB's and LANS's per-tensor norms add up the
@@ -188,6 +192,7 @@ impl Optimizer {
             steps: 0,
             step_tensor: None,
             graph_lr: None,
+            piece_index: Default::default(),
         }
     }
 
@@ -526,7 +531,17 @@ impl Optimizer {
             .iter()
             .map(|&i| self.pieces[i].as_ref().map_or(i, |p| p.param) as i64)
             .collect();
-        let index = Tensor::from_slice(&index).to_device_of(home);
+        let index = {
+            let mut cached = self.piece_index.borrow_mut();
+            match cached.as_ref() {
+                Some((k, t)) if *k == index => t.shallow_clone(),
+                _ => {
+                    let t = Tensor::from_slice(&index).to_device_of(home);
+                    *cached = Some((index, t.shallow_clone()));
+                    t
+                }
+            }
+        };
         let mut totals =
             home.zeros_on_device(&[sets.len() as i64, self.param_count as i64], Kind::Float);
         if !live.is_empty() {
