@@ -47,8 +47,9 @@ struct Graph(*mut c_void);
 impl Graph {
     /// Runs `work` while capturing what it queues on `device` (nothing of it runs yet).
     fn capture<T>(device: Device, work: impl FnOnce() -> Result<T>) -> Result<(Graph, T)> {
+        // `check` refused other devices before the first step.
         let Device::Cuda(index) = device else {
-            bail!("CUDA graphs run on CUDA devices, not {device}: use --device cuda, or leave cuda_graphs off");
+            bail!("CUDA graphs need a CUDA device, not {device}");
         };
         let ptr = call_ptr("starting a CUDA graph capture", |e, n| {
             // SAFETY: a plain call; the shim catches C++ exceptions.

@@ -162,6 +162,8 @@ impl SentScalars {
     }
 }
 
+const NO_STAGED_STEP: &str = "cuda_graphs: this recipe has no fixed-shape step";
+
 /// One micro-batch's forward pass (under the job's precision) and backward pass, its numbers
 /// kept in `scalars`; `of` micro-batches make the step (their gradients add up, so each loss
 /// is divided by their number, like one big batch).
@@ -780,9 +782,8 @@ impl<'a> Trainer<'a> {
         if self.step < from || batch.len() != self.local_batch {
             return Ok(None);
         }
-        let Some(staged) = self.recipe.staged() else {
-            bail!("cuda_graphs: this recipe's batches change shape, so its step cannot be captured (bert-mlm's can): leave cuda_graphs off");
-        };
+        // `graph::check` made sure of a staged step before the first step.
+        let staged = self.recipe.staged().context(NO_STAGED_STEP)?;
         Ok(Some(staged.inputs(Split::Train, batch)?))
     }
 
@@ -799,9 +800,7 @@ impl<'a> Trainer<'a> {
         // The captured backward pass hands each gradient over into the graph's memory.
         self.update.zero_grad();
         let (recipe, update, n) = (&*self.recipe, &mut self.update, self.local_batch);
-        let staged = recipe
-            .staged()
-            .context("cuda_graphs: this recipe has no fixed-shape step")?;
+        let staged = recipe.staged().context(NO_STAGED_STEP)?;
         let captured = CapturedStep::capture(ctx.device, &host, lr_t, |inputs| {
             let mut scalars = StepScalars::default();
             forward_backward(h, ctx, n, 1, &mut scalars, || staged.compute(inputs, true))?;
