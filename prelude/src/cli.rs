@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::dashboard::JobDashboard;
 use crate::{MlmOptions, TextOptions, VisionOptions};
 use trainbook_api::DeviceRequest;
-use trainbook_api::{Configure, JobSpec, Resume, TrainConfig};
+use trainbook_api::{Configure, JobSpec, Nodes, Resume, TrainConfig};
 use trainbook_api::{JobStatus, JobUpdate};
 
 #[derive(Parser, Debug)]
@@ -309,8 +309,12 @@ pub struct TrainArgs {
     pub master_port: Option<u16>,
     /// Machines in the job, each running this command with its own --node-rank (default: 1,
     /// or what srun, mpirun or torchrun set; see the README's "More than one machine").
-    #[arg(long, value_name = "N", value_parser = parse_nnodes, help_heading = "More than one machine")]
-    pub nnodes: Option<usize>,
+    /// MIN:MAX makes the job elastic: it starts once MIN nodes joined (waiting 10 s more for
+    /// the rest), goes on without a lost node from its newest checkpoint while MIN are left
+    /// (each loss uses one of --max-failures), and takes a node that joins at its next
+    /// checkpoint.
+    #[arg(long, value_name = "N|MIN:MAX", value_parser = parse_nnodes, help_heading = "More than one machine")]
+    pub nnodes: Option<Nodes>,
     /// This machine's rank among the nodes; node 0 hosts the rendezvous and shows the
     /// dashboard for the whole job.
     #[arg(long, value_name = "K", help_heading = "More than one machine")]
@@ -562,18 +566,28 @@ fn parse_device(s: &str) -> Result<DeviceRequest, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
-/// `--nnodes N`. torchrun's elastic `MIN:MAX` is refused with what to give instead: a
-/// trainbook job keeps the number of nodes it starts with.
-fn parse_nnodes(s: &str) -> Result<usize, String> {
-    if let Some((_, max)) = s.split_once(':') {
-        return Err(format!(
-            "{s} is an elastic range (MIN:MAX, as torchrun takes it), and a trainbook job keeps the nodes it starts with: give their number, e.g. --nnodes {max}"
-        ));
-    }
-    match s.parse::<usize>() {
-        Ok(0) => Err("a job needs at least 1 node".into()),
+/// `--nnodes N`, or torchrun's elastic `MIN:MAX`.
+fn parse_nnodes(s: &str) -> Result<Nodes, String> {
+    let count = |v: &str| {
+        match v.trim().parse::<usize>() {
+        Ok(0) => Err("a job needs at least 1 node".to_string()),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("{s} is not a number of nodes: e.g. --nnodes 2")),
+        Err(_) => Err(format!(
+            "{s} is not a number of nodes nor a range: e.g. --nnodes 2, or --nnodes 2:4 for a job that runs on 2 to 4 nodes"
+        )),
+    }
+    };
+    match s.split_once(':') {
+        Some((min, max)) => {
+            let (min, max) = (count(min)?, count(max)?);
+            if min > max {
+                return Err(format!(
+                    "{s} has more nodes at least than at most: give MIN:MAX, e.g. --nnodes {max}:{min}"
+                ));
+            }
+            Ok((min..=max).into())
+        }
+        None => Ok(count(s)?.into()),
     }
 }
 
@@ -596,7 +610,7 @@ impl TrainArgs {
             spec = spec.topology(&t);
         }
         if let Some(n) = self.nnodes {
-            spec.nodes = n;
+            spec = spec.nodes(n);
         }
         if let Some(r) = self.node_rank {
             spec.node_rank = r;
@@ -710,7 +724,23 @@ fn plan(args: &TrainArgs) -> Result<i32> {
 
 fn train(args: &TrainArgs) -> Result<i32> {
     let spec = args.to_spec()?;
-    if spec.nodes > 1 {
+    if spec.is_elastic() {
+        eprintln!(
+            "trainbook: node {} of an elastic job of {}:{} nodes x {} worker(s), rendezvous at {}:{}{}",
+            spec.node_rank,
+            spec.min_nodes.unwrap_or(spec.nodes),
+            spec.nodes,
+            spec.workers,
+            spec.master_addr,
+            spec.master_port
+                .unwrap_or(trainbook_api::plumbing::DEFAULT_MASTER_PORT),
+            if spec.node_rank > 0 {
+                " (node 0 shows the whole job)"
+            } else {
+                ""
+            }
+        );
+    } else if spec.nodes > 1 {
         let ranks = spec.local_ranks();
         eprintln!(
             "trainbook: node {} of {}, ranks {}-{} of {}, rendezvous at {}:{}{}",

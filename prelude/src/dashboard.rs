@@ -15,6 +15,37 @@ use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Statu
 pub struct JobDashboard {
     dash: Dashboard,
     checkpoint: Option<PathBuf>,
+    /// The job shown, for its title after an elastic job changes its size.
+    job: Option<Job>,
+}
+
+/// `bert · 4 workers (2 nodes) on cpu · job 3 · my-run`: node 0 shows the whole job, another
+/// node its own workers; an elastic job says its range of nodes.
+fn title(job: &Job, world: usize) -> String {
+    let spec = job.spec();
+    let workers = spec.workers.max(1);
+    let range = match spec.min_nodes.filter(|_| spec.is_elastic()) {
+        Some(min) => format!(" of {min}:{}", spec.nodes),
+        None => String::new(),
+    };
+    let (shown, nodes) = match (spec.nodes, spec.node_rank) {
+        (1, _) => (world, String::new()),
+        (_, 0) => (world, format!(" ({} nodes{range})", world / workers)),
+        (n, k) => (spec.workers, format!(" (node {k} of {n})")),
+    };
+    // A named run (a sweep's trial-3, a resumable run) says its name.
+    let name = spec
+        .run_name
+        .as_ref()
+        .map(|n| format!(" · {n}"))
+        .unwrap_or_default();
+    format!(
+        "{} · {shown} worker{}{nodes} on {} · job {}{name}",
+        spec.recipe,
+        if shown == 1 { "" } else { "s" },
+        job.device().name(),
+        job.id()
+    )
 }
 
 pub fn status(s: JobStatus) -> Status {
@@ -32,31 +63,13 @@ impl JobDashboard {
     pub fn new(job: &Job) -> Result<JobDashboard> {
         let spec = job.spec();
         let world = spec.world_size();
-        // Node 0 shows the whole job; another node its own workers.
-        let (shown, nodes) = match (spec.nodes, spec.node_rank) {
-            (1, _) => (world, String::new()),
-            (n, 0) => (world, format!(" ({n} nodes)")),
-            (n, k) => (spec.workers, format!(" (node {k} of {n})")),
-        };
-        // A named run (a sweep's trial-3, a resumable run) says its name.
-        let name = spec
-            .run_name
-            .as_ref()
-            .map(|n| format!(" · {n}"))
-            .unwrap_or_default();
-        let title = format!(
-            "{} · {shown} worker{}{nodes} on {} · job {}{name}",
-            spec.recipe,
-            if shown == 1 { "" } else { "s" },
-            job.device().name(),
-            job.id()
-        );
         let mut d = JobDashboard::from_parts(
-            title,
+            title(job, world),
             world,
             job.run_dir().display().to_string(),
             dashboard_options(&trainbook_api::plumbing::view_options(spec))?,
         );
+        d.job = Some(job.clone());
         d.dash.progress.status = status(job.status());
         Ok(d)
     }
@@ -71,6 +84,7 @@ impl JobDashboard {
         JobDashboard {
             dash: Dashboard::new(title, workers, run_dir, options),
             checkpoint: None,
+            job: None,
         }
     }
 
@@ -80,8 +94,15 @@ impl JobDashboard {
     pub fn with_history(job: &Job) -> Result<JobDashboard> {
         let mut d = JobDashboard::new(job)?;
         // Markers first: the rows of replayed steps are already the replayed ones.
-        for r in job.result().map(|r| r.restarts).unwrap_or_default() {
+        let result = job.result().ok();
+        for r in result.iter().flat_map(|r| &r.restarts) {
             d.dash.curves.restart(r.resumed_step);
+        }
+        for r in result.iter().flat_map(|r| &r.resizes) {
+            d.dash.curves.resize(r.to_workers, r.resumed_step);
+        }
+        if let Some(r) = result.as_ref().filter(|r| !r.resizes.is_empty()) {
+            d.dash.title = title(job, r.workers);
         }
         for row in job.metric_rows() {
             d.metric(&row);
@@ -121,6 +142,19 @@ impl JobDashboard {
                 let line = LogLine {
                     rank: None,
                     is_error: true,
+                    text: r.to_string(),
+                    repeats: None,
+                };
+                return self.dash.logs.push(line.clone()).then_some(line);
+            }
+            JobUpdate::Resize(r) => {
+                self.dash.curves.resize(r.to_workers, r.resumed_step);
+                if let Some(job) = &self.job {
+                    self.dash.title = title(job, r.to_workers);
+                }
+                let line = LogLine {
+                    rank: None,
+                    is_error: false,
                     text: r.to_string(),
                     repeats: None,
                 };

@@ -110,10 +110,18 @@ pub fn summary(c: &Curves) -> String {
 /// restarts.
 fn restarts_note(c: &Curves) -> Option<String> {
     let last = c.restarts().last()?;
-    Some(match c.restart_count() {
-        1 => format!("1 restart (resumed at step {last})"),
-        n => format!("{n} restarts (last resumed at step {last})"),
-    })
+    let restarts = match c.restart_count() {
+        0 => None,
+        1 => Some(format!("1 restart (resumed at step {last})")),
+        n => Some(format!("{n} restarts (last resumed at step {last})")),
+    };
+    let resizes = match c.resizes() {
+        (0, _) => None,
+        (1, w) => Some(format!("resized once (now {w} workers)")),
+        (n, w) => Some(format!("resized {n} times (now {w} workers)")),
+    };
+    let parts: Vec<String> = restarts.into_iter().chain(resizes).collect();
+    (!parts.is_empty()).then(|| parts.join(" · "))
 }
 
 fn non_finite_note(n: usize, first: Option<(f64, f64)>) -> String {

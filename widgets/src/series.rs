@@ -161,6 +161,8 @@ pub struct Curves {
     restarts: Vec<u64>,
     /// Every restart, including those whose marker was dropped.
     restart_count: usize,
+    /// An elastic job's changes of size (their markers are among `restarts`).
+    resize_count: usize,
 }
 
 /// Restart markers kept (the latest): a job restarting without limit stays bounded.
@@ -282,6 +284,21 @@ impl Curves {
             self.restarts.remove(0);
         }
         self.restart_count += 1;
+    }
+
+    /// An elastic job continues with `world` workers from `resumed_step`: the replayed
+    /// steps are handled as after a restart (and marked), the change counted apart.
+    pub fn resize(&mut self, world: usize, resumed_step: u64) {
+        let restarts = self.restart_count;
+        self.restart(resumed_step);
+        self.restart_count = restarts;
+        self.resize_count += 1;
+        self.world = world.max(1);
+    }
+
+    /// How many times an elastic job changed its size, and its workers now.
+    pub fn resizes(&self) -> (usize, usize) {
+        (self.resize_count, self.world)
     }
 
     /// Where the job resumed after each restart, in step order (at most
@@ -458,5 +475,23 @@ mod tests {
         assert!(c.restarts().windows(2).all(|w| w[0] < w[1]));
         assert_eq!(c.train.last().map(|p| p.0), Some((35 + 999 * 10) as f64));
         assert!(c.train.points().windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn a_resize_replays_like_a_restart_waits_for_the_new_world_and_is_counted_apart() {
+        let mut c = Curves::new(4);
+        for step in 1..=10 {
+            for rank in 0..4 {
+                c.train_loss(rank, step, 1.0);
+            }
+        }
+        c.resize(3, 8);
+        assert_eq!((c.restart_count(), c.resizes()), (0, (1, 3)));
+        assert_eq!(c.restarts(), [8]);
+        // Three ranks complete a step now.
+        for rank in 0..3 {
+            c.train_loss(rank, 9, 2.0);
+        }
+        assert_eq!(c.train.points().last().map(|p| p.1), Some(2.0));
     }
 }

@@ -115,6 +115,9 @@ pub enum JobUpdate {
     /// The job restarted its workers after a failure; steps after `resumed_step` are replayed
     /// (their metric rows were dropped and come again).
     Restart(Restart),
+    /// An elastic job changed its size (after a lost node, or a node that joined); the workers
+    /// of the new size continue from `resumed_step`, as after a restart.
+    Resize(Resize),
     Finished(JobStatus),
 }
 
@@ -160,6 +163,40 @@ impl std::fmt::Display for Restart {
             ),
             None => write!(f, " — started again from step 0 (no checkpoint yet)"),
         }
+    }
+}
+
+/// One change of an elastic job's size (`nodes(min..=max)`, `--nnodes MIN:MAX`): the nodes
+/// it runs on since, and why.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Resize {
+    /// Seconds since the job started.
+    pub time: f64,
+    /// Workers before and after.
+    pub from_workers: usize,
+    pub to_workers: usize,
+    /// The nodes it runs on now (node ids as started, `--node-rank`).
+    pub nodes: Vec<usize>,
+    /// Why, e.g. "node 3 lost" or "node 3 joined".
+    pub reason: String,
+    /// The checkpoint the new size continued from; `None`: from the start.
+    pub checkpoint: Option<PathBuf>,
+    /// The step it continued at.
+    pub resumed_step: u64,
+}
+
+impl std::fmt::Display for Resize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.nodes.iter().map(ToString::to_string).collect();
+        write!(
+            f,
+            "resized: {} -> {} workers on nodes {} ({}) — continued from step {}",
+            self.from_workers,
+            self.to_workers,
+            nodes.join(", "),
+            self.reason,
+            self.resumed_step
+        )
     }
 }
 
@@ -209,6 +246,9 @@ pub struct TrainResult {
     pub memory: Vec<MemoryUse>,
     /// The job's restarts after failures, in order (see `max_failures`).
     pub restarts: Vec<Restart>,
+    /// An elastic job's changes of size, in order (see `nodes(min..=max)`); `workers` is
+    /// the size it ended with.
+    pub resizes: Vec<Resize>,
     /// What went wrong beside the training, e.g. an MLflow server that was down (the metrics
     /// it did not get are named).
     pub warnings: Vec<String>,
@@ -270,6 +310,7 @@ impl TrainResult {
             "error": self.error,
             "memory": self.memory,
             "restarts": self.restarts,
+            "resizes": self.resizes,
             "warnings": self.warnings,
             "profile": self.profile,
         })

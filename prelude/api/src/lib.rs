@@ -80,7 +80,7 @@ pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{content_blocks, ShowValue};
 pub use job::{
     running_jobs, stop_all, Job, JobStatus, JobUpdate, LogRecord, MemoryUse, MetricRow, Progress,
-    Restart, TrainError, TrainResult,
+    Resize, Restart, TrainError, TrainResult,
 };
 pub use logs::{LogLevel, Stream};
 pub use memory::{Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
@@ -89,8 +89,8 @@ pub use params::{Param, ParamError};
 pub use profile::{OpTime, ProfileSteps, StepProfile};
 pub use run::{fit, launch, Train, View};
 pub use spec::{
-    Configure, ConfigureTraining, DedupConfig, Hyper, JobSpec, OptimizerKind, Plan, Precision,
-    Resume, Schedule, TrainConfig,
+    Configure, ConfigureTraining, DedupConfig, Hyper, JobSpec, Nodes, OptimizerKind, Plan,
+    Precision, Resume, Schedule, TrainConfig,
 };
 pub use sweep::{
     Asha, Goal, MedianStopping, ParamValue, Scheduler, Space, Sweep, SweepJob, SweepResult,
@@ -147,7 +147,7 @@ pub mod prelude {
     pub use crate::corpus::{CorpusPreparer, PreparedCorpus};
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::display::ShowValue;
-    pub use crate::job::{stop_all, Job, JobStatus, JobUpdate, Restart, TrainResult};
+    pub use crate::job::{stop_all, Job, JobStatus, JobUpdate, Resize, Restart, TrainResult};
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;

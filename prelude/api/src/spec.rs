@@ -369,8 +369,14 @@ pub struct JobSpec {
     /// must agree on it beforehand).
     pub master_port: Option<u16>,
     /// Machines in the job; each runs one driver with `workers` workers (see [`Topology`]).
+    /// In an elastic job, the most it runs on.
     #[serde(default = "one")]
     pub nodes: usize,
+    /// An elastic job (`nodes(min..=max)`, `--nnodes MIN:MAX`): the fewest nodes it runs on.
+    /// It starts once this many have joined, goes on without a lost node while this many are
+    /// left, and grows at a checkpoint when a node joins. `None`: exactly `nodes`.
+    #[serde(default)]
+    pub min_nodes: Option<usize>,
     /// This machine's place among the nodes, 0 for the one that shows the dashboard.
     #[serde(default)]
     pub node_rank: usize,
@@ -444,6 +450,29 @@ pub fn check_mlflow_uri(uri: &str) -> Result<()> {
     }
 }
 
+/// How many nodes a job runs on: a number, or an elastic range (`2..=4`); see
+/// [`Configure::nodes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Nodes {
+    pub min: usize,
+    pub max: usize,
+}
+
+impl From<usize> for Nodes {
+    fn from(n: usize) -> Nodes {
+        Nodes { min: n, max: n }
+    }
+}
+
+impl From<std::ops::RangeInclusive<usize>> for Nodes {
+    fn from(r: std::ops::RangeInclusive<usize>) -> Nodes {
+        Nodes {
+            min: *r.start(),
+            max: *r.end(),
+        }
+    }
+}
+
 /// The builder methods of how a job runs (workers, device, ports, logs): `JobSpec`,
 /// `BertTrainer` and the other trainers share them through this trait (in the prelude). Their
 /// training options come with [`ConfigureTraining`], which every `Configure` has.
@@ -474,9 +503,14 @@ pub trait Configure: Sized {
     }
     /// Machines in the job (default 1); each runs `workers` workers. Start node 0 (this one,
     /// showing the dashboard) and the others (`trainbook train ... --node-rank K`) with the
-    /// same `nodes`, `master_addr` and `master_port`.
-    fn nodes(mut self, n: usize) -> Self {
-        self.job_spec().nodes = n;
+    /// same `nodes`, `master_addr` and `master_port`. A range (`2..=4`) makes the job
+    /// elastic: it starts on the nodes that joined (at least 2), goes on without a lost node
+    /// from its newest checkpoint, and grows at a checkpoint when a node joins (again).
+    fn nodes(mut self, n: impl Into<Nodes>) -> Self {
+        let Nodes { min, max } = n.into();
+        let spec = self.job_spec();
+        spec.nodes = max;
+        spec.min_nodes = (min != max).then_some(min);
         self
     }
     /// This machine's place among the nodes (default 0).
@@ -620,6 +654,7 @@ impl JobSpec {
             master_addr: "127.0.0.1".into(),
             master_port: None,
             nodes: 1,
+            min_nodes: None,
             node_rank: 0,
             node_addr: None,
             threads_per_worker: None,
@@ -713,6 +748,27 @@ impl JobSpec {
         self.workers * self.nodes.max(1)
     }
 
+    /// Whether the job's size may change (`nodes(min..=max)` with min < max).
+    pub fn is_elastic(&self) -> bool {
+        self.min_nodes.is_some_and(|m| m < self.nodes)
+    }
+
+    /// The numbers of nodes the job may run on, fewest first: every count from the fewest
+    /// (`min_nodes`) to `nodes` whose workers split `hyper`'s global batch evenly, so that a
+    /// step trains the same samples at every size (one count for a job that is not elastic).
+    pub fn node_counts(&self, hyper: Option<&Hyper>) -> Vec<usize> {
+        let min = self.min_nodes.unwrap_or(self.nodes).min(self.nodes);
+        (min..=self.nodes)
+            .filter(|&n| {
+                min == self.nodes
+                    || hyper.is_none_or(|h| {
+                        let split = n * self.workers * h.grad_accum.max(1);
+                        h.global_batch_size >= split && h.global_batch_size % split == 0
+                    })
+            })
+            .collect()
+    }
+
     /// The global ranks of this node's workers.
     pub fn local_ranks(&self) -> std::ops::Range<usize> {
         let first = self.node_rank * self.workers;
@@ -728,6 +784,14 @@ impl JobSpec {
         }
         if self.nodes == 0 {
             bail!("nodes is 0: a job runs on at least one node (--nnodes 1 for this machine only)");
+        }
+        if let Some(min) = self.min_nodes {
+            if min == 0 || min > self.nodes {
+                bail!(
+                    "nodes {min}:{} is not a range of nodes: give the fewest (at least 1) and then the most, e.g. --nnodes 2:4 (.nodes(2..=4))",
+                    self.nodes
+                );
+            }
         }
         if self.node_rank >= self.nodes {
             bail!(

@@ -218,22 +218,42 @@ fn worker_that_cannot_start() {
     );
 }
 
-/// torchrun's elastic `--nnodes MIN:MAX` is refused with what to give instead.
+/// torchrun's elastic `--nnodes MIN:MAX` is taken; a range upside down, a count that is not
+/// one, and an elastic job whose global batch no size splits evenly are refused before any
+/// process starts, saying what to give.
 #[test]
-fn an_elastic_node_range_says_jobs_keep_their_size() {
+fn an_elastic_node_range_is_checked_before_launch() {
     expect_clear_error(
-        &["train", "synthetic", "--nnodes", "2:4"],
+        &["train", "synthetic", "--nnodes", "4:2"],
         &[],
-        &[
-            "2:4 is an elastic range",
-            "keeps the nodes it starts with",
-            "--nnodes 4",
-        ],
+        &["4:2 has more nodes at least than at most", "--nnodes 2:4"],
+    );
+    expect_clear_error(
+        &["train", "synthetic", "--nnodes", "2:x"],
+        &[],
+        &["not a number of nodes nor a range", "--nnodes 2:4"],
     );
     expect_clear_error(
         &["train", "synthetic", "--nnodes", "0"],
         &[],
         &["at least 1 node"],
+    );
+    expect_clear_error(
+        &[
+            "train",
+            "synthetic",
+            "--device",
+            "cpu",
+            "--nnodes",
+            "2:3",
+            "--global-batch-size",
+            "7",
+        ],
+        &[],
+        &[
+            "no number of nodes from 2 to 3 splits the global batch of 7 samples",
+            "e.g. 12",
+        ],
     );
 }
 

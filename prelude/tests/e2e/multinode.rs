@@ -578,3 +578,150 @@ fn eight_nodes_of_two_workers_train_like_one() {
 
     trains_like_one_worker(&s0, &job("1"));
 }
+
+/// A node's stderr, line by line as it comes, with when each line came.
+fn timed_lines(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>> {
+    use std::io::BufRead;
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stderr = child.stderr.take().unwrap();
+    let into = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            into.lock().unwrap().push((Instant::now(), line));
+        }
+    });
+    lines
+}
+
+/// The elastic job of the acceptance: 4 nodes, `--nnodes 2:4 --max-failures 2`; node 3's
+/// driver (and with it its worker) killed at step 100. The job goes on with 3 nodes from its
+/// step-100 checkpoint within 5 s, takes node 3 back at the next checkpoint once its command
+/// runs again, succeeds on 4 nodes, and ends with the parameters of one worker training the
+/// same global batches unbroken (the sampler's order does not depend on the number of ranks).
+#[test]
+fn an_elastic_job_goes_on_without_a_lost_node_and_takes_it_back_at_a_checkpoint() {
+    const NODES: usize = 4;
+    let port = free_port();
+    let name = format!("elastic-{}", std::process::id());
+    // 12 samples a step split over 2, 3 or 4 workers alike.
+    let job = |workers: &str| {
+        let mut a = job_args(workers, "300");
+        let batch = a.iter().position(|s| s == "--global-batch-size").unwrap() + 1;
+        a[batch] = "12".into();
+        a.extend(["--epochs", "4", "--threads", "1"].map(String::from));
+        a
+    };
+    let node_args = |k: usize| {
+        let mut a = job("1");
+        a.extend(
+            [
+                "--nnodes",
+                "2:4",
+                "--node-rank",
+                &k.to_string(),
+                "--master-addr",
+                NODE0,
+                "--master-port",
+                &port.to_string(),
+                "--node-addr",
+                &format!("127.0.0.{}", k + 2),
+                "--name",
+                &name,
+                "--max-failures",
+                "2",
+                "--checkpoint-every",
+                "20",
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    let mut others: Vec<Child> = (1..NODES)
+        .rev()
+        .map(|k| start(&node_args(k), &[]))
+        .collect();
+    let mut n0 = start(&node_args(0), &[]);
+    let said = timed_lines(&mut n0);
+    let step_100 = runs_root()
+        .join(&name)
+        .join("checkpoints/step-100/trainer_state.json");
+    let t0 = Instant::now();
+    while !step_100.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no checkpoint at step 100"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Node 3 (started first, so last in the list) dies with its worker.
+    let mut n3 = others.remove(0);
+    n3.kill().unwrap();
+    n3.wait().unwrap();
+    let killed = Instant::now();
+    let when = |text: &str| {
+        let t0 = Instant::now();
+        loop {
+            if let Some((at, _)) = said.lock().unwrap().iter().find(|(_, l)| l.contains(text)) {
+                return *at;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "node 0 never said '{text}'"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let shrunk = when("resized: 4 -> 3 workers on nodes 0, 1, 2 (node 3 lost)");
+    let took = shrunk.saturating_duration_since(killed);
+    assert!(
+        took < Duration::from_secs(5),
+        "the job went on with 3 nodes {took:?} after the loss"
+    );
+    eprintln!("went on with 3 nodes {took:?} after node 3 was lost");
+    // The same command on node 3 again, as a person or a requeue would.
+    let n3 = start(&node_args(3), &[]);
+    when("resized: 3 -> 4 workers on nodes 0, 1, 2, 3 (node 3 joined)");
+    let out0 = finish(n0, Duration::from_secs(180));
+    let err0: Vec<String> = said
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, l)| l.clone())
+        .collect();
+    assert!(out0.status.success(), "node 0 failed: {}", err0.join("\n"));
+    for (k, out) in [(3, finish(n3, Duration::from_secs(60)))]
+        .into_iter()
+        .chain(
+            others
+                .into_iter()
+                .zip([2, 1])
+                .map(|(c, k)| (k, finish(c, Duration::from_secs(60)))),
+        )
+    {
+        assert!(
+            out.status.success(),
+            "node {k} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let s0 = last_json(&out0);
+    assert_eq!(s0["status"], "succeeded");
+    assert_eq!(s0["workers"], 4, "{s0}");
+    assert_eq!(s0["steps"], 300, "{s0}");
+    let resizes = s0["resizes"].as_array().unwrap();
+    assert_eq!(resizes.len(), 2, "{s0}");
+    assert_eq!(resizes[0]["reason"], "node 3 lost", "{s0}");
+    assert_eq!(resizes[0]["resumed_step"], 100, "{s0}");
+    assert_eq!(resizes[1]["reason"], "node 3 joined", "{s0}");
+    assert!(resizes[1]["resumed_step"].as_u64().unwrap() > 100, "{s0}");
+    assert_eq!(s0["restarts"].as_array().unwrap().len(), 1, "{s0}");
+
+    trains_like_one_worker(&s0, &job("1"));
+    std::fs::remove_dir_all(runs_root().join(&name)).ok();
+    for k in 1..NODES {
+        std::fs::remove_dir_all(runs_root().join(format!("{name}-node{k}"))).ok();
+    }
+}

@@ -111,6 +111,15 @@ impl<'a> Fold<'a> {
                 text: text.clone(),
             });
         }
+        // The ranks of another node change with an elastic job's size: its log files come as
+        // its ranks do.
+        if self.joined && matches!(self.log_files.get(rank), Some(None)) {
+            self.log_files[rank] = File::options()
+                .append(true)
+                .create(true)
+                .open(self.job.run_dir.join(format!("logs/rank{rank}.log")))
+                .ok();
+        }
         if let Some(Some(f)) = self.log_files.get_mut(rank) {
             let tag = if stream == Stream::Stderr {
                 "[stderr] "
@@ -314,9 +323,10 @@ impl<'a> Fold<'a> {
             .flatten()
             .map(|m| format!("\nerror: {m}"))
             .unwrap_or_default();
-        let spec = &self.job.spec;
-        if spec.nodes > 1 {
-            how = format!("{how}, on node {}", rank / spec.workers.max(1));
+        if self.job.spec.nodes > 1 {
+            if let Some(node) = st.membership.node_of(rank) {
+                how = format!("{how}, on node {node}");
+            }
         }
         TrainError::WorkerFailed {
             rank,
@@ -347,7 +357,7 @@ impl<'a> Fold<'a> {
             st.dropped_events = dropped_events;
             st.elapsed = job.started.elapsed().as_secs_f64();
             // Other nodes see their own workers’ clean exits; node 0 every rank’s `done`.
-            let every_rank_done = self.joined || st.summaries.iter().all(|s| s.is_some());
+            let every_rank_done = self.joined || st.every_rank_done();
             st.status = final_status(st.failure.is_some(), stopped_by_user, every_rank_done);
             if st.status == JobStatus::Failed && st.failure.is_none() {
                 st.failure = Some(TrainError::WorkerFailed {

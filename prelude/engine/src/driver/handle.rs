@@ -14,9 +14,11 @@ use trainbook_api::DeviceKind;
 use trainbook_api::JobSpec;
 use trainbook_api::{
     plumbing::{JobControl, JobView},
-    Job, JobStatus, JobUpdate, LogRecord, MetricRow, Progress, Restart, TrainError, TrainResult,
+    Job, JobStatus, JobUpdate, LogRecord, MetricRow, Progress, Resize, Restart, TrainError,
+    TrainResult,
 };
 
+use super::membership::Membership;
 use super::processes::STOP_GRACE;
 use crate::shared::events::WorkerSummary;
 
@@ -33,10 +35,23 @@ pub(super) struct State {
     pub(super) pids: Vec<u32>,
     /// Restarts after failures, in order.
     pub(super) restarts: Vec<Restart>,
+    /// An elastic job's changes of size, in order.
+    pub(super) resizes: Vec<Resize>,
+    /// The nodes the current start runs on, and so its ranks (`world()` of them; the vectors
+    /// by rank above are as long as the job's largest size).
+    pub(super) membership: Membership,
     pub(super) elapsed: f64,
     pub(super) dropped_events: u64,
     /// What went wrong beside the training (an MLflow server that was down), for the result.
     pub(super) warnings: Vec<String>,
+}
+
+impl State {
+    /// Every rank of the current start reported `done`.
+    pub(super) fn every_rank_done(&self) -> bool {
+        let world = self.membership.world().min(self.summaries.len());
+        self.summaries[..world].iter().all(|s| s.is_some())
+    }
 }
 
 /// One job as its driver thread updates it and its handles read it.
@@ -52,6 +67,8 @@ pub(super) struct JobState {
     pub(super) stop_requested: AtomicBool,
     pub(super) subscribers: Mutex<Vec<mpsc::Sender<JobUpdate>>>,
     pub(super) views: Mutex<Vec<Arc<dyn JobView>>>,
+    /// The numbers of nodes the job may run on (`JobSpec::node_counts`; one unless elastic).
+    pub(super) node_counts: Vec<usize>,
 }
 
 /// How long [`Job::wait`] waits for views to settle.
@@ -66,6 +83,8 @@ impl JobState {
         events_endpoint: String,
     ) -> Self {
         let world = spec.world_size();
+        let membership = Membership::new(&[], spec.nodes, spec.workers);
+        let node_counts = spec.node_counts(None);
         JobState {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             spec,
@@ -85,6 +104,8 @@ impl JobState {
                 failure: None,
                 pids: Vec::new(),
                 restarts: Vec::new(),
+                resizes: Vec::new(),
+                membership,
                 elapsed: 0.0,
                 dropped_events: 0,
                 warnings: Vec::new(),
@@ -93,6 +114,7 @@ impl JobState {
             stop_requested: AtomicBool::new(false),
             subscribers: Mutex::new(Vec::new()),
             views: Mutex::new(Vec::new()),
+            node_counts,
         }
     }
 
@@ -341,7 +363,7 @@ impl JobControl for JobHandle {
         Ok(TrainResult {
             status: st.status,
             recipe: self.job.spec.recipe.clone(),
-            workers: self.job.spec.world_size(),
+            workers: st.membership.world(),
             device: self.job.device,
             metrics: final_metrics,
             metric_rows: st.metrics.clone(),
@@ -362,6 +384,7 @@ impl JobControl for JobHandle {
             param_l2: s0.param_l2,
             memory: summaries.iter().map(|s| s.memory.clone()).collect(),
             restarts: st.restarts.clone(),
+            resizes: st.resizes.clone(),
             warnings: st.warnings.clone(),
             profile: s0.profile.clone().map(|mut p| {
                 p.traces = traces(&self.job.run_dir, p.traces);

@@ -5,6 +5,7 @@
 //!
 //! - [`placement`]: which device a job gets (`auto`, the HPU probe).
 //! - [`rendezvous`]: how a node joins its job (node 0 hosts, the others fetch its job).
+//! - [`membership`]: the nodes of each start and the ranks they get (elastic jobs).
 //! - [`processes`]: worker processes (exec, process groups, raw output, stop).
 //! - [`drive`]: the event loop on the driver thread, of two parts:
 //!   - [`fold`]: events and output into the job's state, logs, subscribers and trackers;
@@ -20,6 +21,7 @@ mod fold;
 mod handle;
 mod history;
 mod incoming;
+pub(crate) mod membership;
 pub(crate) mod metrics;
 pub(crate) mod placement;
 pub(crate) mod processes;
@@ -97,7 +99,10 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
         start: first,
         ..
     } = node;
-    let job = Arc::new(JobState::new(config.spec, device, run_dir, events));
+    let mut job = JobState::new(config.spec, device, run_dir, events);
+    job.node_counts = job.spec.node_counts(config.hyper.as_ref());
+    job.lock().membership = first.membership(&job.spec);
+    let job = Arc::new(job);
     let handle = JobHandle::register(job.clone());
 
     // Workers are spawned from the driver thread, which lives exactly as long as they do:
@@ -106,8 +111,8 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     thread::Builder::new()
         .name(format!("trainbook-job-{}", job.id))
         .spawn(move || {
-            let start = Start { cmds, tx, store };
-            match start.spawn(first.attempt, first.resume.as_deref()) {
+            let start = Start::new(cmds, tx, store, &job.spec);
+            match start.spawn(&first) {
                 Ok(w) => {
                     {
                         let mut st = job.lock();
@@ -158,7 +163,8 @@ fn visible_devices_env(device: DeviceKind, ids: Option<&[usize]>) -> Option<(Str
 
 /// One command per local rank: the program (with its own environment) and the environment
 /// through which a worker receives its place in the job (torch's env:// variables and
-/// trainbook's, [`env`]).
+/// trainbook's, [`env`]). Its global rank and the world's size come with each start
+/// ([`Start::spawn`]): an elastic job's differ from start to start.
 fn worker_commands(
     node: &Node,
     (program, program_env): (PathBuf, Vec<(String, String)>),
@@ -177,17 +183,12 @@ fn worker_commands(
     });
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let config_file = node.run_dir.join(checkpoint::RUN_CONFIG);
-    let world = spec.world_size();
     spec.local_ranks()
         .enumerate()
         .map(|(local, rank)| {
             let mut vars: Vec<(String, String)> = vec![
-                ("RANK".into(), rank.to_string()),
                 ("LOCAL_RANK".into(), local.to_string()),
-                ("WORLD_SIZE".into(), world.to_string()),
                 ("LOCAL_WORLD_SIZE".into(), spec.workers.to_string()),
-                ("GROUP_RANK".into(), spec.node_rank.to_string()),
-                ("NODE_RANK".into(), spec.node_rank.to_string()),
                 ("MASTER_ADDR".into(), spec.master_addr.clone()),
                 ("MASTER_PORT".into(), node.store.port().to_string()),
                 (env::AGENT_STORE.into(), "1".into()),

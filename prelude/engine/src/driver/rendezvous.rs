@@ -16,6 +16,7 @@ use trainbook_api::plumbing::DEFAULT_MASTER_PORT;
 use trainbook_api::DeviceKind;
 use trainbook_api::{JobSpec, Resume};
 
+use super::membership::{self, Membership};
 use super::placement;
 use crate::shared::checkpoint::{self, RunConfig, RunStatus};
 use crate::shared::events::{self, Collector, Emitter};
@@ -41,13 +42,30 @@ const JOB_KEY: &str = "trainbook/job";
 const START_KEY: &str = "trainbook/start";
 /// Set by node 0 when the job has ended: nodes waiting for a restart give up.
 const END_KEY: &str = "trainbook/end";
+/// Set by each node of an elastic job once it has read the job: node 0 starts it on the
+/// nodes that have.
+const READY_KEY: &str = "trainbook/ready";
+/// How long node 0 of an elastic job waits for the rest of its nodes once the fewest have
+/// joined (torchrun's rendezvous waits similarly before it closes a round).
+const LAST_CALL: Duration = Duration::from_secs(10);
+/// How often a node that waits for a start says it is alive.
+const ALIVE_EVERY: Duration = Duration::from_secs(1);
 
-/// A start of the job's workers: the first (attempt 0) or a restart, and the checkpoint it
-/// continues from.
+/// A start of the job's workers: the first (attempt 0) or a restart, the checkpoint it
+/// continues from, and the nodes it runs on.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub(super) struct StartInfo {
     pub(super) attempt: u32,
     pub(super) resume: Option<PathBuf>,
+    /// The nodes of this start in rank order (an elastic job's choice); empty: every node.
+    #[serde(default)]
+    pub(super) members: Vec<usize>,
+}
+
+impl StartInfo {
+    pub(super) fn membership(&self, spec: &JobSpec) -> Membership {
+        Membership::new(&self.members, spec.nodes, spec.workers)
+    }
 }
 
 fn started_key(attempt: u32, node: usize) -> String {
@@ -134,14 +152,32 @@ pub(super) fn host(
         h.local_batch(spec.world_size())?;
     }
     let device = placement::resolve(spec.device, spec.workers)?;
+    let counts = spec.node_counts(hyper.as_ref());
+    if counts.is_empty() {
+        bail!(
+            "no number of nodes from {} to {} splits the global batch of {} samples evenly over their workers ({} per node{}), and an elastic job keeps the samples of a step at every size: choose a global batch that divides by the workers of several of those sizes, e.g. {}",
+            spec.min_nodes.unwrap_or(spec.nodes),
+            spec.nodes,
+            hyper.as_ref().map_or(0, |h| h.global_batch_size),
+            spec.workers,
+            hyper.as_ref().filter(|h| h.grad_accum > 1).map_or(String::new(), |h| format!(" x {} micro-batches", h.grad_accum)),
+            (spec.min_nodes.unwrap_or(1)..=spec.nodes).fold(1, lcm) * spec.workers * hyper.as_ref().map_or(1, |h| h.grad_accum.max(1))
+        );
+    }
     // A job that cannot fit its devices fails here, before its run directory exists.
     if let (Some(h), JobKind::Recipe(entry)) = (&hyper, recipes.job_kind(&spec.recipe)?) {
-        crate::worker::memory::check(entry, &spec, h, device)?;
+        // An elastic job's workers hold the most (the largest share of the batch) at its
+        // smallest size.
+        let mut smallest = spec.clone();
+        smallest.nodes = counts[0];
+        smallest.min_nodes = None;
+        crate::worker::memory::check(entry, &smallest, h, device)?;
     }
     let run_dir = create_run_dir(&spec, None)?;
-    let start = StartInfo {
+    let mut start = StartInfo {
         attempt: 0,
         resume: named_run_resume(&spec, &run_dir)?,
+        members: Vec::new(),
     };
     let config = RunConfig { spec, hyper };
     checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
@@ -175,8 +211,14 @@ pub(super) fn host(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         };
-        publish_start(&store, &start)?;
-        store.set(JOB_KEY, &serde_json::to_vec(&info)?)?;
+        if spec.is_elastic() {
+            store.set(JOB_KEY, &serde_json::to_vec(&info)?)?;
+            start.members = gather(&store, spec, &counts, timeout)?;
+            publish_start(&store, &start)?;
+        } else {
+            publish_start(&store, &start)?;
+            store.set(JOB_KEY, &serde_json::to_vec(&info)?)?;
+        }
     }
     Ok(Node {
         config,
@@ -209,15 +251,18 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
     let info: JobInfo = serde_json::from_slice(&store.get(JOB_KEY).map_err(reach)?)
         .context("node 0 published a job this trainbook cannot read: run the same trainbook version on every node")?;
     let theirs = &info.config.spec;
-    if theirs.recipe != spec.recipe || theirs.nodes != spec.nodes || theirs.workers != spec.workers
+    if theirs.recipe != spec.recipe
+        || theirs.nodes != spec.nodes
+        || theirs.min_nodes != spec.min_nodes
+        || theirs.workers != spec.workers
     {
         bail!(
             "node {node} was started for {} on {} node(s) x {} worker(s), but node 0 runs {} on {} node(s) x {} worker(s): start every node with the same recipe, --nnodes and --workers",
             spec.recipe,
-            spec.nodes,
+            nodes_text(&spec),
             spec.workers,
             theirs.recipe,
-            theirs.nodes,
+            nodes_text(theirs),
             theirs.workers
         );
     }
@@ -234,6 +279,21 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
     checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
     let forward = Emitter::connect(&info.events, &info.token, config.spec.local_ranks().start)
         .context("connecting to node 0's event stream")?;
+    if config.spec.is_elastic() {
+        store.set(&format!("{READY_KEY}/{node}"), b"1")?;
+        let start = await_turn(&store, &config.spec, &forward)?;
+        return Ok(Node {
+            config,
+            device: info.device,
+            run_dir,
+            store,
+            events: info.events,
+            token: info.token,
+            collector: None,
+            forward: Some(forward),
+            start,
+        });
+    }
     // A driver that replaces one lost from this node joins the next start, which node 0
     // publishes once it has noticed the loss.
     let mut start = current_start(&store)?.unwrap_or_default();
@@ -260,6 +320,112 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
         forward: Some(forward),
         start,
     })
+}
+
+/// The least common multiple of `a` and `b`.
+fn lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b).max(1) * b
+}
+
+/// `4` or, for an elastic job, `2:4`.
+fn nodes_text(spec: &JobSpec) -> String {
+    match spec.min_nodes.filter(|_| spec.is_elastic()) {
+        Some(min) => format!("{min}:{}", spec.nodes),
+        None => spec.nodes.to_string(),
+    }
+}
+
+/// Node 0 of an elastic job: waits until the fewest nodes it runs on have joined, then up to
+/// [`LAST_CALL`] more for the rest, and returns the nodes the first start runs on.
+fn gather(
+    store: &Store,
+    spec: &JobSpec,
+    counts: &[usize],
+    timeout: Duration,
+) -> Result<Vec<usize>> {
+    let t0 = std::time::Instant::now();
+    let mut enough_at = None;
+    let mut said = 0;
+    loop {
+        let joined: Vec<usize> = std::iter::once(0)
+            .chain(
+                (1..spec.nodes)
+                    .filter(|k| store.check(&format!("{READY_KEY}/{k}")).unwrap_or(false)),
+            )
+            .collect();
+        let chosen = membership::choose(&joined, counts);
+        if joined.len() != said {
+            said = joined.len();
+            eprintln!(
+                "trainbook: {} of {} nodes joined (nodes {}){}",
+                joined.len(),
+                nodes_text(spec),
+                membership::list(&joined),
+                if joined.len() < spec.nodes && chosen.is_some() {
+                    format!(
+                        "; starting in {} s unless the rest join",
+                        LAST_CALL.as_secs()
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        if let Some(nodes) = chosen {
+            let since = *enough_at.get_or_insert_with(std::time::Instant::now);
+            if joined.len() == spec.nodes || since.elapsed() >= LAST_CALL {
+                return Ok(nodes);
+            }
+        }
+        if t0.elapsed() >= timeout {
+            bail!(
+                "only {} of the at least {} nodes this elastic job needs joined within {} s (nodes {}): start the others with the same --nnodes, --master-addr and --master-port and their own --node-rank",
+                joined.len(),
+                counts[0],
+                timeout.as_secs(),
+                membership::list(&joined)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Nodes 1..N of an elastic job: waits for a start that runs on this node and that its
+/// workers have not started yet (a node the job does not need now waits for a later one, as
+/// long as the job runs), saying it is alive so that node 0 knows it can grow.
+fn await_turn(store: &Store, spec: &JobSpec, forward: &Emitter) -> Result<StartInfo> {
+    let node = spec.node_rank;
+    let mut said = None;
+    let mut alive_at: Option<std::time::Instant> = None;
+    loop {
+        if let Some(s) = current_start(store)? {
+            if s.membership(spec).contains(node) && !has_started(store, s.attempt, node) {
+                return Ok(s);
+            }
+            if said != Some(s.attempt) {
+                said = Some(s.attempt);
+                eprintln!(
+                    "trainbook: node {node} waits to join: the job runs on nodes {} now, and takes this node at its next checkpoint",
+                    membership::list(s.membership(spec).nodes())
+                );
+            }
+        }
+        if ended(store) {
+            bail!("node {node} joined a job that ended before it took this node");
+        }
+        if alive_at.is_none_or(|t| t.elapsed() >= ALIVE_EVERY) {
+            forward.send(events::Event::NodeAlive { node });
+            alive_at = Some(std::time::Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// 127.0.0.0/8, ::1 or localhost.

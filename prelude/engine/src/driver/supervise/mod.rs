@@ -4,6 +4,7 @@
 //! job's error ([`recovery`]), and starts the workers again when the policy allows
 //! ([`restart`]: the decision, its record, node 0's start and the other nodes following it).
 
+mod elastic;
 mod recovery;
 mod restart;
 mod rules;

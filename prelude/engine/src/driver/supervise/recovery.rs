@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use trainbook_api::Stream;
 use trainbook_api::TrainError;
 
+use super::elastic::Growth;
 use super::rules::{self, Hangs, Hung, Policy, Signature};
 use crate::driver::fold::{how_it_failed, Fold, Signal};
 use crate::driver::handle::JobState;
 use crate::driver::incoming::Incoming;
+use crate::driver::membership::Membership;
 use crate::driver::processes::{Exit, WorkerCommand, Workers, STOP_GRACE};
 use crate::driver::rendezvous::{self, StartInfo};
 use crate::shared::env;
@@ -25,8 +27,8 @@ use crate::worker::dist::Store;
 /// How long node 0 waits for another node’s report of the worker whose death failed its own.
 const REMOTE_REPORT_WAIT: Duration = Duration::from_millis(2500);
 /// How often another node’s driver says it is alive, and the silence that means it is lost.
-const NODE_ALIVE_EVERY: Duration = Duration::from_secs(1);
-const NODE_LOST_AFTER: Duration = Duration::from_millis(2000);
+pub(super) const NODE_ALIVE_EVERY: Duration = Duration::from_secs(1);
+pub(super) const NODE_LOST_AFTER: Duration = Duration::from_millis(2000);
 /// How often the watch loop checks pulses and exits while events keep coming.
 const CHECK_EVERY: Duration = Duration::from_millis(10);
 /// How long node 0 waits, once its own workers are done, for other nodes’ `done` events.
@@ -38,19 +40,53 @@ pub(in crate::driver) struct Start {
     pub(in crate::driver) cmds: Vec<WorkerCommand>,
     pub(in crate::driver) tx: mpsc::Sender<Incoming>,
     pub(in crate::driver) store: Store,
+    /// This node (`--node-rank`), the job's most nodes and the workers each runs.
+    node: usize,
+    nodes: usize,
+    workers: usize,
 }
 
 impl Start {
-    /// Starts the workers, the `attempt`-th time (0: the first), resuming from `resume`.
-    pub(in crate::driver) fn spawn(
-        &self,
-        attempt: u32,
-        resume: Option<&std::path::Path>,
-    ) -> anyhow::Result<Workers> {
+    pub(in crate::driver) fn new(
+        cmds: Vec<WorkerCommand>,
+        tx: mpsc::Sender<Incoming>,
+        store: Store,
+        spec: &trainbook_api::JobSpec,
+    ) -> Start {
+        Start {
+            cmds,
+            tx,
+            store,
+            node: spec.node_rank,
+            nodes: spec.nodes,
+            workers: spec.workers,
+        }
+    }
+
+    /// Starts the workers for `start`: its attempt (0: the first), the checkpoint it resumes
+    /// from, and the ranks this node's workers have among its nodes.
+    pub(in crate::driver) fn spawn(&self, start: &StartInfo) -> anyhow::Result<Workers> {
+        let members = Membership::new(&start.members, self.nodes, self.workers);
+        let (Some(ranks), Some(place)) = (members.ranks(self.node), members.place(self.node))
+        else {
+            anyhow::bail!(
+                "node {} is not one of the nodes of start {} ({})",
+                self.node,
+                start.attempt,
+                crate::driver::membership::list(members.nodes())
+            );
+        };
         let mut cmds = self.cmds.clone();
-        for c in &mut cmds {
-            c.env.push((env::ATTEMPT.into(), attempt.to_string()));
-            if let Some(r) = resume {
+        for (c, rank) in cmds.iter_mut().zip(ranks) {
+            c.rank = rank;
+            c.env.extend([
+                ("RANK".into(), rank.to_string()),
+                ("WORLD_SIZE".into(), members.world().to_string()),
+                ("GROUP_RANK".into(), place.to_string()),
+                ("NODE_RANK".into(), place.to_string()),
+                (env::ATTEMPT.into(), start.attempt.to_string()),
+            ]);
+            if let Some(r) = &start.resume {
                 c.env.push((env::RESUME.into(), r.display().to_string()));
             }
         }
@@ -88,6 +124,14 @@ pub(in crate::driver) struct Recovery {
     pub(super) nodes_heard: Vec<Option<Instant>>,
     /// Other nodes: a newer start node 0 published while this node’s workers ran.
     pub(super) pending: Option<StartInfo>,
+    /// Other nodes of an elastic job: the current start runs without this node, which waits
+    /// for one that takes it.
+    pub(super) waiting: bool,
+    /// Node 0 of an elastic job: a larger start waiting for the next checkpoint, when it
+    /// was last looked for, and the nodes of one to make now (the workers were stopped).
+    pub(super) growth: Option<Growth>,
+    pub(super) grow_checked: Instant,
+    pub(super) growing: Option<Vec<usize>>,
 }
 
 impl Recovery {
@@ -113,6 +157,10 @@ impl Recovery {
             cause: None,
             nodes_heard: vec![None; job.spec.nodes],
             pending: None,
+            waiting: false,
+            growth: None,
+            grow_checked: Instant::now(),
+            growing: None,
         }
     }
 
@@ -216,7 +264,7 @@ impl Recovery {
             // Another node follows node 0’s restarts, even while its own workers still run
             // (hung, or blocked on a peer that is gone).
             if fold.joined
-                && fold.job.spec.max_failures != 0
+                && (fold.job.spec.max_failures != 0 || fold.job.spec.is_elastic())
                 && polled.elapsed() >= Duration::from_millis(500)
             {
                 polled = Instant::now();
@@ -239,6 +287,10 @@ impl Recovery {
                 continue;
             }
             checked = Instant::now();
+            if !stopped_by_user && self.grow_now(fold) {
+                workers.stop(STOP_GRACE);
+                continue;
+            }
             if !stopped_by_user && !fold.joined && fold.job.lock().failure.is_none() {
                 if let Some(hung) = self.hangs.hung(Instant::now()) {
                     self.hang(fold, hung, workers);
@@ -481,7 +533,7 @@ impl Recovery {
                 Ok(m) => self.take_in(fold, m),
                 Err(_) => {
                     let st = fold.job.lock();
-                    if st.summaries.iter().all(|s| s.is_some()) || st.failure.is_some() {
+                    if st.every_rank_done() || st.failure.is_some() {
                         break;
                     }
                 }
@@ -551,11 +603,7 @@ mod tests {
         let mut f = fold(&shared);
         let (tx, rx) = mpsc::channel();
         let store = Store::bind("127.0.0.1", 0, Duration::from_secs(5)).unwrap();
-        let start = Start {
-            cmds: Vec::new(),
-            tx,
-            store,
-        };
+        let start = Start::new(Vec::new(), tx, store, &shared.spec);
         let mut r = Recovery::new(&shared, 0, rx, start);
         for rank in [2, 0, 2] {
             let signal = f.event(Event::Error {

@@ -5,11 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use trainbook_api::{JobUpdate, Restart, TrainError};
+use trainbook_api::{JobUpdate, Resize, Restart, TrainError};
 
 use super::recovery::Recovery;
 use super::rules::Decision;
 use crate::driver::fold::Fold;
+use crate::driver::handle::JobState;
+use crate::driver::membership;
 use crate::driver::processes::{Workers, STOP_GRACE};
 use crate::driver::rendezvous::{self, StartInfo};
 use crate::shared::checkpoint::{self, TrainerState};
@@ -18,15 +20,19 @@ use crate::worker::dist::Store;
 
 impl Recovery {
     /// After a failure: starts the workers again from the run’s newest checkpoint when the
-    /// job may restart (and returns true), or adds to the job’s error why it does not.
+    /// job may restart (and returns true), or adds to the job’s error why it does not. After
+    /// node 0 stopped the workers for an elastic job to grow, starts them on more nodes.
     pub(in crate::driver) fn restart(&mut self, fold: &mut Fold, workers: &mut Workers) -> bool {
         if fold.joined {
             return self.follow(fold, workers);
         }
+        if let Some(nodes) = self.growing.take() {
+            return self.grow(fold, workers, nodes);
+        }
         if fold.job.lock().failure.is_none() {
             return false;
         }
-        let Some((signature, reason)) = self.cause.take() else {
+        let Some((signature, mut reason)) = self.cause.take() else {
             return false;
         };
         let rank = signature.rank;
@@ -37,38 +43,31 @@ impl Recovery {
                 false
             }
             Decision::Restart => {
-                // Whatever the stopped workers still had in flight belongs to this start.
-                let deadline = Instant::now() + Duration::from_millis(200);
-                while let Ok(m) = self
-                    .rx
-                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                {
-                    self.take_in(fold, m);
-                }
+                self.drain(fold);
                 let job = fold.job;
-                let (checkpoint, resumed_step) = match checkpoint::latest(&job.run_dir) {
-                    Some((dir, state)) => (Some(dir), state.step),
-                    // No checkpoint of this run yet: where the job itself started.
-                    None => (
-                        None,
-                        job.spec
-                            .train
-                            .resume_from
-                            .as_deref()
-                            .and_then(|d| TrainerState::read(d).ok())
-                            .map_or(0, |s| s.step),
-                    ),
-                };
+                let (checkpoint, resumed_step) = resume_point(job);
                 let reached = self
                     .hangs
                     .max_step()
                     .max(job.lock().progress.as_ref().map_or(0, |p| p.step));
+                let nodes = self.nodes_after_failure(fold);
+                // A node found gone is the cause, not the peers that failed because it did.
+                let before = job.lock().membership.clone();
+                let lost: Vec<usize> = before
+                    .nodes()
+                    .iter()
+                    .copied()
+                    .filter(|n| !nodes.is_empty() && !nodes.contains(n))
+                    .collect();
+                if !lost.is_empty() {
+                    reason = format!("node {} lost", membership::list(&lost));
+                }
                 self.attempt += 1;
                 let restart = Restart {
                     attempt: self.policy.used(),
                     allowed: self.policy.allowed(),
                     time: fold.elapsed(),
-                    reason,
+                    reason: reason.clone(),
                     rank: Some(rank),
                     failed_at_step: reported_step.or(Some(reached)),
                     checkpoint: checkpoint.clone(),
@@ -81,50 +80,115 @@ impl Recovery {
                 fold.trackers.restart(resumed_step, &restart);
                 job.lock().restarts.push(restart.clone());
                 fold.job.publish(JobUpdate::Restart(restart));
-                let several = job.spec.nodes > 1;
                 let next = StartInfo {
                     attempt: self.attempt,
                     resume: checkpoint,
+                    members: nodes,
                 };
-                let started = (if several {
-                    rendezvous::publish_start(&self.start.store, &next)
-                } else {
-                    Ok(())
-                })
-                .and_then(|_| self.start.spawn(next.attempt, next.resume.as_deref()));
-                match started {
-                    Ok(w) => {
-                        *workers = w;
-                        job.lock().pids = workers.pids();
-                        if several {
-                            rendezvous::mark_started(&self.start.store, next.attempt, 0).ok();
-                            return self.await_nodes(fold, workers);
-                        }
-                        true
-                    }
-                    Err(e) => {
-                        let failure = fold.failure_of(
-                            0,
-                            format!("could not be started again after a failure: {e:#}"),
-                        );
-                        job.lock().failure = Some(failure);
-                        false
-                    }
-                }
+                self.begin(fold, workers, next, &reason, resumed_step)
             }
         }
     }
 
-    /// Node 0 of several nodes, after a restart: waits until every other node’s driver has
-    /// started its workers for it (a lost node’s driver must be run again). A node that does
-    /// not come back within the collective timeout fails the job, named.
+    /// Takes in whatever the stopped workers still had in flight: it belongs to this start.
+    fn drain(&mut self, fold: &mut Fold) {
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while let Ok(m) = self
+            .rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.take_in(fold, m);
+        }
+    }
+
+    /// Node 0 of an elastic job, its workers stopped at a checkpoint: starts them again on
+    /// `nodes`, which include nodes that joined since the last start.
+    fn grow(&mut self, fold: &mut Fold, workers: &mut Workers, nodes: Vec<usize>) -> bool {
+        self.drain(fold);
+        let job = fold.job;
+        let (checkpoint, resumed_step) = resume_point(job);
+        let before = job.lock().membership.clone();
+        let joined: Vec<usize> = nodes
+            .iter()
+            .copied()
+            .filter(|n| !before.contains(*n))
+            .collect();
+        self.attempt += 1;
+        self.forget_attempt(fold, resumed_step);
+        let next = StartInfo {
+            attempt: self.attempt,
+            resume: checkpoint,
+            members: nodes,
+        };
+        let reason = format!("node {} joined", membership::list(&joined));
+        self.begin(fold, workers, next, &reason, resumed_step)
+    }
+
+    /// Node 0: publishes `next` (several nodes), records a change of the job’s size, starts
+    /// this node’s workers for it and waits for the other nodes of the start to start theirs.
+    fn begin(
+        &mut self,
+        fold: &mut Fold,
+        workers: &mut Workers,
+        next: StartInfo,
+        why: &str,
+        resumed_step: u64,
+    ) -> bool {
+        let job = fold.job;
+        let after = next.membership(&job.spec);
+        let before = std::mem::replace(&mut job.lock().membership, after.clone());
+        if before != after {
+            let resize = Resize {
+                time: fold.elapsed(),
+                from_workers: before.world(),
+                to_workers: after.world(),
+                nodes: after.nodes().to_vec(),
+                reason: why.to_string(),
+                checkpoint: next.resume.clone(),
+                resumed_step,
+            };
+            job.lock().resizes.push(resize.clone());
+            job.publish(JobUpdate::Resize(resize));
+        }
+        let several = job.spec.nodes > 1;
+        let started = (if several {
+            rendezvous::publish_start(&self.start.store, &next)
+        } else {
+            Ok(())
+        })
+        .and_then(|_| self.start.spawn(&next));
+        match started {
+            Ok(w) => {
+                *workers = w;
+                job.lock().pids = workers.pids();
+                if several {
+                    rendezvous::mark_started(&self.start.store, next.attempt, 0).ok();
+                    return self.await_nodes(fold, workers);
+                }
+                true
+            }
+            Err(e) => {
+                let failure = fold.failure_of(0, format!("could not be started again: {e:#}"));
+                job.lock().failure = Some(failure);
+                false
+            }
+        }
+    }
+
+    /// Node 0 of several nodes, after a restart: waits until every other node of the start
+    /// has started its workers for it (a lost node’s driver must be run again). A node that
+    /// does not come back within the collective timeout fails the job, named.
     fn await_nodes(&mut self, fold: &mut Fold, workers: &mut Workers) -> bool {
         let timeout = Duration::from_secs(fold.job.spec.collective_timeout_secs);
         // Before the workers’ own rendezvous times out, so that the error names the node.
         let deadline = Instant::now() + timeout.saturating_sub(Duration::from_secs(2));
-        let nodes = fold.job.spec.nodes;
+        let nodes = fold.job.lock().membership.nodes().to_vec();
         let missing = |store: &Store, attempt| {
-            (1..nodes).find(|&k| !rendezvous::has_started(store, attempt, k))
+            nodes
+                .iter()
+                .copied()
+                .filter(|&k| k != 0)
+                .find(|&k| !rendezvous::has_started(store, attempt, k))
         };
         while let Some(node) = missing(&self.start.store, self.attempt) {
             // A node that cannot start (it said why) fails this start like a dead worker.
@@ -149,80 +213,122 @@ impl Recovery {
         true
     }
 
-    /// Nodes 1..N once their workers have ended: when node 0 restarts the job (it published a
-    /// newer start, or does within the collective timeout), start the workers for it.
+    /// Nodes 1..N once their workers have ended: when node 0 starts the job again (it
+    /// published a newer start, or does within the collective timeout), start the workers
+    /// for it. A start of an elastic job that runs without this node leaves it waiting for
+    /// one that takes it, as long as the job runs.
     fn follow(&mut self, fold: &mut Fold, workers: &mut Workers) -> bool {
-        if fold.job.spec.max_failures == 0 {
+        let spec = &fold.job.spec;
+        if spec.max_failures == 0 && !spec.is_elastic() {
             return false;
         }
-        let next = match self.pending.take() {
-            Some(s) => s,
-            None if fold.job.lock().failure.is_none() => return false,
-            None => {
-                let timeout = Duration::from_secs(fold.job.spec.collective_timeout_secs);
-                let deadline = Instant::now() + timeout;
-                loop {
-                    match rendezvous::current_start(&self.start.store) {
-                        Ok(Some(s)) if s.attempt > self.attempt => break s,
-                        Err(_) => return false,
-                        _ if rendezvous::ended(&self.start.store) => return false,
-                        _ => {}
-                    }
-                    if Instant::now() >= deadline || fold.job.stop_requested.load(Ordering::Relaxed)
-                    {
-                        return false;
-                    }
-                    self.receive(fold, Duration::from_millis(100));
-                    self.say_alive(fold);
-                }
+        let node = spec.node_rank;
+        let next = loop {
+            let next = match self.pending.take() {
+                Some(s) => s,
+                None if fold.job.lock().failure.is_none() && !self.waiting => return false,
+                None => match self.next_start(fold) {
+                    Some(s) => s,
+                    None => return false,
+                },
+            };
+            self.attempt = next.attempt;
+            let members = next.membership(&fold.job.spec);
+            if members.contains(node) {
+                fold.job.lock().membership = members;
+                self.waiting = false;
+                break next;
             }
+            // Not needed at this size: a failure of the start before is not this node's.
+            fold.job.lock().failure = None;
+            self.waiting = true;
+            eprintln!(
+                "trainbook: node {node} waits: the job goes on with nodes {}, and takes this node again at a checkpoint",
+                membership::list(members.nodes())
+            );
         };
-        self.attempt = next.attempt;
         self.forget_attempt(fold, 0);
         if let Some(dir) = next.resume.as_deref().filter(|d| !d.exists()) {
-            let rank = fold.job.spec.local_ranks().start;
-            let message = format!(
-                "node {} cannot follow node 0's restart: its checkpoint {} is not on this node. Put the runs root on storage every node mounts at the same path (--runs-root or TRAINBOOK_RUNS)",
-                fold.job.spec.node_rank,
-                dir.display()
-            );
-            // Node 0 waits for this node’s start: tell it why there is none.
-            if let Some(fwd) = &fold.forward {
-                fwd.send(Event::Error {
-                    rank,
-                    message: message.clone(),
-                    step: None,
-                });
-                fwd.send(Event::Exited {
-                    attempt: next.attempt,
-                    rank,
-                    node: fold.job.spec.node_rank,
-                    code: Some(1),
-                    signal: None,
-                });
-                fwd.flush(Duration::from_secs(2));
-            }
-            let failure = fold.failure_of(rank, message);
-            fold.job.lock().failure = Some(failure);
+            self.cannot_follow(fold, &next, dir);
             return false;
         }
-        match self.start.spawn(next.attempt, next.resume.as_deref()) {
+        match self.start.spawn(&next) {
             Ok(w) => {
                 *workers = w;
                 fold.job.lock().pids = workers.pids();
-                let node = fold.job.spec.node_rank;
                 rendezvous::mark_started(&self.start.store, next.attempt, node).ok();
                 true
             }
             Err(e) => {
+                let rank = fold
+                    .job
+                    .lock()
+                    .membership
+                    .ranks(node)
+                    .map_or(0, |r| r.start);
                 let failure = fold.failure_of(
-                    fold.job.spec.local_ranks().start,
+                    rank,
                     format!("could not be started again for node 0's restart: {e:#}"),
                 );
                 fold.job.lock().failure = Some(failure);
                 false
             }
         }
+    }
+
+    /// Nodes 1..N: waits for a start newer than this node’s, while node 0 answers: up to the
+    /// collective timeout, or for as long as the job runs while this node waits to be taken.
+    fn next_start(&mut self, fold: &mut Fold) -> Option<StartInfo> {
+        let timeout = Duration::from_secs(fold.job.spec.collective_timeout_secs);
+        let deadline = Instant::now() + timeout;
+        loop {
+            match rendezvous::current_start(&self.start.store) {
+                Ok(Some(s)) if s.attempt > self.attempt => return Some(s),
+                Err(_) => return None,
+                _ if rendezvous::ended(&self.start.store) => return None,
+                _ => {}
+            }
+            if (!self.waiting && Instant::now() >= deadline)
+                || fold.job.stop_requested.load(Ordering::Relaxed)
+            {
+                return None;
+            }
+            self.receive(fold, Duration::from_millis(100));
+            self.say_alive(fold);
+        }
+    }
+
+    /// Nodes 1..N: the checkpoint of node 0’s start is not on this node. Says why, here and to
+    /// node 0 (which waits for this node’s start).
+    fn cannot_follow(&mut self, fold: &mut Fold, next: &StartInfo, dir: &std::path::Path) {
+        let node = fold.job.spec.node_rank;
+        let rank = fold
+            .job
+            .lock()
+            .membership
+            .ranks(node)
+            .map_or(0, |r| r.start);
+        let message = format!(
+            "node {node} cannot follow node 0's restart: its checkpoint {} is not on this node. Put the runs root on storage every node mounts at the same path (--runs-root or TRAINBOOK_RUNS)",
+            dir.display()
+        );
+        if let Some(fwd) = &fold.forward {
+            fwd.send(Event::Error {
+                rank,
+                message: message.clone(),
+                step: None,
+            });
+            fwd.send(Event::Exited {
+                attempt: next.attempt,
+                rank,
+                node,
+                code: Some(1),
+                signal: None,
+            });
+            fwd.flush(Duration::from_secs(2));
+        }
+        let failure = fold.failure_of(rank, message);
+        fold.job.lock().failure = Some(failure);
     }
 
     /// A new start of the workers: its failure, errors, pulses and progress start empty, and
@@ -254,5 +360,22 @@ impl Recovery {
                 message.push_str(&format!("\n{why}"));
             }
         }
+    }
+}
+
+/// Where a new start continues: the run’s newest checkpoint and its step, else where the job
+/// itself started (its `resume_from`, or step 0).
+fn resume_point(job: &JobState) -> (Option<std::path::PathBuf>, u64) {
+    match checkpoint::latest(&job.run_dir) {
+        Some((dir, state)) => (Some(dir), state.step),
+        None => (
+            None,
+            job.spec
+                .train
+                .resume_from
+                .as_deref()
+                .and_then(|d| TrainerState::read(d).ok())
+                .map_or(0, |s| s.step),
+        ),
     }
 }
