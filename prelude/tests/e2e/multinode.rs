@@ -175,6 +175,7 @@ fn trains_like_one_worker(summary: &serde_json::Value, one: &[String]) {
         &checkpoint(&last_json(&one)).join("model.safetensors"),
     );
     assert!(max_diff <= 1e-5, "max abs parameter difference {max_diff}");
+    eprintln!("max abs parameter difference to one worker: {max_diff:e}");
 }
 
 /// Killing node 1's worker fails node 0's job, which names global rank 1 and the signal.
@@ -596,6 +597,48 @@ fn timed_lines(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Vec<(Instan
     lines
 }
 
+/// An elastic job's synthetic training: `steps` of a global batch of `batch` on `workers`
+/// workers a node, 4 epochs, one thread each.
+fn elastic_job(workers: &str, steps: &str, batch: &str) -> Vec<String> {
+    let mut a = job_args(workers, steps);
+    let at = a.iter().position(|s| s == "--global-batch-size").unwrap() + 1;
+    a[at] = batch.into();
+    a.extend(["--epochs", "4", "--threads", "1"].map(String::from));
+    a
+}
+
+/// The command of node `k` of the elastic run `name` (`--nnodes range`, each node on its own
+/// loopback address), with its restarts and checkpoint interval.
+fn elastic_node(
+    mut job: Vec<String>,
+    k: usize,
+    (port, name): (u16, &str),
+    (range, failures, every): (&str, &str, &str),
+) -> Vec<String> {
+    job.extend(
+        [
+            "--nnodes",
+            range,
+            "--node-rank",
+            &k.to_string(),
+            "--master-addr",
+            NODE0,
+            "--master-port",
+            &port.to_string(),
+            "--node-addr",
+            &format!("127.0.0.{}", k + 2),
+            "--name",
+            name,
+            "--max-failures",
+            failures,
+            "--checkpoint-every",
+            every,
+        ]
+        .map(String::from),
+    );
+    job
+}
+
 /// The elastic job of the acceptance: 4 nodes, `--nnodes 2:4 --max-failures 2`; node 3's
 /// driver (and with it its worker) killed at step 100. The job goes on with 3 nodes from its
 /// step-100 checkpoint within 5 s, takes node 3 back at the next checkpoint once its command
@@ -607,38 +650,8 @@ fn an_elastic_job_goes_on_without_a_lost_node_and_takes_it_back_at_a_checkpoint(
     let port = free_port();
     let name = format!("elastic-{}", std::process::id());
     // 12 samples a step split over 2, 3 or 4 workers alike.
-    let job = |workers: &str| {
-        let mut a = job_args(workers, "300");
-        let batch = a.iter().position(|s| s == "--global-batch-size").unwrap() + 1;
-        a[batch] = "12".into();
-        a.extend(["--epochs", "4", "--threads", "1"].map(String::from));
-        a
-    };
-    let node_args = |k: usize| {
-        let mut a = job("1");
-        a.extend(
-            [
-                "--nnodes",
-                "2:4",
-                "--node-rank",
-                &k.to_string(),
-                "--master-addr",
-                NODE0,
-                "--master-port",
-                &port.to_string(),
-                "--node-addr",
-                &format!("127.0.0.{}", k + 2),
-                "--name",
-                &name,
-                "--max-failures",
-                "2",
-                "--checkpoint-every",
-                "20",
-            ]
-            .map(String::from),
-        );
-        a
-    };
+    let job = |workers: &str| elastic_job(workers, "300", "12");
+    let node_args = |k: usize| elastic_node(job("1"), k, (port, &name), ("2:4", "2", "20"));
     let mut others: Vec<Child> = (1..NODES)
         .rev()
         .map(|k| start(&node_args(k), &[]))
@@ -675,12 +688,18 @@ fn an_elastic_job_goes_on_without_a_lost_node_and_takes_it_back_at_a_checkpoint(
         }
     };
     let shrunk = when("resized: 4 -> 3 workers on nodes 0, 1, 2 (node 3 lost)");
-    let took = shrunk.saturating_duration_since(killed);
+    // Rank 0's worker of the new start says so once it has loaded the checkpoint, just
+    // before its first step.
+    let resumed = when("(rank 0) resumed from");
+    let took = resumed.saturating_duration_since(killed);
     assert!(
         took < Duration::from_secs(5),
         "the job went on with 3 nodes {took:?} after the loss"
     );
-    eprintln!("went on with 3 nodes {took:?} after node 3 was lost");
+    eprintln!(
+        "went on with 3 nodes {:?} (new start) and {took:?} (resumed) after node 3 was lost",
+        shrunk.saturating_duration_since(killed)
+    );
     // The same command on node 3 again, as a person or a requeue would.
     let n3 = start(&node_args(3), &[]);
     when("resized: 3 -> 4 workers on nodes 0, 1, 2, 3 (node 3 joined)");
@@ -718,6 +737,67 @@ fn an_elastic_job_goes_on_without_a_lost_node_and_takes_it_back_at_a_checkpoint(
     assert_eq!(resizes[1]["reason"], "node 3 joined", "{s0}");
     assert!(resizes[1]["resumed_step"].as_u64().unwrap() > 100, "{s0}");
     assert_eq!(s0["restarts"].as_array().unwrap().len(), 1, "{s0}");
+
+    trains_like_one_worker(&s0, &job("1"));
+    std::fs::remove_dir_all(runs_root().join(&name)).ok();
+    for k in 1..NODES {
+        std::fs::remove_dir_all(runs_root().join(format!("{name}-node{k}"))).ok();
+    }
+}
+
+/// 16 ranks of an elastic job (8 loopback nodes x 2 workers, `--nnodes 4:8`) lose node 5, in
+/// the middle: the job goes on with 7 nodes (14 ranks, nodes 6 and 7 renumbered down) from its
+/// newest checkpoint and ends with one worker's parameters. A global batch of 112 splits over
+/// 16 and 14 workers alike.
+#[test]
+fn sixteen_elastic_ranks_go_on_with_seven_nodes_when_one_is_killed() {
+    const NODES: usize = 8;
+    let port = free_port();
+    let name = format!("elastic16-{}", std::process::id());
+    let job = |workers: &str| elastic_job(workers, "40", "112");
+    let node_args = |k: usize| elastic_node(job("2"), k, (port, &name), ("4:8", "1", "10"));
+    let mut others: Vec<(usize, Child)> = (1..NODES)
+        .rev()
+        .map(|k| (k, start(&node_args(k), &[])))
+        .collect();
+    let n0 = start(&node_args(0), &[]);
+    let step_10 = runs_root()
+        .join(&name)
+        .join("checkpoints/step-10/trainer_state.json");
+    let t0 = Instant::now();
+    while !step_10.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no checkpoint at step 10"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let at = others.iter().position(|(k, _)| *k == 5).unwrap();
+    let (_, mut n5) = others.remove(at);
+    n5.kill().unwrap();
+    n5.wait().unwrap();
+    let out0 = finish(n0, Duration::from_secs(240));
+    let err0 = String::from_utf8_lossy(&out0.stderr);
+    assert!(out0.status.success(), "node 0 failed: {err0}");
+    for (k, c) in others {
+        let out = finish(c, Duration::from_secs(60));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "node {k} failed: {err}");
+    }
+    let s0 = last_json(&out0);
+    assert_eq!(s0["workers"], 14, "{s0}");
+    assert_eq!(s0["steps"], 40, "{s0}");
+    let resizes = s0["resizes"].as_array().unwrap();
+    assert_eq!(resizes.len(), 1, "{s0}");
+    assert_eq!(resizes[0]["reason"], "node 5 lost", "{s0}");
+    assert_eq!(
+        resizes[0]["nodes"],
+        serde_json::json!([0, 1, 2, 3, 4, 6, 7])
+    );
+    // Node 7's workers are ranks 12 and 13 now; their lines reach node 0.
+    let run0 = PathBuf::from(s0["run_dir"].as_str().unwrap());
+    let log = std::fs::read_to_string(run0.join("logs/rank13.log")).unwrap();
+    assert!(log.contains("loss"), "{log}");
 
     trains_like_one_worker(&s0, &job("1"));
     std::fs::remove_dir_all(runs_root().join(&name)).ok();

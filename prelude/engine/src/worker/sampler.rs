@@ -10,10 +10,14 @@
 //! of 10^8 blocks costs no 800 MB index list per worker and each rank computes only its own
 //! positions (its shard, `len / W` indices).
 //!
-//! Equal shard sizes are kept by **dropping** the last `len % W` positions of each epoch's
-//! permutation (they differ per epoch, so no sample is excluded for good). Padding, the other
-//! choice, would make some samples count twice and break the equivalence with one worker.
-//! Evaluation shards are not trimmed: every sample is evaluated exactly once, and shards may
+//! Every position of an epoch is trained, whatever `W`: rank `r` takes the positions below
+//! `len` that are `r` modulo `W`, so the shards of an epoch's last step may differ by one
+//! sample (a rank may even have none). The trainer weights each rank's gradient by its share
+//! of the step's samples and lets a rank without any take part with a weightless sample, so
+//! the last step too is one worker's. Dropping the `len % W` tail, the usual choice, would make
+//! an epoch's last step depend on the number of workers, and a job that changes its size (an
+//! elastic job) would train other samples than one that does not. Padding, the other usual
+//! choice, would make some samples count twice. Evaluation shards are not trimmed: every sample is evaluated exactly once, and shards may
 //! differ in size by one (metrics are all-reduced as sums, so that is exact).
 
 #[derive(Clone, Debug)]
@@ -46,9 +50,14 @@ impl DistributedSampler {
         }
     }
 
-    /// Samples per rank and epoch.
+    /// This rank's samples per epoch (ranks below `len % W` have one more).
     pub(crate) fn shard_len(&self) -> usize {
-        self.len / self.world_size
+        self.len.saturating_sub(self.rank).div_ceil(self.world_size)
+    }
+
+    /// Samples per epoch over all ranks.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// The sample at each position of an epoch's global order (before sharding).
@@ -152,16 +161,17 @@ mod tests {
     use std::collections::HashSet;
 
     #[test]
-    fn shards_are_disjoint_equal_and_cover_the_trimmed_epoch() {
+    fn shards_are_disjoint_and_cover_the_whole_epoch() {
         let (len, world) = (103, 4);
         let shards: Vec<Vec<usize>> = (0..world)
             .map(|r| DistributedSampler::new(len, r, world, 7, true).indices(3))
             .collect();
+        let sizes: Vec<usize> = shards.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [26, 26, 26, 25]);
         let all: HashSet<usize> = shards.iter().flatten().copied().collect();
-        assert!(shards.iter().all(|s| s.len() == 25));
-        assert_eq!(all.len(), 100, "disjoint");
+        assert_eq!(all.len(), len, "disjoint, every sample");
         let perm = DistributedSampler::new(len, 0, world, 7, true).permutation(3);
-        assert_eq!(all, (0..100).map(|p| perm.at(p)).collect::<HashSet<_>>());
+        assert_eq!(shards[1][25], perm.at(101));
     }
 
     #[test]
@@ -183,18 +193,22 @@ mod tests {
         // Step i of W workers with batch B/W covers the same samples as step i of one worker
         // with batch B, for W = 2 and 4: the basis of the data-parallel equivalence test, and
         // why a job restarted on fewer or more workers reads the same global batches.
-        let (len, global_b) = (64, 8);
+        // The epoch's last step (66 = 5 x 12 + 6) as well: 6 samples over 4 workers are
+        // 2, 2, 1, 1; over 3 workers 2 each.
+        let (len, global_b) = (66, 12);
         let one = DistributedSampler::new(len, 0, 1, 3, true).indices(0);
-        for world in [2, 4] {
+        for world in [2, 3, 4] {
             let shards: Vec<Vec<usize>> = (0..world)
                 .map(|r| DistributedSampler::new(len, r, world, 3, true).indices(0))
                 .collect();
-            for step in 0..len / global_b {
-                let mut expect: Vec<usize> = one[step * global_b..(step + 1) * global_b].to_vec();
+            for step in 0..len.div_ceil(global_b) {
+                let end = ((step + 1) * global_b).min(len);
+                let mut expect: Vec<usize> = one[step * global_b..end].to_vec();
+                let local = global_b / world;
                 let mut got: Vec<usize> = shards
                     .iter()
                     .flat_map(|s| {
-                        s[step * global_b / world..(step + 1) * global_b / world]
+                        s[(step * local).min(s.len())..((step + 1) * local).min(s.len())]
                             .iter()
                             .copied()
                     })

@@ -51,6 +51,14 @@ impl UpdateStrategy {
         })
     }
 
+    /// This rank's share of the next step's samples (`1 / world` but for an epoch's last
+    /// step), for a reduction that runs during the backward pass (ZeRO-2).
+    pub(crate) fn set_share(&mut self, share: f64) {
+        if let UpdateStrategy::Sharded(z) = self {
+            z.set_share(share);
+        }
+    }
+
     pub(crate) fn zero_grad(&mut self) {
         match self {
             UpdateStrategy::Replicated { opt, .. } => opt.zero_grad(),

@@ -165,13 +165,15 @@ impl SentScalars {
 const NO_STAGED_STEP: &str = "cuda_graphs: this recipe has no fixed-shape step";
 
 /// One micro-batch's forward pass (under the job's precision) and backward pass, its numbers
-/// kept in `scalars`; `of` micro-batches make the step (their gradients add up, so each loss
-/// is divided by their number, like one big batch).
+/// kept in `scalars`. The micro-batches of a step add their gradients up, so each loss is
+/// divided by `divisor` (their number when they are equal, like one big batch); `None`: a
+/// weightless sample, run only so that the rank takes part in the step (its gradient is zero,
+/// its numbers are not kept).
 fn forward_backward(
     h: &Hyper,
     ctx: &WorkerContext,
     n: usize,
-    of: usize,
+    divisor: Option<f64>,
     scalars: &mut StepScalars,
     step: impl FnOnce() -> Result<Step>,
 ) -> Result<()> {
@@ -183,7 +185,11 @@ fn forward_backward(
             .map(|(logits, labels)| logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64));
         Ok((out.loss.shallow_clone(), hits, out))
     })?;
-    (&loss / of as f64).backward();
+    let Some(divisor) = divisor else {
+        (&loss * 0.0).backward();
+        return Ok(());
+    };
+    (&loss / divisor).backward();
     scalars.push(n, &loss, hits, out.metrics, out.device_metrics);
     Ok(())
 }
@@ -226,8 +232,8 @@ fn optimizer_config(h: &Hyper) -> OptimizerConfig {
     }
 }
 
-/// Optimizer steps per epoch: each of `world` ranks takes `train_len / world` samples in
-/// micro-batches of `global_batch / (world * accum)`, `accum` micro-batches a step.
+/// Optimizer steps per epoch: every sample once, in micro-batches of `global_batch / (world *
+/// accum)` on each of `world` ranks, `accum` micro-batches a step (the last may be short).
 pub(crate) fn steps_per_epoch(
     train_len: usize,
     world: usize,
@@ -235,7 +241,7 @@ pub(crate) fn steps_per_epoch(
     accum: usize,
 ) -> u64 {
     let local_batch = (global_batch / (world * accum)).max(1);
-    (train_len / world).div_ceil(local_batch).div_ceil(accum) as u64
+    train_len.div_ceil(local_batch * world).div_ceil(accum) as u64
 }
 
 /// Loads weights and optimizer state from `dir`; returns its trainer state.
@@ -508,7 +514,7 @@ impl<'a> Trainer<'a> {
         ddp::broadcast_parameters(&ctx.pg, &ordered_vars(recipe))?;
         let (trainable, buffers) = parameters(recipe);
         let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
-        if sampler.shard_len() == 0 {
+        if sampler.len() < world {
             bail!(
                 "the training set has {} samples, fewer than the {world} workers",
                 recipe.train_len()
@@ -597,10 +603,11 @@ impl<'a> Trainer<'a> {
         let (h, world, accum, local_batch) =
             (self.h, self.ctx.world_size, self.accum, self.local_batch);
         let shard = self.sampler.shard_len();
+        let samples = self.sampler.len();
         let warmup = self.schedule.warmup;
         self.ctx.events.log(format!(
             "training {} samples ({} per worker) for {} epoch(s), {} steps, global batch {}{}, {} lr {} ({} schedule{}){}",
-            shard * world,
+            samples,
             shard,
             self.epochs,
             self.total_steps,
@@ -654,7 +661,15 @@ impl<'a> Trainer<'a> {
     /// the checkpoint had already taken).
     fn train_epoch(&mut self, epoch: u64) -> Result<EpochSums> {
         let order = self.sampler.indices(epoch as usize);
-        let micro: Vec<&[usize]> = sampler::batches(&order, self.local_batch).collect();
+        let mut micro: Vec<&[usize]> = sampler::batches(&order, self.local_batch).collect();
+        // Every rank takes part in each of the epoch's micro-batches: one whose shard has
+        // ended (an epoch's last step, when the samples left are fewer than the ranks) with
+        // an empty one.
+        let world = self.ctx.world_size;
+        let len = self.sampler.len();
+        micro.resize(len.div_ceil(self.local_batch * world), &[]);
+        let per_step = self.local_batch * world * self.accum;
+        let spare = order.first().copied().unwrap_or(0);
         let planned: Vec<&[usize]> = micro
             .iter()
             .skip(self.skip as usize * self.accum)
@@ -667,7 +682,7 @@ impl<'a> Trainer<'a> {
         }
         let mut sums = EpochSums::default();
         self.clock.epoch_start = Instant::now();
-        for group in micro.chunks(self.accum) {
+        for (j, group) in micro.chunks(self.accum).enumerate() {
             if self.step >= self.total_steps {
                 break;
             }
@@ -678,7 +693,9 @@ impl<'a> Trainer<'a> {
             if let Some(p) = self.profiler.as_mut() {
                 p.before_step(self.step)?;
             }
-            self.step(epoch, group, &mut sums)?;
+            // The step's samples over all ranks: `per_step` but for the epoch's last.
+            let global = ((j + 1) * per_step).min(len) - j * per_step;
+            self.step(epoch, group, (global, spare), &mut sums)?;
             let step = self.step;
             if self.profiler.as_ref().is_some_and(|p| p.saves_after(step)) {
                 // The last recorded step ends whole on the device before the trace is saved.
@@ -700,7 +717,15 @@ impl<'a> Trainer<'a> {
     /// One optimizer step: forward and backward over `group`'s micro-batches, the update
     /// (gradients reduced across ranks), the step's metrics, a step checkpoint when due, and a
     /// progress event (rate-limited).
-    fn step(&mut self, epoch: u64, group: &[&[usize]], sums: &mut EpochSums) -> Result<()> {
+    /// `global`: the step's samples over all ranks; `spare`: a sample of this rank's shard, for
+    /// a micro-batch it has none for.
+    fn step(
+        &mut self,
+        epoch: u64,
+        group: &[&[usize]],
+        (global, spare): (usize, usize),
+        sums: &mut EpochSums,
+    ) -> Result<()> {
         let (ctx, h) = (self.ctx, self.h);
         let (rank, world) = (ctx.rank, ctx.world_size);
         let started = Instant::now();
@@ -719,16 +744,33 @@ impl<'a> Trainer<'a> {
                     c.set_lr(lr);
                 }
                 self.update.zero_grad();
+                // This rank's share of the step's samples: 1/world, but for an epoch's last
+                // step, whose shards may differ by a sample.
+                let mine: usize = group.iter().map(|b| b.len()).sum();
+                let even =
+                    mine * world == global && group.iter().all(|b| b.len() == mine / group.len());
+                let share = if even {
+                    1.0 / world as f64
+                } else {
+                    mine as f64 / global.max(1) as f64
+                };
+                self.update.set_share(share);
                 let mut scalars = StepScalars::default();
                 for batch in group {
                     let recipe = &*self.recipe;
-                    forward_backward(h, ctx, batch.len(), group.len(), &mut scalars, || {
-                        recipe.step(Split::Train, batch, true)
+                    // Each micro-batch's mean loss, weighted by its part of this rank's samples
+                    // (1 / micro-batches when they are equal); a rank with none takes part
+                    // in the step's collectives with a weightless sample.
+                    let (samples, divisor) = match batch.len() {
+                        0 => (std::slice::from_ref(&spare), None),
+                        _ if even => (*batch, Some(group.len() as f64)),
+                        n => (*batch, Some(mine as f64 / n as f64)),
+                    };
+                    forward_backward(h, ctx, batch.len(), divisor, &mut scalars, || {
+                        recipe.step(Split::Train, samples, true)
                     })?;
                 }
-                // Each rank's share of the global batch (equal shards: 1/world).
-                self.update
-                    .step(&ctx.pg, 1.0 / world as f64, h.grad_clip, lr)?;
+                self.update.step(&ctx.pg, share, h.grad_clip, lr)?;
                 scalars
             }
         };
@@ -803,7 +845,9 @@ impl<'a> Trainer<'a> {
         let staged = recipe.staged().context(NO_STAGED_STEP)?;
         let captured = CapturedStep::capture(ctx.device, &host, lr_t, |inputs| {
             let mut scalars = StepScalars::default();
-            forward_backward(h, ctx, n, 1, &mut scalars, || staged.compute(inputs, true))?;
+            forward_backward(h, ctx, n, Some(1.0), &mut scalars, || {
+                staged.compute(inputs, true)
+            })?;
             update.step(&ctx.pg, 1.0, None, lr)?;
             Ok(scalars)
         })?;
@@ -826,7 +870,11 @@ impl<'a> Trainer<'a> {
             return Ok(None);
         };
         let (loss_sum, n, metrics) = f.scalars.read(sums)?;
-        let l = loss_sum / n.max(1) as f64;
+        if n == 0 {
+            // A step this rank took part in without samples (an epoch's last): no loss.
+            return Ok(None);
+        }
+        let l = loss_sum / n as f64;
         if !l.is_finite() {
             bail!("loss became {l} at step {} (epoch {}): lower the learning rate or enable gradient clipping", f.index, f.epoch);
         }

@@ -182,6 +182,16 @@ impl ShardedOptimizer {
         self.shards.iter_mut().try_for_each(|s| s.opt.load(path))
     }
 
+    /// Stage 2: this rank's share of the next step's samples, which its gradient is scaled by
+    /// as the hooks reduce it (stage 1 is given it with the step).
+    pub(crate) fn set_share(&mut self, share: f64) {
+        if let Some(r) = &self.reducer {
+            if let Ok(mut r) = r.lock() {
+                r.weight = share;
+            }
+        }
+    }
+
     pub(crate) fn zero_grad(&mut self) {
         if let Some(r) = &self.reducer {
             r.lock().map_err(|_| ()).map(|mut r| r.new_step()).ok();
