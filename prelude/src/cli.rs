@@ -722,8 +722,8 @@ fn plan(args: &TrainArgs) -> Result<i32> {
     Ok(if memory.fits() == Some(false) { 3 } else { 0 })
 }
 
-fn train(args: &TrainArgs) -> Result<i32> {
-    let spec = args.to_spec()?;
+/// A node's place in its job of several nodes, said on stderr before it starts.
+fn say_place(spec: &JobSpec) {
     if spec.is_elastic() {
         eprintln!(
             "trainbook: node {} of an elastic job of {}:{} nodes x {} worker(s), rendezvous at {}:{}{}",
@@ -759,6 +759,11 @@ fn train(args: &TrainArgs) -> Result<i32> {
             }
         );
     }
+}
+
+fn train(args: &TrainArgs) -> Result<i32> {
+    let spec = args.to_spec()?;
+    say_place(&spec);
     // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The
     // handler goes in before any thread exists, so no other thread receives the signal.
     let current: std::sync::Arc<std::sync::Mutex<(bool, Option<trainbook_api::Job>)>> =

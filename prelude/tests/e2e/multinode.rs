@@ -294,16 +294,16 @@ fn restartable_nodes(name: &str) -> impl Fn(usize) -> Vec<String> + '_ {
     }
 }
 
-/// Waits for node 0's step-40 checkpoint of the run `name`.
-fn wait_for_checkpoint_40(name: &str) {
-    let step_40 = runs_root()
+/// Waits for node 0's checkpoint of step `step` of the run `name`.
+fn wait_for_checkpoint(name: &str, step: u64) {
+    let path = runs_root()
         .join(name)
-        .join("checkpoints/step-40/trainer_state.json");
+        .join(format!("checkpoints/step-{step}/trainer_state.json"));
     let t0 = Instant::now();
-    while !step_40.exists() {
+    while !path.exists() {
         assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "no checkpoint at step 40"
+            t0.elapsed() < Duration::from_secs(120),
+            "no checkpoint at step {step}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -318,7 +318,7 @@ fn a_lost_node_rejoins_and_the_job_restarts_and_succeeds() {
     let named = restartable_nodes(&name);
     let mut n1 = start(&named(1), &[]);
     let n0 = start(&named(0), &[]);
-    wait_for_checkpoint_40(&name);
+    wait_for_checkpoint(&name, 40);
     n1.kill().unwrap();
     n1.wait().unwrap();
     // The same command on node 1 again, as a person or a requeue would.
@@ -358,7 +358,7 @@ fn a_worker_killed_on_node_1_restarts_both_nodes() {
     let named = restartable_nodes(&name);
     let n1 = start(&named(1), &[]);
     let n0 = start(&named(0), &[]);
-    wait_for_checkpoint_40(&name);
+    wait_for_checkpoint(&name, 40);
     let worker = trainbook::engine::testing::children_of(n1.id())[0];
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(worker as i32),
@@ -658,17 +658,7 @@ fn an_elastic_job_goes_on_without_a_lost_node_and_takes_it_back_at_a_checkpoint(
         .collect();
     let mut n0 = start(&node_args(0), &[]);
     let said = timed_lines(&mut n0);
-    let step_100 = runs_root()
-        .join(&name)
-        .join("checkpoints/step-100/trainer_state.json");
-    let t0 = Instant::now();
-    while !step_100.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no checkpoint at step 100"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_checkpoint(&name, 100);
     // Node 3 (started first, so last in the list) dies with its worker.
     let mut n3 = others.remove(0);
     n3.kill().unwrap();
@@ -761,17 +751,7 @@ fn sixteen_elastic_ranks_go_on_with_seven_nodes_when_one_is_killed() {
         .map(|k| (k, start(&node_args(k), &[])))
         .collect();
     let n0 = start(&node_args(0), &[]);
-    let step_10 = runs_root()
-        .join(&name)
-        .join("checkpoints/step-10/trainer_state.json");
-    let t0 = Instant::now();
-    while !step_10.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no checkpoint at step 10"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_checkpoint(&name, 10);
     let at = others.iter().position(|(k, _)| *k == 5).unwrap();
     let (_, mut n5) = others.remove(at);
     n5.kill().unwrap();
