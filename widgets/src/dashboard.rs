@@ -134,19 +134,27 @@ impl Dashboard {
         out.join("\n")
     }
 
-    /// `restarts: 2 (last resumed at step 40)` when the job restarted and no plot (whose
-    /// markers and summary show restarts) is shown: a replayed stretch of steps should not go
-    /// unexplained.
+    /// `restarts: 2 (last resumed at step 40)` (and an elastic job's `resized ...`) when the
+    /// job restarted or changed its size and no plot (whose markers and summary show them) is
+    /// shown: a replayed stretch of steps should not go unexplained.
     fn restarts_line(&self) -> Option<String> {
         let last = self
             .curves
             .restarts()
             .last()
             .filter(|_| !self.options.plot)?;
-        Some(format!(
-            "restarts: {} (last resumed at step {last})",
-            self.curves.restart_count()
-        ))
+        let restarts = (self.curves.restart_count() > 0).then(|| {
+            format!(
+                "restarts: {} (last resumed at step {last})",
+                self.curves.restart_count()
+            )
+        });
+        let resizes = match self.curves.resizes() {
+            (0, _) => None,
+            (n, w) => Some(format!("resized: {n}x (now {w} workers)")),
+        };
+        let parts: Vec<String> = restarts.into_iter().chain(resizes).collect();
+        (!parts.is_empty()).then(|| parts.join(" · "))
     }
 
     /// The whole view as HTML with the plot inline.
@@ -291,5 +299,22 @@ mod tests {
             "{t}"
         );
         assert!(d.html().contains("restarts: 1 (last resumed at step 20)"));
+    }
+
+    #[test]
+    fn an_elastic_job_s_resizes_are_told_apart_from_restarts() {
+        let mut d = Dashboard::new("mlp", 4, "runs/1", DashboardOptions::default());
+        for s in 1..=25 {
+            for rank in 0..4 {
+                d.curves.train_loss(rank, s, 1.0);
+            }
+        }
+        d.curves.resize(3, 20);
+        let t = d.text();
+        assert!(t.contains("· resized once (now 3 workers)"), "{t}");
+        assert!(!t.contains("restart"), "{t}");
+        d.options.plot = false;
+        let t = d.summary_text();
+        assert!(t.contains("\nresized: 1x (now 3 workers)\n"), "{t}");
     }
 }
