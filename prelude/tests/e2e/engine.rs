@@ -53,6 +53,44 @@ fn data_parallel_matches_single_worker() {
     assert!(one.final_train_loss.is_finite());
 }
 
+/// An epoch's last step with fewer samples than workers: 1,024 samples in steps of 33 leave
+/// one for the last, so rank 0 trains it and ranks 1 and 2 take part with weightless samples.
+/// 3 workers, replicated and with ZeRO-2 (whose gradient hooks reduce during the backward
+/// pass), end where 1 worker ends: every sample of the epoch is trained once, whatever the
+/// number of workers.
+#[test]
+fn an_epoch_s_last_step_is_one_worker_s_whatever_the_worker_count() {
+    let run = |workers, zero, (batch, accum)| {
+        let spec = tiny(workers)
+            .optimizer(OptimizerKind::Sgd)
+            .dropout(0.0)
+            .seed(7)
+            .global_batch_size(batch)
+            .grad_accum(accum)
+            .epochs(1)
+            .zero(zero);
+        trainbook::fit(spec).expect("training succeeds")
+    };
+    // Steps of 66 in 2 micro-batches leave 34 for the last: 33 in the first (11 a rank), one
+    // in the second (rank 0's), so ranks 1 and 2 weight their only sampled micro-batch.
+    for (batch, accum, steps, zeros) in [(33, 1, 32, &[0, 2][..]), (66, 2, 16, &[0][..])] {
+        let one = run(1, 0, (batch, 1));
+        assert_eq!(one.steps, steps);
+        for &zero in zeros {
+            let three = run(3, zero, (batch, accum));
+            assert_eq!(three.steps, steps);
+            let max_diff = crate::common::max_abs_diff(
+                &crate::common::last_model(&one),
+                &crate::common::last_model(&three),
+            );
+            assert!(
+                max_diff <= 1e-5,
+                "batch {batch} in {accum}, zero {zero}: max abs parameter difference {max_diff}"
+            );
+        }
+    }
+}
+
 /// (b) allreduce / broadcast / barrier with three processes.
 #[test]
 fn collectives_are_correct_with_three_workers() {

@@ -113,6 +113,14 @@ impl StepScalars {
     /// and an event behind it, so the host can go on queuing work and wait for this point
     /// alone later ([`SentScalars::read`]); elsewhere a plain copy, done when this returns.
     fn send(self, device: Device) -> Result<SentScalars> {
+        if self.values.is_empty() {
+            // A step this rank took part in with a weightless sample only: nothing to read.
+            return Ok(SentScalars {
+                host: Tensor::zeros([0], (Kind::Double, tch::Device::Cpu)),
+                mark: None,
+                batches: self.batches,
+            });
+        }
         let all = Tensor::cat(&self.values, 0);
         let cuda = matches!(device, Device::Cuda(_));
         let host = if cuda {
@@ -675,6 +683,8 @@ impl<'a> Trainer<'a> {
             .skip(self.skip as usize * self.accum)
             .take((self.total_steps - self.step) as usize * self.accum)
             .copied()
+            // A micro-batch without samples is not loaded (its weightless sample is).
+            .filter(|b| !b.is_empty())
             .collect();
         {
             let _busy = Busy::new();
