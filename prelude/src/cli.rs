@@ -724,41 +724,37 @@ fn plan(args: &TrainArgs) -> Result<i32> {
 
 /// A node's place in its job of several nodes, said on stderr before it starts.
 fn say_place(spec: &JobSpec) {
-    if spec.is_elastic() {
-        eprintln!(
-            "trainbook: node {} of an elastic job of {}:{} nodes x {} worker(s), rendezvous at {}:{}{}",
-            spec.node_rank,
+    let place = if spec.is_elastic() {
+        format!(
+            "of an elastic job of {}:{} nodes x {} worker(s)",
             spec.min_nodes.unwrap_or(spec.nodes),
             spec.nodes,
-            spec.workers,
-            spec.master_addr,
-            spec.master_port
-                .unwrap_or(trainbook_api::plumbing::DEFAULT_MASTER_PORT),
-            if spec.node_rank > 0 {
-                " (node 0 shows the whole job)"
-            } else {
-                ""
-            }
-        );
+            spec.workers
+        )
     } else if spec.nodes > 1 {
         let ranks = spec.local_ranks();
-        eprintln!(
-            "trainbook: node {} of {}, ranks {}-{} of {}, rendezvous at {}:{}{}",
-            spec.node_rank,
+        format!(
+            "of {}, ranks {}-{} of {}",
             spec.nodes,
             ranks.start,
             ranks.end - 1,
-            spec.world_size(),
-            spec.master_addr,
-            spec.master_port
-                .unwrap_or(trainbook_api::plumbing::DEFAULT_MASTER_PORT),
-            if spec.node_rank > 0 {
-                " (node 0 shows the whole job)"
-            } else {
-                ""
-            }
-        );
-    }
+            spec.world_size()
+        )
+    } else {
+        return;
+    };
+    eprintln!(
+        "trainbook: node {} {place}, rendezvous at {}:{}{}",
+        spec.node_rank,
+        spec.master_addr,
+        spec.master_port
+            .unwrap_or(trainbook_api::plumbing::DEFAULT_MASTER_PORT),
+        if spec.node_rank > 0 {
+            " (node 0 shows the whole job)"
+        } else {
+            ""
+        }
+    );
 }
 
 fn train(args: &TrainArgs) -> Result<i32> {

@@ -519,25 +519,7 @@ fn eight_nodes_of_two_workers_train_like_one() {
         a[batch] = "16".into();
         a
     };
-    let node_args = |k: usize| {
-        let mut a = job("2");
-        a.extend(
-            [
-                "--nnodes",
-                &NODES.to_string(),
-                "--node-rank",
-                &k.to_string(),
-                "--master-addr",
-                NODE0,
-                "--master-port",
-                &port.to_string(),
-                "--node-addr",
-                &format!("127.0.0.{}", k + 2),
-            ]
-            .map(String::from),
-        );
-        a
-    };
+    let node_args = |k: usize| loopback_node(job("2"), k, port, &NODES.to_string());
     // Nodes 7..1 first, waiting for node 0's rendezvous like nodes booted early.
     let others: Vec<Child> = (1..NODES)
         .rev()
@@ -607,18 +589,13 @@ fn elastic_job(workers: &str, steps: &str, batch: &str) -> Vec<String> {
     a
 }
 
-/// The command of node `k` of the elastic run `name` (`--nnodes range`, each node on its own
-/// loopback address), with its restarts and checkpoint interval.
-fn elastic_node(
-    mut job: Vec<String>,
-    k: usize,
-    (port, name): (u16, &str),
-    (range, failures, every): (&str, &str, &str),
-) -> Vec<String> {
+/// `job` as node `k` of `nnodes` on one machine: each node binds its own loopback address
+/// (127.0.0.2 for node 0), node 0's rendezvous on `port`.
+fn loopback_node(mut job: Vec<String>, k: usize, port: u16, nnodes: &str) -> Vec<String> {
     job.extend(
         [
             "--nnodes",
-            range,
+            nnodes,
             "--node-rank",
             &k.to_string(),
             "--master-addr",
@@ -627,6 +604,23 @@ fn elastic_node(
             &port.to_string(),
             "--node-addr",
             &format!("127.0.0.{}", k + 2),
+        ]
+        .map(String::from),
+    );
+    job
+}
+
+/// The command of node `k` of the elastic run `name` (`--nnodes range`), with its restarts
+/// and checkpoint interval.
+fn elastic_node(
+    job: Vec<String>,
+    k: usize,
+    (port, name): (u16, &str),
+    (range, failures, every): (&str, &str, &str),
+) -> Vec<String> {
+    let mut a = loopback_node(job, k, port, range);
+    a.extend(
+        [
             "--name",
             name,
             "--max-failures",
@@ -636,7 +630,7 @@ fn elastic_node(
         ]
         .map(String::from),
     );
-    job
+    a
 }
 
 /// The elastic job of the acceptance: 4 nodes, `--nnodes 2:4 --max-failures 2`; node 3's

@@ -279,36 +279,12 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
     checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
     let forward = Emitter::connect(&info.events, &info.token, config.spec.local_ranks().start)
         .context("connecting to node 0's event stream")?;
-    if config.spec.is_elastic() {
+    let start = if config.spec.is_elastic() {
         store.set(&format!("{READY_KEY}/{node}"), b"1")?;
-        let start = await_turn(&store, &config.spec, &forward)?;
-        return Ok(Node {
-            config,
-            device: info.device,
-            run_dir,
-            store,
-            events: info.events,
-            token: info.token,
-            collector: None,
-            forward: Some(forward),
-            start,
-        });
-    }
-    // A driver that replaces one lost from this node joins the next start, which node 0
-    // publishes once it has noticed the loss.
-    let mut start = current_start(&store)?.unwrap_or_default();
-    if has_started(&store, start.attempt, node) {
-        eprintln!(
-            "trainbook: node {node} rejoins its job: waiting for node 0 to restart it (up to {} s)",
-            timeout.as_secs()
-        );
-        start = next_start(&store, start.attempt, timeout).ok_or_else(|| {
-            anyhow::anyhow!(
-                "node {node} rejoined its job, but node 0 did not restart it within {} s (its job may have ended, or restarts are off: max_failures 0)",
-                timeout.as_secs()
-            )
-        })?;
-    }
+        await_turn(&store, &config.spec, &forward)?
+    } else {
+        rejoin_start(&store, node, timeout)?
+    };
     Ok(Node {
         config,
         device: info.device,
@@ -319,6 +295,25 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
         collector: None,
         forward: Some(forward),
         start,
+    })
+}
+
+/// Nodes 1..N of a job of fixed size: the current start, or, for a driver that replaces one
+/// lost from this node, the next, which node 0 publishes once it has noticed the loss.
+fn rejoin_start(store: &Store, node: usize, timeout: Duration) -> Result<StartInfo> {
+    let start = current_start(store)?.unwrap_or_default();
+    if !has_started(store, start.attempt, node) {
+        return Ok(start);
+    }
+    eprintln!(
+        "trainbook: node {node} rejoins its job: waiting for node 0 to restart it (up to {} s)",
+        timeout.as_secs()
+    );
+    next_start(store, start.attempt, timeout).ok_or_else(|| {
+        anyhow::anyhow!(
+            "node {node} rejoined its job, but node 0 did not restart it within {} s (its job may have ended, or restarts are off: max_failures 0)",
+            timeout.as_secs()
+        )
     })
 }
 

@@ -260,12 +260,7 @@ impl Recovery {
                 true
             }
             Err(e) => {
-                let rank = fold
-                    .job
-                    .lock()
-                    .membership
-                    .ranks(node)
-                    .map_or(0, |r| r.start);
+                let rank = first_own_rank(fold);
                 let failure = fold.failure_of(
                     rank,
                     format!("could not be started again for node 0's restart: {e:#}"),
@@ -302,12 +297,7 @@ impl Recovery {
     /// node 0 (which waits for this node’s start).
     fn cannot_follow(&mut self, fold: &mut Fold, next: &StartInfo, dir: &std::path::Path) {
         let node = fold.job.spec.node_rank;
-        let rank = fold
-            .job
-            .lock()
-            .membership
-            .ranks(node)
-            .map_or(0, |r| r.start);
+        let rank = first_own_rank(fold);
         let message = format!(
             "node {node} cannot follow node 0's restart: its checkpoint {} is not on this node. Put the runs root on storage every node mounts at the same path (--runs-root or TRAINBOOK_RUNS)",
             dir.display()
@@ -361,6 +351,16 @@ impl Recovery {
             }
         }
     }
+}
+
+/// Nodes 1..N: the first global rank of this node's workers in the current start.
+fn first_own_rank(fold: &Fold) -> usize {
+    let node = fold.job.spec.node_rank;
+    fold.job
+        .lock()
+        .membership
+        .ranks(node)
+        .map_or(0, |r| r.start)
 }
 
 /// Where a new start continues: the run’s newest checkpoint and its step, else where the job
