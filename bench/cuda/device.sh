@@ -154,8 +154,10 @@ if [ "$what" = speed ]; then
       && grep -i -A3 'synchroniz' "$d/logs/rank0.log" | head -40 > "$out/syncs$n.txt"
   done
   run tb_resnet 240 "$tb" "${resnet[@]}" --max-steps 60
+  # The model's own speed: the images decoded once and held on the GPU, as the baselines' are.
+  run tb_resnet_device 240 "$tb" "${resnet[@]}" --max-steps 60 --data-on-device
   run tb_resnet_profile 240 "$tb" "${resnet[@]}" --max-steps 36 --profile 30..34
-  for r in cpu_fp32 cuda_fp32 tb_bert base_bert tb_bert_again tb_bert_graphs tb_resnet; do
+  for r in cpu_fp32 cuda_fp32 tb_bert base_bert tb_bert_again tb_bert_graphs tb_resnet tb_resnet_device; do
     d=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_dir"])' "$out/$r.json" 2>/dev/null) \
       && cp "$d/metrics.parquet" "$out/$r.parquet" 2>/dev/null
   done

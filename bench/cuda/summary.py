@@ -87,10 +87,15 @@ def strong_table(res, measured):
             rx = steady_rate(res, extra, batch) if batch else None
             if rx and rt:
                 print(f"| {model} | {label} | {rx:.0f} | {rt / rx:.2f} | {mfu(rx)} | - |")
+        # ResNet with its images held on the GPU (--data-on-device): the model's speed, which
+        # the baselines (data made on the GPU) measure; its ratios follow the loader's.
+        rd = steady_rate(res, tb + "_device", batch) if batch else None
+        if rd and rt:
+            print(f"| {model} | trainbook (data on the device) | {rd:.0f} | {rt / rd:.2f} (loader ÷ on device) | {mfu(rd)} | - |")
         for n in names:
             if n in strong:
                 r = strong[n]["samples_per_second_median_step"]
-                ratio = f"{rt / r:.2f}" if rt else "-"
+                ratio = (f"{rt / r:.2f}" if rt else "-") + (f" (on device {rd / r:.2f})" if rd else "")
                 print(f"| {model} | PyTorch {n} | {r:.0f} | {ratio} | {mfu(r)} | {strong[n]['cuda_max_memory_allocated'] / 2**30:.1f} |")
 
 

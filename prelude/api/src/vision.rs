@@ -84,6 +84,12 @@ crate::options! {
         /// (cuDNN, oneDNN) [default: on for CUDA and CPU, off for Gaudi].
         #[arg(value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
         channels_last: bool => Option<bool>,
+        /// Decode the images once (resized and centre-cropped, as for evaluation: no
+        /// augmentation) and keep them on the device as uint8, each step picking its batch
+        /// there: the model's own speed with the input pipeline out of the loop. For
+        /// benchmarks, and for a dataset small enough to sit in device memory [default: off].
+        #[arg(value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        data_on_device: bool => bool,
     }
     extra {
         /// The training augmentation (the preset's).
@@ -158,7 +164,7 @@ trainer!(
     "resnet"
 );
 
-/// `arch`, `image_size`, `loader_threads`.
+/// `arch`, `image_size`, `loader_threads`, `channels_last`, `data_on_device`.
 impl ConfigureVision for ResnetTrainer {
     fn vision_options(&mut self, edit: impl FnOnce(&mut VisionOptions)) {
         self.spec.edit_recipe_options(edit)

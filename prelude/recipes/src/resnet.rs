@@ -17,12 +17,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
-use tch::nn;
+use tch::{nn, Tensor};
 use trainbook_engine::Device;
 
 use crate::models::resnet::{self, Arch};
 use crate::vision::folder::{self, find_splits, ImageFolder};
 use crate::vision::loader::{self, Mode, Pipeline};
+use crate::vision::resident::{self, Resident};
 use crate::vision::transforms::{Augment, DeviceNormalize, Normalize};
 use trainbook_api::Hyper;
 use trainbook_api::{JobSpec, OptimizerKind};
@@ -58,6 +59,7 @@ fn preset(name: &str) -> Result<Preset> {
         image_size,
         loader_threads: 2,
         channels_last: None,
+        data_on_device: false,
         augment,
     };
     let rows = |hyper: Hyper, data: &str, rows: Option<(usize, usize)>| Hyper {
@@ -156,6 +158,36 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     Ok(hyper)
 }
 
+/// Both splits decoded onto the device (`data_on_device`), with a line saying what it holds.
+fn load_resident(
+    folders: &[Arc<ImageFolder>; 2],
+    rows: &[Vec<usize>; 2],
+    v: &VisionSettings,
+    device: Device,
+    log: &dyn Fn(String),
+) -> Result<[Resident; 2]> {
+    let started = std::time::Instant::now();
+    let load = |s: usize| {
+        Resident::load(
+            folders[s].clone(),
+            &rows[s],
+            v.image_size,
+            v.loader_threads,
+            device,
+        )
+    };
+    let both = [load(0)?, load(1)?];
+    let bytes = resident::bytes(rows[0].len() + rows[1].len(), v.image_size);
+    log(format!(
+        "data on the device: {} train + {} val images, {} as uint8 on {device} (decoded in {:.1} s); training runs without augmentation",
+        rows[0].len(),
+        rows[1].len(),
+        resident::human_bytes(bytes),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(both)
+}
+
 /// `n` samples spread evenly over a folder sorted by class (so every class is represented).
 fn spread(len: usize, n: Option<usize>) -> Vec<usize> {
     match n {
@@ -181,6 +213,8 @@ pub struct ResnetRecipe {
     channels_last: bool,
     /// ImageNet's mean and std, on the device.
     normalize: DeviceNormalize,
+    /// Both splits' images on the device (`data_on_device`), when the loader is out of the loop.
+    resident: Option<[Resident; 2]>,
 }
 
 fn slot(split: Split) -> usize {
@@ -246,6 +280,11 @@ impl ResnetRecipe {
         if channels_last {
             trainbook_engine::vars_channels_last(&vs)?;
         }
+        let folders = [Arc::new(train), Arc::new(val)];
+        let resident = match v.data_on_device {
+            true => Some(load_resident(&folders, &rows, &v, device, log)?),
+            false => None,
+        };
         Ok(Self {
             vs,
             model,
@@ -254,13 +293,33 @@ impl ResnetRecipe {
             augment: v.augment,
             seed: hyper.seed,
             loader_threads: v.loader_threads,
-            folders: [Arc::new(train), Arc::new(val)],
+            folders,
             rows,
             pipelines: Mutex::new([None, None]),
             device,
             channels_last,
             normalize: DeviceNormalize::new(&IMAGENET, device)?,
+            resident,
         })
+    }
+
+    /// The batch of `indices` from the input pipeline (or decoded here), on the device.
+    fn loaded_batch(&self, split: Split, indices: &[usize]) -> Result<(Tensor, Tensor)> {
+        let s = slot(split);
+        let rows: Vec<usize> = indices.iter().map(|&i| self.rows[s][i]).collect();
+        let b = {
+            let mut g = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+            // Without a plan (or after a mismatch) the batch is built here, synchronously;
+            // the epoch only matters for augmentation, which plan() always precedes.
+            loader::take(
+                g[s].as_mut(),
+                &self.folders[s],
+                &rows,
+                self.size,
+                self.mode(split, 0),
+            )?
+        };
+        Ok((self.device.put(&b.images)?, self.device.put(&b.labels)?))
     }
 
     fn mode(&self, split: Split, epoch: u64) -> Mode {
@@ -289,6 +348,9 @@ impl Recipe for ResnetRecipe {
         self.rows[1].len()
     }
     fn prefetch(&self, split: Split, epoch: u64, batches: &[&[usize]]) {
+        if self.resident.is_some() {
+            return;
+        }
         let s = slot(split);
         let folder_batches: Vec<Vec<usize>> = batches
             .iter()
@@ -308,24 +370,14 @@ impl Recipe for ResnetRecipe {
     }
     fn step(&self, split: Split, indices: &[usize], train: bool) -> Result<Step> {
         let s = slot(split);
-        let rows: Vec<usize> = indices.iter().map(|&i| self.rows[s][i]).collect();
-        let b = {
-            let mut g = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-            // Without a plan (or after a mismatch) the batch is built here, synchronously;
-            // the epoch only matters for augmentation, which plan() always precedes.
-            loader::take(
-                g[s].as_mut(),
-                &self.folders[s],
-                &rows,
-                self.size,
-                self.mode(split, 0),
-            )?
+        let (images, labels) = match &self.resident {
+            Some(r) => r[s].batch(indices, self.device)?,
+            None => self.loaded_batch(split, indices)?,
         };
         // The pixels travel as uint8 and become normalised floats on the device.
-        let images = self.device.put(&b.images)?;
         let images = self.normalize.apply(&images, self.channels_last)?;
         let logits = self.model.forward_t(&images, train);
-        Ok(Step::classification(logits, self.device.put(&b.labels)?))
+        Ok(Step::classification(logits, labels))
     }
     /// Beside `model.safetensors` (torchvision names): `config.json` with the architecture,
     /// input size and class names, which `ImageClassifier::load` reads.
@@ -339,5 +391,76 @@ impl Recipe for ResnetRecipe {
         }
         .write(dir)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiny preset's recipe on the CPU, its images streamed or held on the device.
+    fn tiny(data_on_device: bool) -> ResnetRecipe {
+        let p = preset("tiny").unwrap();
+        let vision = VisionSettings {
+            data_on_device,
+            ..p.vision
+        };
+        let hyper = Hyper {
+            recipe_options: crate::settings_map(&vision).unwrap(),
+            ..p.hyper
+        };
+        ResnetRecipe::build(&hyper, Device::Cpu, &|_| {}).unwrap()
+    }
+
+    /// Held on the device, a split gives the very pixels and labels the loader gives for
+    /// evaluation, in the recipe's row order, so the same weights score them the same.
+    #[test]
+    fn images_on_the_device_are_the_loader_s_evaluation_batches() {
+        let (streamed, mut held) = (tiny(false), tiny(true));
+        // The same weights (tests on other threads draw from torch's one generator too).
+        held.vs.copy(&streamed.vs).unwrap();
+        let resident = held.resident.as_ref().unwrap();
+        for (split, indices) in [
+            (Split::Eval, vec![0, 7, 99, 3]),
+            (Split::Train, vec![319, 0, 160]),
+        ] {
+            let (images, labels) = resident[slot(split)].batch(&indices, Device::Cpu).unwrap();
+            let rows: Vec<usize> = indices
+                .iter()
+                .map(|&i| streamed.rows[slot(split)][i])
+                .collect();
+            let b = loader::batch(&streamed.folders[slot(split)], &rows, 32, Mode::Eval).unwrap();
+            assert!(
+                images.equal(&b.images) && labels.equal(&b.labels),
+                "{split:?}"
+            );
+        }
+        let indices = [4, 50, 98];
+
+        let loss = |r: &ResnetRecipe| {
+            r.step(Split::Eval, &indices, false)
+                .unwrap()
+                .loss
+                .double_value(&[])
+        };
+        assert_eq!(loss(&streamed), loss(&held));
+        // Training picks from the same held images.
+        let step = held.step(Split::Train, &[1, 2, 3, 4], true).unwrap();
+        assert!(step.loss.double_value(&[]).is_finite());
+    }
+
+    /// Images that cannot be held fail before any is decoded, with the way out.
+    #[test]
+    fn images_too_large_for_the_device_are_refused_with_the_fix() {
+        let folder = Arc::new(folder::scan(&crate::assets::digits_dir().join("train")).unwrap());
+        // 320 images of 2,000,000 px a side: more bytes than any address space.
+        let err = Resident::load(folder, &spread(4000, Some(320)), 2_000_000, 2, Device::Cpu)
+            .err()
+            .unwrap();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("320 images at 2000000 px take") && msg.contains("drop --data-on-device"),
+            "{msg}"
+        );
     }
 }

@@ -11,6 +11,15 @@ fn tiny() -> ResnetTrainer {
         .runs_root(crate::common::scratch("resnet-runs"))
 }
 
+/// Runs `trainer`'s job to success; the job and its log lines.
+fn succeeds(trainer: ResnetTrainer) -> (Job, Vec<String>) {
+    let job = trainer.launch().unwrap();
+    let r = job.wait().unwrap();
+    assert_eq!(r.status, JobStatus::Succeeded, "{:?}", r.error);
+    let logs = job.logs().into_iter().map(|l| l.text).collect();
+    (job, logs)
+}
+
 #[test]
 fn tiny_resnet_learns_with_two_workers_and_its_checkpoint_classifies_images() {
     let job = tiny().epochs(3).launch().unwrap();
@@ -78,14 +87,7 @@ fn a_folder_with_a_corrupt_image_trains_and_reports_it() {
         }
     }
     std::fs::write(root.join("train/3/broken.png"), b"not a png at all").unwrap();
-    let job = tiny()
-        .data(root.display().to_string())
-        .max_steps(2)
-        .launch()
-        .unwrap();
-    let r = job.wait().unwrap();
-    assert_eq!(r.status, JobStatus::Succeeded);
-    let logs: Vec<String> = job.logs().into_iter().map(|l| l.text).collect();
+    let (_, logs) = succeeds(tiny().data(root.display().to_string()).max_steps(2));
     assert!(
         logs.iter()
             .any(|l| l.contains("skipped 1 unreadable file(s)") && l.contains("broken.png")),
@@ -143,4 +145,25 @@ fn channels_last_trains_like_nchw() {
         .unwrap()
         .path();
     assert_eq!(clf.predict(&[&image]).unwrap()[0].probabilities.len(), 10);
+}
+
+/// `data_on_device` holds both splits on the device and trains from there, saying so.
+#[test]
+fn a_job_with_its_images_on_the_device_trains_and_says_what_it_holds() {
+    let (job, logs) = succeeds(tiny().workers(1).data_on_device(true).max_steps(4));
+    assert!(
+        logs.iter().any(|l| l
+            .contains("data on the device: 320 train + 100 val images, 1.2 MiB as uint8 on cpu")),
+        "{logs:?}"
+    );
+    let losses: Vec<f64> = job
+        .metric_rows()
+        .iter()
+        .filter(|m| m.name == "loss")
+        .map(|m| m.value)
+        .collect();
+    assert!(
+        losses.len() == 4 && losses.iter().all(|l| l.is_finite()),
+        "{losses:?}"
+    );
 }

@@ -2,4 +2,5 @@
 
 pub mod folder;
 pub mod loader;
+pub mod resident;
 pub mod transforms;
