@@ -14,8 +14,9 @@
 #   MFU, and each side's peak GPU memory. bench/cuda/summary.py writes summary.md.
 # speed: the speed issue's table in one call: a check, BERT with this build, the build in
 #   .gpu/base.tar.xz (PACK_REV=... bench/cuda/pack.sh), again and with --cuda-graphs, host waits
-#   counted (TRAINBOOK_CUDA_SYNC_DEBUG), profiles with the GPU busy share, ResNet-50, the strong
-#   baselines. DEADLINE (seconds, default 540) bounds the whole call.
+#   counted (TRAINBOOK_CUDA_SYNC_DEBUG), profiles with the GPU busy share, the memory plan
+#   against measured peaks (with and without activation checkpointing), ResNet-50 fed by its
+#   loader and with its images held on the GPU, the strong baselines. DEADLINE (seconds, default 540) bounds the whole call.
 # TORCH_BASELINES=0 leaves out bench's older PyTorch runs (bench/torch_*.py; the strong ones stay).
 # strong (part of bench too): the strong baselines (bench/cuda/strong.py): PyTorch eager done well
 #   and torch.compile for BERT-base MLM (fused q/k/v, SDPA, the head on the masked positions,
@@ -146,6 +147,11 @@ if [ "$what" = speed ]; then
   run tb_bert_again 180 "$tb" "${bert[@]}" --max-steps 80
   run tb_bert_graphs 180 "$tb" "${bert[@]}" --max-steps 80 --cuda-graphs
   run tb_bert_profile 180 "$tb" "${bert[@]}" --max-steps 36 --profile 30..34
+  # The memory plan against the measured peak (max_memory_allocated), with and without
+  # activation checkpointing: the plan costs no GPU time, the checkpointed job a few steps.
+  run plan_bert 60 "$tb" plan "${bert[@]:1}"
+  run plan_bert_ckpt 60 "$tb" plan "${bert[@]:1}" --activation-checkpointing
+  run tb_bert_ckpt 180 "$tb" "${bert[@]}" --max-steps 8 --activation-checkpointing
   # Operations that make the host wait for the GPU: none should come once a step per step.
   for n in 10 30; do
     run "tb_bert_syncs$n" 120 env TRAINBOOK_CUDA_SYNC_DEBUG=warn "$tb" "${bert[@]}" --max-steps "$n" --log-level info

@@ -99,6 +99,27 @@ def strong_table(res, measured):
                 print(f"| {model} | PyTorch {n} | {r:.0f} | {ratio} | {mfu(r)} | {strong[n]['cuda_max_memory_allocated'] / 2**30:.1f} |")
 
 
+def plan_table(res):
+    """The memory plan (`trainbook plan --json`) against the peak the job measured
+    (max_memory_allocated, which does not see the plan's framework row)."""
+    pairs = (("BERT-base MLM, batch 256, bf16", "plan_bert", "tb_bert"),
+             ("the same, activation checkpointing", "plan_bert_ckpt", "tb_bert_ckpt"))
+    rows = [(label, load(res, p), load(res, t)) for label, p, t in pairs]
+    if not any(p and t for _, p, t in rows):
+        return
+    print("\n## Memory plan against the measured peak (CUDA)\n")
+    print("| job | planned GiB | planned without the framework row | measured peak GiB | plan ÷ measured |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, plan, result in rows:
+        if not (plan and result):
+            continue
+        framework = sum(r["bytes"] for r in plan.get("rows", []) if r["what"] == "framework")
+        peak = ((result.get("memory") or [{}])[0]).get("peak") or 0
+        total = plan["total"]
+        ratio = f"{(total - framework) / peak:.2f}" if peak else "-"
+        print(f"| {label} | {total / 2**30:.2f} | {(total - framework) / 2**30:.2f} | {peak / 2**30:.2f} | {ratio} |")
+
+
 def main():
     res = sys.argv[1]
     exits = {}
@@ -215,6 +236,7 @@ def main():
             for k in p.get("kernels", [])[:15]:
                 print(f"| {k['name'][:90]} | {k['self_ms']:.3f} | {k['calls']} | {100 * k['share']:.1f} |")
             print()
+    plan_table(res)
     if measured:
         print(f"\nMeasured bf16 matrix product (8192^3): {measured / 1e12:.0f} TFLOP/s; datasheet peak {PEAK_BF16 / 1e12:.0f}.")
 
