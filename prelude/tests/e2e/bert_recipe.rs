@@ -227,12 +227,7 @@ fn schedule_warmup_and_bf16_autocast_run() {
         .unwrap();
     let result = r.wait().unwrap();
     assert!(result.final_train_loss.is_finite());
-    let lr: Vec<f64> = r
-        .metric_rows()
-        .iter()
-        .filter(|m| m.name == "lr")
-        .map(|m| m.value)
-        .collect();
+    let lr = crate::common::metric_values(&r, "lr");
     // 2 warm-up steps up to 1e-3, then linear decay to 0 at step 4.
     let expect = [5e-4, 1e-3, 1e-3, 5e-4];
     assert_eq!(lr.len(), 4, "{lr:?}");

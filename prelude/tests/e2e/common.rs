@@ -84,3 +84,12 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
     dir
 }
+
+/// Every value the job reported for metric `name`, all ranks, in arrival order.
+pub fn metric_values(job: &trainbook::Job, name: &str) -> Vec<f64> {
+    job.metric_rows()
+        .iter()
+        .filter(|m| m.name == name)
+        .map(|m| m.value)
+        .collect()
+}

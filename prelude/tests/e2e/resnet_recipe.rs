@@ -27,12 +27,7 @@ fn tiny_resnet_learns_with_two_workers_and_its_checkpoint_classifies_images() {
     assert_eq!(r.status, JobStatus::Succeeded);
     assert_eq!(r.steps, 30, "320 images / global batch 32 x 3 epochs");
     // Per-epoch training loss, all-reduced over the ranks, goes down.
-    let epoch_losses: Vec<f64> = job
-        .metric_rows()
-        .iter()
-        .filter(|m| m.name == "epoch_train_loss")
-        .map(|m| m.value)
-        .collect();
+    let epoch_losses = crate::common::metric_values(&job, "epoch_train_loss");
     assert_eq!(epoch_losses.len(), 3, "{epoch_losses:?}");
     assert!(
         epoch_losses[2] < epoch_losses[0],
@@ -156,12 +151,7 @@ fn a_job_with_its_images_on_the_device_trains_and_says_what_it_holds() {
             .contains("data on the device: 320 train + 100 val images, 1.2 MiB as uint8 on cpu")),
         "{logs:?}"
     );
-    let losses: Vec<f64> = job
-        .metric_rows()
-        .iter()
-        .filter(|m| m.name == "loss")
-        .map(|m| m.value)
-        .collect();
+    let losses = crate::common::metric_values(&job, "loss");
     assert!(
         losses.len() == 4 && losses.iter().all(|l| l.is_finite()),
         "{losses:?}"
