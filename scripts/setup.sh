@@ -53,7 +53,7 @@ fi
 #    links to; a CUDA machine gets the full dependency set (cuDNN, NCCL, cuBLAS...).
 py=${PYTHON:-python3}
 [ -x .venv/bin/python ] || { say "creating .venv"; "$py" -m venv .venv; }
-want="torch==$TORCH_VERSION cuda=$TRAINBOOK_CUDA $(cat scripts/requirements.txt | tr '\n' ' ')"
+want="torch==$TORCH_VERSION cuda=$TRAINBOOK_CUDA $(cat scripts/requirements.txt scripts/requirements-nodeps.txt | tr '\n' ' ')"
 if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
   say "installing torch $TORCH_VERSION into .venv (cuda=$TRAINBOOK_CUDA)"
   pip=(.venv/bin/python -m pip install -q --no-cache-dir --disable-pip-version-check)
@@ -66,7 +66,15 @@ if [ "$(cat .venv/.trainbook-setup 2>/dev/null)" != "$want" ]; then
   say "installing Python tools (scripts/requirements.txt)"
   # On CPU torch is in without its Python dependencies on purpose (only its libraries are
   # used); pip would print that as a red "dependency resolver" ERROR block, so it is told not to.
+  # Two light ones are pinned in requirements.txt all the same: sympy, without which
+  # transformers' generation code does not import (torch imports it there), and networkx, which
+  # torch's functorch partitioners (torch.compile's backward graphs) import.
   "${pip[@]}" --no-warn-conflicts -r scripts/requirements.txt
+  # peft and accelerate (for tests and fixture generators that compare with transformers/peft)
+  # declare torch as a dependency: a resolving install would fetch the nvidia-* wheels the CPU
+  # set-up leaves out (gigabytes). Their light dependencies are in requirements.txt.
+  say "installing peft and accelerate without dependencies (scripts/requirements-nodeps.txt)"
+  "${pip[@]}" --no-warn-conflicts --no-deps -r scripts/requirements-nodeps.txt
   echo "$want" > .venv/.trainbook-setup
 fi
 

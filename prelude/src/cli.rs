@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::dashboard::JobDashboard;
-use crate::{MlmOptions, TextOptions, VisionOptions};
+use crate::{LmOptions, MlmOptions, TextOptions, VisionOptions};
 use trainbook_api::DeviceRequest;
 use trainbook_api::{Configure, JobSpec, Nodes, Resume, TrainConfig};
 use trainbook_api::{JobStatus, JobUpdate};
@@ -24,7 +24,7 @@ use trainbook_api::{JobStatus, JobUpdate};
         through PyTorch's c10d collectives (gloo on CPU, NCCL on CUDA), shows progress and \
         de-duplicated worker logs, and writes a run directory with the config, per-rank logs, \
         metrics (parquet) and checkpoints.",
-    after_help = "Examples:\n  trainbook train bert --workers 2\n  trainbook train bert --workers 2 --optimizer adamw --lr 5e-5 --max-length 64 --epochs 1\n  trainbook train bert --preset tiny --json\n  trainbook train bert --model ./my-bert --data reviews.parquet --text-column review --label-column stars\n  trainbook train bert --resume-from trainbook_runs/<run>/checkpoints/epoch-0 --epochs 3\n  trainbook train bert --workers 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   (node 1: the same with --node-rank 1)\n  srun --nodes 2 --ntasks-per-node 1 trainbook train bert --workers 8\n  trainbook recipes"
+    after_help = "Examples:\n  trainbook train bert --workers 2\n  trainbook train bert --workers 2 --optimizer adamw --lr 5e-5 --max-length 64 --epochs 1\n  trainbook train bert --preset tiny --json\n  trainbook train bert --model ./my-bert --data reviews.parquet --text-column review --label-column stars\n  trainbook train bert --resume-from trainbook_runs/<run>/checkpoints/epoch-0 --epochs 3\n  trainbook train bert --workers 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   (node 1: the same with --node-rank 1)\n  srun --nodes 2 --ntasks-per-node 1 trainbook train bert --workers 8\n  trainbook train causal-lm --model ./llama --data chat.jsonl --lora-rank 8 --workers 2\n  trainbook generate --model ./llama --adapter <checkpoint> --prompt \"Once upon a time\"\n  trainbook recipes"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -51,6 +51,12 @@ pub enum Command {
         after_help = "Examples:\n  trainbook prepare --data wiki.jsonl --out wiki-prepared\n  trainbook prepare --data corpus/ --tokenizer my-tokenizer --out corpus-prepared\n  trainbook train bert-mlm --data corpus-prepared --tokenizer my-tokenizer --workers 2\n\nStopped midway (Ctrl-C, a lost machine), the same command continues after the last finished\nshard. A job given raw text prepares it itself, into the data directory's cache."
     )]
     Prepare(PrepareArgs),
+    /// Generate text with a causal LM (a model directory, an adapter over it, or a causal-lm
+    /// checkpoint), streamed as it comes.
+    Generate(Box<crate::lm::GenerateArgs>),
+    /// Write a causal-lm checkpoint as the directories transformers and peft load (a LoRA
+    /// adapter, or with --merge a full model).
+    Export(crate::lm::ExportArgs),
     /// List the available recipes.
     Recipes,
     /// Tokenizers: `trainbook tokenizer train --data corpus.txt --vocab-size 32000 --out DIR`.
@@ -386,6 +392,13 @@ pub struct TrainArgs {
     /// Print one JSON summary as the last line of stdout (human output goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// causal-lm: when the job succeeds, write its last checkpoint to DIR as transformers
+    /// (full) or peft (LoRA) load it (see `trainbook export`).
+    #[arg(long, value_name = "DIR")]
+    pub export: Option<PathBuf>,
+    /// With --export: fold the LoRA adapter into the base weights and write a full model.
+    #[arg(long, requires = "export")]
+    pub merge: bool,
     #[command(
         flatten,
         next_help_heading = "Training (every recipe; default: the preset's)"
@@ -398,6 +411,11 @@ pub struct TrainArgs {
     pub text: TextOptions,
     #[command(flatten, next_help_heading = "Masked-LM recipe (bert-mlm)")]
     pub mlm: MlmOptions,
+    #[command(
+        flatten,
+        next_help_heading = "Causal-LM recipe (causal-lm: GPT-2, Llama, Mistral, Qwen2; max-length is the block size)"
+    )]
+    pub lm: LmOptions,
     #[command(flatten, next_help_heading = "Image recipes (resnet)")]
     pub vision: VisionOptions,
 }
@@ -604,6 +622,7 @@ impl TrainArgs {
         spec.edit_recipe_options(|o: &mut TextOptions| *o = self.text.clone());
         spec.edit_recipe_options(|o: &mut VisionOptions| *o = self.vision.clone());
         spec.edit_recipe_options(|o: &mut MlmOptions| *o = self.mlm.clone());
+        spec.edit_recipe_options(|o: &mut LmOptions| *o = self.lm.clone());
         spec.threads_per_worker = self.threads;
         // A launcher's variables first; flags given by hand win over them.
         if let Some(t) = trainbook_api::Topology::from_env()? {
@@ -679,6 +698,8 @@ pub fn main() -> i32 {
         Command::Plan(args) => exit_code(plan(&args), args.json),
         Command::Train(args) => exit_code(train(&args), args.json),
         Command::Prepare(args) => exit_code(prepare(&args), args.json),
+        Command::Generate(args) => exit_code(crate::lm::generate(&args), args.json),
+        Command::Export(args) => exit_code(crate::lm::export(&args), false),
     }
 }
 
@@ -758,6 +779,9 @@ fn say_place(spec: &JobSpec) {
 }
 
 fn train(args: &TrainArgs) -> Result<i32> {
+    if args.export.is_some() && args.recipe != "causal-lm" {
+        anyhow::bail!("--export writes causal-lm checkpoints; a {} run's checkpoints are loadable directories already (result.last_checkpoint)", args.recipe);
+    }
     let spec = args.to_spec()?;
     say_place(&spec);
     // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The
@@ -845,7 +869,18 @@ fn train(args: &TrainArgs) -> Result<i32> {
         eprintln!("{}", view.dashboard().summary_text());
     }
     let wait_error = result.as_ref().err().map(|e| format!("{e:#}"));
-    Ok(report_end(&summary, wait_error, args.json))
+    let code = report_end(&summary, wait_error, args.json);
+    match (&args.export, summary.status, &summary.last_checkpoint) {
+        (Some(out), JobStatus::Succeeded, Some(ckpt)) if spec.node_rank == 0 => {
+            let what = crate::recipes::causal_lm::inference::export(ckpt, out, args.merge)?;
+            eprintln!("trainbook: exported {what}");
+        }
+        (Some(_), JobStatus::Succeeded, None) if spec.node_rank == 0 => {
+            anyhow::bail!("--export: the job wrote no checkpoint to export")
+        }
+        _ => {}
+    }
+    Ok(code)
 }
 
 /// What follows a job's summary in the terminal: the profiler's table, warnings, an error the

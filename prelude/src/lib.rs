@@ -16,6 +16,8 @@ pub use custom::worker_hook;
 /// The dashboard model shared by the notebook view and the terminal.
 pub mod dashboard;
 mod display;
+/// The causal-LM commands (`trainbook generate`, `trainbook export`).
+pub mod lm;
 /// The notebook view: how a job's dashboard reaches the trainbook kernel's cells.
 pub mod notebook;
 /// The runtime behind `trainbook_api`'s operations in this process.

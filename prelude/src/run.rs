@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
 use trainbook_api::plumbing::{
-    self, view_options, Bundle, Classifiers, Corpora, ImageFolders, ImageModel, Jobs, Notebook,
-    Registry, Sweeps, TextData, TextModel, Tokenizers,
+    self, view_options, Bundle, Classifiers, Corpora, Generators, ImageFolders, ImageModel, Jobs,
+    LanguageModel, Notebook, Registry, Sweeps, TextData, TextModel, Tokenizers,
 };
 use trainbook_api::{
     CorpusPreparer, Hyper, ImageFolder, Job, JobSpec, Plan, PrepareProgress, PreparedCorpus,
@@ -133,6 +133,19 @@ impl Classifiers for Trainbook {
     }
 }
 
+impl Generators for Trainbook {
+    fn load_language_model(
+        &self,
+        model: &Path,
+        adapter: Option<&Path>,
+        device: &str,
+    ) -> Result<Box<dyn LanguageModel>> {
+        let device = crate::lm::device(device)?;
+        let lm = trainbook_recipes::causal_lm::inference::load(model, adapter, device)?;
+        Ok(Box::new(crate::lm::LoadedGenerator(lm)))
+    }
+}
+
 impl Tokenizers for Trainbook {
     fn train_tokenizer(&self, spec: &TokenizerTrainer, out: &Path) -> Result<TrainedTokenizer> {
         trainbook_recipes::text::wordpiece::train_and_save(spec, out)
@@ -163,6 +176,7 @@ static REGISTER: extern "C" fn() = {
         plumbing::register::<dyn ImageFolders>(&ENGINE);
         plumbing::register::<dyn Classifiers>(&ENGINE);
         plumbing::register::<dyn Tokenizers>(&ENGINE);
+        plumbing::register::<dyn Generators>(&ENGINE);
         plumbing::register::<dyn Corpora>(&ENGINE);
     }
     register

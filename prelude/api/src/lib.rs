@@ -56,6 +56,7 @@ mod corpus;
 mod device;
 mod display;
 mod job;
+mod lm;
 mod logs;
 mod memory;
 pub mod metric;
@@ -81,6 +82,9 @@ pub use display::{content_blocks, ShowValue};
 pub use job::{
     running_jobs, stop_all, Job, JobStatus, JobUpdate, LogRecord, MemoryUse, MetricRow, Progress,
     Resize, Restart, TrainError, TrainResult,
+};
+pub use lm::{
+    ConfigureLm, GenerateOptions, Generation, LlamaShape, LmOptions, LmTrainer, TextGenerator,
 };
 pub use logs::{LogLevel, Stream};
 pub use memory::{Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
@@ -120,6 +124,7 @@ pub mod plumbing {
     pub use crate::corpus::Corpora;
     pub use crate::display::{Bundle, Notebook};
     pub use crate::job::{metrics_table, per_epoch, JobControl, JobView, Jobs};
+    pub use crate::lm::{Generators, LanguageModel, LmSettings};
     pub use crate::logs::{fmt_num, format_ranks, Repeats, Shown};
     pub use crate::memory::parse_bytes;
     pub use crate::mlm::MlmSettings;
@@ -148,6 +153,7 @@ pub mod prelude {
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::display::ShowValue;
     pub use crate::job::{stop_all, Job, JobStatus, JobUpdate, Resize, Restart, TrainResult};
+    pub use crate::lm::{ConfigureLm, Generation, LlamaShape, LmTrainer, TextGenerator};
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;

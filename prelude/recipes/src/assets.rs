@@ -56,7 +56,8 @@ const OPTIONAL_MODEL_FILES: &[&str] = &["tokenizer_config.json", "special_tokens
 
 fn is_model_dir(d: &Path) -> bool {
     MODEL_FILES.iter().all(|f| d.join(f).exists())
-        && WEIGHT_FILES.iter().any(|f| d.join(f).exists())
+        && (WEIGHT_FILES.iter().any(|f| d.join(f).exists())
+            || d.join("model.safetensors.index.json").exists())
         && TOKENIZER_FILES.iter().any(|f| d.join(f).exists())
 }
 

@@ -116,6 +116,17 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         );
     }
     text.check_eval_fraction()?;
+    // A local model is read as what its config.json says it is (a causal LM is refused here,
+    // naming its recipe), before any worker starts.
+    if let Some(dir) = spec
+        .train
+        .model
+        .as_deref()
+        .map(Path::new)
+        .filter(|d| d.is_dir())
+    {
+        BertConfig::from_file(&dir.join("config.json"))?;
+    }
     if spec.train.model.is_none()
         && name != "reference"
         && !crate::assets::minilm_dir().join("config.json").exists()

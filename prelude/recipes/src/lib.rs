@@ -1,5 +1,5 @@
 //! trainbook's recipes: what a worker trains (model, data, defaults), and the building blocks
-//! they share (BERT and ResNet models, text tables and tokenizers, image folders and
+//! they share (BERT, causal LMs and ResNet models, text tables and tokenizers, image folders and
 //! transforms, offline assets, classifiers that load the checkpoints).
 //!
 //! The engine knows recipes only through [`REGISTRY`], which `trainbook-worker` and the
@@ -8,6 +8,7 @@
 
 pub mod assets;
 pub mod bert;
+pub mod causal_lm;
 pub mod checkpoint;
 pub mod classify;
 pub mod mlm;
@@ -38,6 +39,14 @@ pub static REGISTRY: Registry = Registry::new(&[
         preset: mlm::resolve,
         build: |h, d, log| Ok(Box::new(mlm::MlmRecipe::build(h, d, log)?)),
         footprint: Some(mlm::footprint),
+    },
+    RecipeEntry {
+        name: "causal-lm",
+        description: "causal language model fine-tuning, full or LoRA (GPT-2, Llama, Mistral, Qwen2 from a Hugging Face directory; text, prompt/completion or chat jsonl)",
+        presets: causal_lm::PRESETS,
+        preset: causal_lm::resolve,
+        build: |h, d, log| Ok(Box::new(causal_lm::LmRecipe::build(h, d, log)?)),
+        footprint: None,
     },
     RecipeEntry {
         name: "resnet",

@@ -8,6 +8,7 @@ mod common;
 mod bert_mlm;
 mod bert_parity;
 mod bert_recipe;
+mod causal_lm;
 mod cli;
 mod dashboard;
 mod engine;

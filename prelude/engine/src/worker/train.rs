@@ -261,8 +261,21 @@ fn resume(
     log: &dyn Fn(String),
 ) -> Result<TrainerState> {
     let state = TrainerState::read(dir)?;
-    vs.load(dir.join(checkpoint::MODEL))
+    // A checkpoint holds what `Recipe::weights` gives: every variable, or (LoRA) the trained
+    // ones only, the frozen rest being the recipe's own model files.
+    let missing = vs
+        .load_partial(dir.join(checkpoint::MODEL))
         .with_context(|| format!("loading the weights of {}", dir.display()))?;
+    let vars = vs.variables();
+    if let Some(name) = missing
+        .iter()
+        .find(|n| vars.get(*n).is_some_and(|t| t.requires_grad()))
+    {
+        bail!(
+            "{} has no {name}: it was written by another model or recipe configuration",
+            dir.display()
+        );
+    }
     let opt_file = dir.join(checkpoint::OPTIMIZER);
     if opt_file.exists() {
         update.load(&opt_file)?;

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
+use super::attention::lowest;
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct BertConfig {
     pub vocab_size: i64,
@@ -82,6 +84,26 @@ impl BertConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        // A checkpoint is read as what it says it is: a Llama's config would otherwise parse
+        // (its field names overlap BERT's) and train a BERT initialised at random.
+        let kind = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| {
+                v.get("model_type")
+                    .and_then(|t| t.as_str())
+                    .map(String::from)
+            });
+        match kind.as_deref() {
+            None | Some("bert") => {}
+            Some(causal) if super::causal_lm::SUPPORTED.contains(&causal) => anyhow::bail!(
+                "{} is a {causal} model, a causal language model: fine-tune it with `trainbook train causal-lm --model DIR` (LmTrainer in a notebook)",
+                path.display()
+            ),
+            Some(other) => anyhow::bail!(
+                "{} is a {other} model (model_type), not BERT: the bert recipes read model_type bert",
+                path.display()
+            ),
+        }
         serde_json::from_str(&text).with_context(|| {
             format!("{} is not a BERT config.json (needs vocab_size, hidden_size, num_hidden_layers, ...)", path.display())
         })
@@ -243,11 +265,7 @@ impl Layer {
             .permute([2, 0, 3, 1, 4]);
         let (q, k, v) = (qkv.get(0), qkv.get(1), qkv.get(2));
         let p = if train { self.attn_dropout } else { 0.0 };
-        let ctx = if trainbook_engine::on_hpu(&q) {
-            math_attention(&q, &k, &v, mask, p, train)
-        } else {
-            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, p, false, None, false)
-        };
+        let ctx = super::attention::attend(&q, &k, &v, mask, p, train);
         let ctx = ctx.transpose(1, 2).contiguous().view([b, s, h]);
         let attn = self
             .attn_norm
@@ -256,45 +274,6 @@ impl Layer {
         self.out_norm
             .forward(&(self.output.forward(&inter).dropout(self.dropout, train) + attn))
     }
-}
-
-/// The most negative finite value of a floating kind (`torch.finfo(kind).min`): what a padded
-/// position's mask holds. Hidden states are bf16 under Gaudi's autocast (its layer_norm runs in
-/// bf16), where f32's minimum does not fit.
-fn lowest(kind: Kind) -> f64 {
-    match kind {
-        Kind::BFloat16 => -3.389_531_389_251_535_5e38,
-        Kind::Half => -65504.0,
-        Kind::Double => f64::MIN,
-        _ => f64::from(f32::MIN),
-    }
-}
-
-/// softmax(q kᵀ / √d + mask) v, written out. On Gaudi this is what runs: torch's
-/// scaled_dot_product_attention first asks `aten::_fused_sdp_choice`, which the bridge has no
-/// kernel for (v1.19), so every call would copy q, k and v to the host for the CPU fallback
-/// (and fail outright with PT_HPU_PLACE_ON_CPU=none); matmul, softmax and dropout are native.
-fn math_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: Option<&Tensor>,
-    p: f64,
-    train: bool,
-) -> Tensor {
-    let d = *q
-        .size()
-        .last()
-        .expect("attention inputs have a head dimension") as f64;
-    let scores = q.matmul(&k.transpose(-2, -1)) / d.sqrt();
-    let scores = match mask {
-        Some(m) => scores + m,
-        None => scores,
-    };
-    scores
-        .softmax(-1, scores.kind())
-        .dropout(p, train)
-        .matmul(v)
 }
 
 /// The encoder (`bert.embeddings`, `bert.encoder`), shared by the heads.

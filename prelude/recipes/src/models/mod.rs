@@ -1,7 +1,18 @@
-//! Model definitions, one file per model family, and the checkpoint loading they share.
+//! Model definitions, one file per model family, the pieces they share (attention and its
+//! key/value cache, rotary positions, RMSNorm, LoRA projections) and the checkpoint loading
+//! they share.
 
+pub mod attention;
 pub mod bert;
+pub mod causal_lm;
+pub mod decoder;
+pub mod generate;
+pub mod gpt2;
+pub mod llama;
+pub mod lora;
 pub mod resnet;
+pub mod rms_norm;
+pub mod rotary;
 
 use std::collections::HashMap;
 

@@ -2,6 +2,7 @@
 //! prepared pre-training corpora.
 
 pub mod cache;
+pub mod chat;
 pub mod corpus;
 pub mod dataset;
 pub mod hdf5_shards;

@@ -106,6 +106,11 @@ impl TextTokenizer {
         self.inner.token_to_id(token).map(i64::from)
     }
 
+    /// The `tokenizers` pipeline itself (chat templates encode through it).
+    pub fn inner(&self) -> &Tokenizer {
+        &self.inner
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -1,0 +1,95 @@
+//! A decoder's stack of layers, whatever the family: each layer in turn, recomputed in the
+//! backward pass when activation checkpointing asks for it, its keys and values added to the
+//! cache when generating; and the adapters of every layer merged at once.
+
+use std::sync::Arc;
+
+use tch::Tensor;
+
+use super::attention::KvCache;
+use super::lora::Projection;
+
+/// One layer of a decoder family.
+pub trait Layer: 'static {
+    /// `shared`: what every layer of a pass reads (Llama's rotary angles; nothing for GPT-2).
+    fn forward(
+        &self,
+        x: &Tensor,
+        shared: &[Tensor],
+        cache: Option<(&mut KvCache, usize)>,
+        train: bool,
+    ) -> Tensor;
+    /// The layer's dense projections (for merging adapters).
+    fn projections(&mut self) -> Vec<&mut Projection>;
+}
+
+pub struct Stack<L> {
+    layers: Vec<Arc<L>>,
+    /// Activation checkpointing of every k-th layer in training (`None`: off).
+    checkpoint_every: Option<usize>,
+}
+
+impl<L: Layer> Stack<L> {
+    pub fn new(layers: Vec<L>) -> Self {
+        Self {
+            layers: layers.into_iter().map(Arc::new).collect(),
+            checkpoint_every: None,
+        }
+    }
+
+    /// `x` through every layer; with a cache, generating (never recomputed).
+    pub fn forward(
+        &self,
+        mut x: Tensor,
+        shared: &[Tensor],
+        mut cache: Option<&mut KvCache>,
+        train: bool,
+    ) -> Tensor {
+        for (i, l) in self.layers.iter().enumerate() {
+            x = match (self.checkpoint_every, cache.as_deref_mut()) {
+                (Some(k), None) if train && i % k == 0 => {
+                    // The recomputation runs in the backward pass: it holds its own handles.
+                    let layer = l.clone();
+                    let shared: Vec<Tensor> = shared.iter().map(Tensor::shallow_clone).collect();
+                    trainbook_engine::checkpointed(&[&x], move |ins| {
+                        layer.forward(&ins[0], &shared, None, true)
+                    })
+                    .unwrap_or_else(|e| panic!("{e:#}"))
+                }
+                (_, c) => l.forward(&x, shared, c.map(|c| (c, i)), train),
+            };
+        }
+        x
+    }
+}
+
+/// What a model's users change on its stack, whatever its layers.
+pub trait Layers {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Activation checkpointing of every k-th layer in training (`None`: off).
+    fn set_activation_checkpointing(&mut self, every: Option<usize>);
+    /// Folds every layer's adapters into its base weights.
+    fn merge_adapters(&mut self);
+}
+
+impl<L: Layer> Layers for Stack<L> {
+    fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn set_activation_checkpointing(&mut self, every: Option<usize>) {
+        self.checkpoint_every = every.filter(|&k| k > 0);
+    }
+
+    fn merge_adapters(&mut self) {
+        for l in &mut self.layers {
+            let layer = Arc::get_mut(l).expect("no recomputation holds a layer outside a step");
+            for p in layer.projections() {
+                p.merge();
+            }
+        }
+    }
+}
