@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts" / "notebook.py"
 NOTEBOOKS = ["bert", "resnet"]
-ALL_NOTEBOOKS = ["bert", "resnet", "custom", "pretrain"]
+ALL_NOTEBOOKS = ["bert", "resnet", "custom", "pretrain", "llm"]
 # Enough steps for several live redraws, seconds of training on 2 CPU cores.
 TINY = [("preset", "tiny"), ("epochs", "2")]
 
@@ -212,6 +212,43 @@ def test_pretrain_notebook_trains_a_tokenizer_pretrains_and_fine_tunes(tmp_path)
     compared = text_of(cell_with(nb, "fn acc("))
     accs = [float(a) for a in re.findall(r": +(0\.\d{4})$", compared, re.M)]
     assert len(accs) == 2 and all(0.3 < a < 1.0 for a in accs), compared
+
+
+def test_llm_notebook_pretrains_a_llama_fine_tunes_it_with_lora_and_generates(tmp_path):
+    """notebooks/llm.ipynb with a tiny Llama: a vocabulary and a Llama shape for the Brown
+    corpus, next-token pre-training by 2 workers, a LoRA fine-tune on fresh/rotten answers with
+    the accuracy before and after, and text generated into a cell."""
+    path = ROOT / "notebooks" / "llm.ipynb"
+    assert notebook_tool("check-stripped", str(path)).returncode == 0
+    params = [("vocab_size", "1000"), ("block_size", "32"), ("layers", "2"), ("hidden_size", "64"),
+              ("pretrain_steps", "30"), ("train_reviews", "512"), ("finetune_steps", "20"),
+              ("eval_reviews", "20")]
+    proc, nb = execute("llm", tmp_path, params)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert errors(nb) == []
+
+    pre = cell_with(nb, "LlamaShape {")
+    views = [o for o in pre.outputs if o.output_type == "display_data"]
+    assert len(views) == 1 and "succeeded" in views[0].data["text/plain"], pre.outputs
+    assert "perplexity" in views[0].data["text/plain"], views[0].data["text/plain"]
+    assert "eval_perplexity" in text_of(cell_with(nb, "base model:"))
+
+    data = text_of(cell_with(nb, "Column::str(\"prompt\""))
+    assert re.search(r"^512 training and 20 held-out snippets", data, re.M), data
+    assert re.search(r"Sentiment: (fresh|rotten)$", data, re.M), data
+
+    lora = cell_with(nb, ".lora_rank(lora_rank)")
+    views = [o for o in lora.outputs if o.output_type == "display_data"]
+    assert len(views) == 1 and "succeeded" in views[0].data["text/plain"], lora.outputs
+    compared = text_of(cell_with(nb, "after LoRA"))
+    m = re.search(r"before (\d\.\d{3}), after LoRA (\d\.\d{3})", compared)
+    assert m and all(0.0 <= float(a) <= 1.0 for a in m.groups()), compared
+
+    story = cell_with(nb, "the old sailor")
+    streamed = [o for o in story.outputs if o.output_type == "display_data"]
+    assert len(streamed) == 1 and streamed[0].data["text/plain"].strip(), story.outputs
+    printed = "".join(o.text for o in story.outputs if o.output_type == "stream")
+    assert re.search(r"^\d+ tokens in \d+\.\d\d s", printed, re.M), story.outputs
 
 
 def test_sweep_notebook_prunes_with_asha_and_predicts_with_the_best_trial(tmp_path):

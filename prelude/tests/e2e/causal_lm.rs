@@ -284,7 +284,7 @@ fn bad_input_is_one_clear_error_before_any_worker_starts() {
     assert!(e.contains("max_length") && e.contains("record 1"), "{e}");
 
     let e = err(job("mistral", 1).max_length(48));
-    assert!(e.contains("sliding_window of 32"), "{e}");
+    assert!(e.contains("sliding_window of 32") && e.contains("max_length 32 or less"), "{e}");
 
     // A shard missing from a sharded checkpoint.
     let partial = scratch("causal-lm-partial").join("llama");
@@ -417,13 +417,10 @@ fn chat_data_trains_with_the_template_and_generate_renders_it() {
         );
         crate::common::last_json(&out)
     };
-    let chat = run(&[
-        "--chat",
-        "--system",
-        "answer briefly",
+    let chat = run(&["--chat", "--prompt", "3?"]);
+    let plain = run(&[
         "--prompt",
-        "is 3 even?",
+        "<|im_start|>user\n3?<|im_end|>\n<|im_start|>assistant\n",
     ]);
-    let plain = run(&["--prompt", "<|im_start|>system\nanswer briefly<|im_end|>\n<|im_start|>user\nis 3 even?<|im_end|>\n<|im_start|>assistant\n"]);
     assert_eq!(chat, plain);
 }

@@ -133,7 +133,8 @@ pub fn encode_file(
                     chat::encode_chat(t, tokenizer, messages, max_length)
                 }
             }
-            .with_context(|| format!("{}: record {}", path.display(), i + 1))
+            // One line that carries the cause: a notebook shows an error's first line.
+            .map_err(|e| anyhow::anyhow!("{}: record {}: {e:#}", path.display(), i + 1))
         })
         .collect()
 }

@@ -164,14 +164,11 @@ impl LoadedLm {
         sampling: &Sampling,
         on_text: &mut dyn FnMut(&str) -> Result<()>,
     ) -> Result<Vec<i64>> {
-        self.config
-            .check_length((prompt.len() + max_new) as i64)
-            .with_context(|| {
-                format!(
-                    "the prompt's {} tokens and {max_new} new ones",
-                    prompt.len()
-                )
-            })?;
+        let fix = format!(
+            "the prompt has {} tokens and {max_new} new ones were asked for; shorten the prompt or ask for fewer",
+            prompt.len()
+        );
+        self.config.check_length((prompt.len() + max_new) as i64, &fix)?;
         let stop = stop_tokens(&self.base);
         let mut text = Detokenizer::new(&self.tokenizer);
         generate::generate(
@@ -181,7 +178,12 @@ impl LoadedLm {
             sampling,
             &stop,
             self.device,
-            &mut |id| on_text(&text.push(id)?),
+            // The end-of-sequence token ends the text; it is not part of it (tokenizers whose
+            // special tokens are not marked so would decode it as `[SEP]`).
+            &mut |id| match stop.contains(&id) {
+                true => Ok(()),
+                false => on_text(&text.push(id)?),
+            },
         )
     }
 }

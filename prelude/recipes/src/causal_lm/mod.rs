@@ -163,7 +163,7 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     if block < 2 {
         bail!("max_length {block} is too short: a sample needs at least 2 tokens (one to predict from)");
     }
-    config.check_length(block as i64)?;
+    config.check_length(block as i64, &format!("use max_length {} or less", config.max_tokens()))?;
     s.lora = lora_spec(&s.lm, &config)?;
     let data = spec
         .train

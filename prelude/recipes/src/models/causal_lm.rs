@@ -100,11 +100,11 @@ impl ModelConfig {
         }
     }
 
-    /// Refuses sequences of more tokens than the model attends over.
-    pub fn check_length(&self, tokens: i64) -> Result<()> {
+    /// Refuses sequences of more tokens than the model attends over; `fix` ends the message.
+    pub fn check_length(&self, tokens: i64, fix: &str) -> Result<()> {
         match &self.arch {
-            Architecture::Gpt2(c) => c.check_length(tokens),
-            Architecture::Llama(c) => c.check_length(tokens),
+            Architecture::Gpt2(c) => c.check_length(tokens, fix),
+            Architecture::Llama(c) => c.check_length(tokens, fix),
         }
     }
 

@@ -77,9 +77,9 @@ impl Gpt2Config {
         Ok(())
     }
 
-    pub fn check_length(&self, tokens: i64) -> Result<()> {
+    pub fn check_length(&self, tokens: i64, fix: &str) -> Result<()> {
         if tokens > self.n_positions {
-            bail!("{tokens} tokens are more than GPT-2's {} positions (n_positions): use a shorter max_length", self.n_positions);
+            bail!("{tokens} tokens are more than GPT-2's {} positions (n_positions): {fix}", self.n_positions);
         }
         Ok(())
     }

@@ -130,12 +130,12 @@ impl LlamaConfig {
         })
     }
 
-    pub fn check_length(&self, tokens: i64) -> Result<()> {
+    pub fn check_length(&self, tokens: i64, fix: &str) -> Result<()> {
         if tokens > self.max_position_embeddings {
-            bail!("{tokens} tokens are more than the model's {} positions (max_position_embeddings): use a shorter max_length", self.max_position_embeddings);
+            bail!("{tokens} tokens are more than the model's {} positions (max_position_embeddings): {fix}", self.max_position_embeddings);
         }
         if let Some(w) = self.window().filter(|&w| tokens > w) {
-            bail!("{tokens} tokens are more than the model's sliding_window of {w}: trainbook attends causally over the whole sequence and does not window it, so sequences are limited to {w} tokens; use max_length {w} or less");
+            bail!("{tokens} tokens are more than the model's sliding_window of {w}: trainbook attends causally over the whole sequence and does not window it, so sequences are limited to {w} tokens: {fix}");
         }
         Ok(())
     }
