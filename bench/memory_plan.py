@@ -43,11 +43,49 @@ CHECK = [
 ]
 
 
+# Causal LMs (causal-lm): Llama shapes from random weights on the Brown corpus, the
+# 30,522-token MiniLM vocabulary; full fine-tuning and LoRA (the base frozen). The model
+# directory is written by llama_dir().
+CAUSAL = [
+    ("llama L4 h512 b16", 32, "--max-length 128 @L4 h512"),
+    ("llama L4 h512 b16 LoRA r8", 32, "--max-length 128 --lora-rank 8 @L4 h512"),
+    ("llama L8 h768 b8", 16, "--max-length 128 @L8 h768"),
+    ("llama L8 h768 b8 LoRA r16", 16, "--max-length 128 --lora-rank 16 @L8 h768"),
+    ("llama L8 h768 b8 checkpointing", 16, "--max-length 128 --activation-checkpointing @L8 h768"),
+]
+
+
+def llama_dir(shape):
+    """A Llama config (layers, hidden from "L4 h512") with the MiniLM tokenizer, in /tmp."""
+    import os
+    layers, hidden = (int(x[1:]) for x in shape.split())
+    d = f"/tmp/trainbook-memory-plan-llama-{layers}x{hidden}"
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(".data/models/all-MiniLM-L6-v2/tokenizer.json", d)
+    with open(f"{d}/config.json", "w") as f:
+        json.dump({"model_type": "llama", "vocab_size": 30522, "hidden_size": hidden,
+                   "intermediate_size": hidden * 8 // 3, "num_hidden_layers": layers,
+                   "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 128,
+                   "max_position_embeddings": 512, "tie_word_embeddings": False}, f)
+    return d
+
+
 def run(exe, command, batch, options):
+    if "@" in options:
+        options, shape = options.split("@")
+        args = [exe, command, "causal-lm", "--model", llama_dir(shape), "--from-scratch",
+                "--workers", "2", "--device", "cpu", "--global-batch-size", str(batch),
+                "--train-rows", str(batch * 4), "--eval-rows", "0", "--max-steps", "3", "--json",
+                "--hang-timeout", "0", "--no-tensorboard", "--runs-root", "/tmp/trainbook-memory-plan"]
+        return finish(args + options.split())
     args = [exe, command, "bert-mlm", "--preset", "default", "--workers", "2", "--device", "cpu",
             "--global-batch-size", str(batch), "--train-rows", str(batch * 4), "--eval-rows", "0",
             "--max-steps", "3", "--json", "--hang-timeout", "0", "--no-tensorboard",
             "--runs-root", "/tmp/trainbook-memory-plan"] + options.split()
+    return finish(args)
+
+
+def finish(args):
     out = subprocess.run(args, capture_output=True, text=True)
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
     if not lines:
@@ -72,7 +110,7 @@ def main():
             r = json.loads(line)
             measured[r["config"]] = r
     rows = []
-    for group, configs in (("fit", FIT), ("check", CHECK)):
+    for group, configs in (("fit", FIT), ("check", CHECK), ("causal", CAUSAL)):
         for name, batch, options in configs:
             if a.only and not any(o in name for o in a.only):
                 continue

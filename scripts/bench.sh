@@ -49,6 +49,11 @@
 # y: the memory plan against measured peaks (bench/memory_plan.py): bert-mlm on 2 CPU workers
 #    from a 2-layer to BERT-large, ZeRO 0/1/2, activation checkpointing, fp32/bf16; the levers'
 #    savings; a markdown table on stderr
+# j: causal-LM training throughput (tokens/s), trainbook causal-lm vs PyTorch eager +
+#    Transformers, with PEFT for LoRA (bench/torch_lm.py): a 4-layer hidden-256 Llama (4 heads, 2
+#    key/value heads, the 30,522-token MiniLM vocabulary) from random weights, 128-token blocks,
+#    batch 8, AdamW, 1 worker x all cores, full and LoRA rank 8 on q/k/v/o; steady steps only;
+#    alternating BENCH_LM_ROUNDS (3) times
 # l: the driver under 1,024 simulated ranks (bench/driver_load.sh): start time, the driver's CPU
 #    and memory, event latency, the dashboard's size, de-duplication; BENCH_LOAD_RANKS (1024)
 # Results: JSON lines on stdout and a summary; copy them into docs/benchmarks.md.
@@ -56,7 +61,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
-want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y l)
+want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y l j)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
 features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
@@ -77,6 +82,29 @@ if has a; then
 fi
 has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
 has y && python3 bench/memory_plan.py --trainbook target/release/trainbook | tee -a "$out"
+if has j; then
+  cargo build -q --release -p trainbook $features --bins
+  lm=$(mktemp -d)
+  cp .data/models/all-MiniLM-L6-v2/tokenizer.json "$lm/"
+  echo '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 30522,
+    "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"}' > "$lm/config.json"
+  for round in $(seq "${BENCH_LM_ROUNDS:-3}"); do
+    for rank in 0 8; do
+      lora=$([ "$rank" = 0 ] || echo --lora-rank "$rank")
+      # The Brown corpus (the recipe's default data), prepared once and cached.
+      target/release/trainbook train causal-lm --model "$lm" --from-scratch --device cpu --workers 1 \
+        --threads "$(nproc)" --max-length 128 --global-batch-size 8 --max-steps 25 --lr 1e-4 \
+        --runs-root "$(mktemp -d)" $lora --json 2>/dev/null | tail -n1 |
+        python3 -c "import json,sys; r=json.load(sys.stdin); print(json.dumps({'bench': 'causal_lm', 'impl': 'trainbook', 'lora_rank': $rank, 'round': $round, 'tokens_per_second': r['metrics']['train_samples_per_second'] * 128}))" |
+        tee -a "$out"
+      scripts/torch-python.sh bench/torch_lm.py --model "$lm" --threads "$(nproc)" --steps 20 --warmup 5 \
+        --lora-rank "$rank" 2>/dev/null | sed "s/^{/{\"bench\": \"causal_lm\", \"impl\": \"pytorch\", \"round\": $round, /" |
+        tee -a "$out"
+    done
+  done
+fi
 if has r; then
   bench/ray-venv.sh
   for round in $(seq "${BENCH_RESTART_ROUNDS:-3}"); do
@@ -302,6 +330,14 @@ if zs:
           + ", ".join(f"{x:.3f}" for x in ratios)
           + f"; median {statistics.median(ratios):.3f}x (target <= 1.1); samples/s DDP "
           f"{statistics.median(ddp):.1f}, ZeRO-1 {statistics.median(zero):.1f}")
+lm = [r for r in rows if r.get("bench") == "causal_lm"]
+for rank in sorted({r["lora_rank"] for r in lm}):
+    ours = [r["tokens_per_second"] for r in lm if r["impl"] == "trainbook" and r["lora_rank"] == rank]
+    torch = [r["tokens_per_second"] for r in lm if r["impl"] == "pytorch" and r["lora_rank"] == rank]
+    paired = statistics.median(a / b for a, b in zip(ours, torch))
+    print(f"(j) causal LM {'LoRA rank ' + str(rank) if rank else 'full fine-tuning'}, tokens/s over {len(ours)} "
+          f"alternating rounds: trainbook {statistics.median(ours):.0f}, PyTorch eager + Transformers"
+          f"{' + PEFT' if rank else ''} {statistics.median(torch):.0f} (medians); median paired ratio {paired:.3f}x (target >= 1.0)")
 mlm = [r for r in rows if r.get("bench") == "bert_mlm_throughput"]
 if mlm:
     # Steady state on both sides: the first 5 steps left out.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trainbook's CUDA checks and benchmarks, in one run on a GPU machine (packed by
 # bench/cuda/pack.sh into .gpu/pack.tar.xz; the machine's python3 must hold the same torch):
-#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet|strong|speed]
+#   bash bench/cuda/device.sh [checks|bench|all|scaling|checks+scaling|resnet|strong|speed|lm]
 #                                    (default all; results in $OUT or ./cuda-out)
 #
 # checks: NCCL collectives (`trainbook check`), the optimizer unit tests on the GPU (the fused
@@ -22,6 +22,9 @@
 #   and torch.compile for BERT-base MLM (fused q/k/v, SDPA, the head on the masked positions,
 #   fused AdamW) and ResNet-50 (NCHW, channels-last, channels-last compiled), data on the GPU.
 # scaling: ResNet-50 with 4 and 14 loader threads (is the GPU fed?), BERT at batch 512.
+# lm: causal LMs, a Llama-3.2-1B-shaped model in bf16: trainbook's full and LoRA fine-tuning
+#   against PyTorch eager + Transformers (+ PEFT) with the fused AdamW (bench/torch_lm.py),
+#   tokens/s and peak memory, and the LoRA job's memory plan. ~6 minutes.
 # One GPU holds one NCCL rank (NCCL refuses two ranks on one device), so every run has 1 worker.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -178,6 +181,26 @@ if [ "$what" = speed ]; then
   timeout "$left" "$py" bench/cuda/strong.py --steps 40 --warmup 15 \
     --only bert-eager,resnet-cl,bert-compiled,resnet-cl-compiled | tee "$out/strong.jsonl"
   echo "strong $?" >> "$out/exits.txt"
+fi
+
+if [ "$what" = lm ]; then
+  # Causal LMs: a Llama-3.2-1B-shaped model (16 layers of 2048, 32 heads, 8 key/value heads) from
+  # random weights, 512-token blocks of the Brown corpus, batch 16, bf16, AdamW; full fine-tuning
+  # and LoRA rank 16 on q/k/v/o; trainbook against PyTorch eager + Transformers (+ PEFT) with
+  # the fused AdamW and the data on the GPU (bench/torch_lm.py). ~6 minutes.
+  lm=$work/llama-1b-shape
+  mkdir -p "$lm" && cp "$TRAINBOOK_DATA/models/all-MiniLM-L6-v2/tokenizer.json" "$lm/"
+  echo '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 30522,
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "hidden_act": "silu"}' > "$lm/config.json"
+  lmjob=(train causal-lm --model "$lm" --from-scratch --workers 1 --device cuda --precision bf16
+    --max-length 512 --global-batch-size 16 --lr 1e-4 --eval-rows 0 --json --log-level warn)
+  run tb_lm_full 240 "$tb" "${lmjob[@]}" --max-steps 40
+  run torch_lm_full 240 "$py" bench/torch_lm.py --model "$lm" --device cuda --precision bf16 --block 512 --batch 16 --steps 30 --warmup 10
+  run tb_lm_lora 240 "$tb" "${lmjob[@]}" --max-steps 40 --lora-rank 16
+  run torch_lm_lora 240 "$py" bench/torch_lm.py --model "$lm" --device cuda --precision bf16 --block 512 --batch 16 --steps 30 --warmup 10 --lora-rank 16
+  run plan_lm_lora 60 "$tb" plan "${lmjob[@]:1}" --lora-rank 16
 fi
 
 if [ "$what" = scaling ] || [ "$what" = checks+scaling ]; then

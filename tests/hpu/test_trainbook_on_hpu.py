@@ -340,6 +340,26 @@ def test_masked_lm_with_lamb_trains_on_two_hpus(hpu):
     assert s["device"] == "hpu" and s["status"] == "succeeded" and s["steps"] == 4, s
 
 
+def test_a_causal_lm_trains_with_lora_on_two_hpus_and_equals_cpu(hpu, tmp_path):
+    """The Llama fixture (grouped-query attention, llama3 rotary scaling) with LoRA: rotary
+    tables, causal masks and every batch on the HPU (the stand-in refuses an operator that
+    mixes HPU and CPU tensors), the written-out attention; the same adapters as on the CPU."""
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"line {i}: the cat saw the moon over the harbour" for i in range(200)))
+    job = ["train", "causal-lm", "--model", str(ROOT / "tests/fixtures/causal_lm/llama"),
+           "--data", str(text), "--preset", "tiny", "--max-length", "16", "--lora-rank", "4",
+           "--lora-dropout", "0", "--workers", "2", "--max-steps", "6", "--json",
+           # SGD: AdamW's first steps turn last-digit differences (fused vs written-out attention)
+           # into whole learning-rate steps.
+           "--optimizer", "sgd", "--lr", "0.5"]
+    on_hpu = summary(trainbook(hpu, *job, "--device", "hpu"))
+    on_cpu = summary(trainbook(hpu, *job, "--device", "cpu"))
+    assert on_hpu["device"] == "hpu" and on_hpu["steps"] == 6, on_hpu
+    a = Path(on_hpu["last_checkpoint"]) / "model.safetensors"
+    b = Path(on_cpu["last_checkpoint"]) / "model.safetensors"
+    assert max_abs_diff(read_f32(a), read_f32(b)) < 1e-4
+
+
 def test_a_rank_stuck_in_its_teardown_after_success_is_killed_and_the_job_succeeds(hpu):
     """The bridge tears down at exit with an untimed barrier; the stand-in's rank 1 hangs there
     (TRAINBOOK_STANDIN_HANG_AT_EXIT=1) after its work is done. The driver kills it hang_timeout

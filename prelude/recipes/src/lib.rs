@@ -46,7 +46,7 @@ pub static REGISTRY: Registry = Registry::new(&[
         presets: causal_lm::PRESETS,
         preset: causal_lm::resolve,
         build: |h, d, log| Ok(Box::new(causal_lm::LmRecipe::build(h, d, log)?)),
-        footprint: None,
+        footprint: Some(causal_lm::plan::footprint),
     },
     RecipeEntry {
         name: "resnet",

@@ -284,7 +284,10 @@ fn bad_input_is_one_clear_error_before_any_worker_starts() {
     assert!(e.contains("max_length") && e.contains("record 1"), "{e}");
 
     let e = err(job("mistral", 1).max_length(48));
-    assert!(e.contains("sliding_window of 32") && e.contains("max_length 32 or less"), "{e}");
+    assert!(
+        e.contains("sliding_window of 32") && e.contains("max_length 32 or less"),
+        "{e}"
+    );
 
     // A shard missing from a sharded checkpoint.
     let partial = scratch("causal-lm-partial").join("llama");

@@ -168,7 +168,8 @@ impl LoadedLm {
             "the prompt has {} tokens and {max_new} new ones were asked for; shorten the prompt or ask for fewer",
             prompt.len()
         );
-        self.config.check_length((prompt.len() + max_new) as i64, &fix)?;
+        self.config
+            .check_length((prompt.len() + max_new) as i64, &fix)?;
         let stop = stop_tokens(&self.base);
         let mut text = Detokenizer::new(&self.tokenizer);
         generate::generate(

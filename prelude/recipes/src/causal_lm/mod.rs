@@ -20,6 +20,7 @@
 
 pub mod data;
 pub mod inference;
+pub mod plan;
 
 use std::path::{Path, PathBuf};
 
@@ -42,7 +43,7 @@ pub const PRESETS: &[(&str, &str)] = &[
 
 /// The settings a job resolves to.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Settings {
+pub(crate) struct Settings {
     text: TextSettings,
     lm: LmSettings,
     /// The resolved adapters (`None`: full fine-tuning).
@@ -163,7 +164,10 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     if block < 2 {
         bail!("max_length {block} is too short: a sample needs at least 2 tokens (one to predict from)");
     }
-    config.check_length(block as i64, &format!("use max_length {} or less", config.max_tokens()))?;
+    config.check_length(
+        block as i64,
+        &format!("use max_length {} or less", config.max_tokens()),
+    )?;
     s.lora = lora_spec(&s.lm, &config)?;
     let data = spec
         .train
@@ -315,6 +319,17 @@ impl LmRecipe {
             ));
         } else {
             causal_lm::load(&vs, &dir, &config)?;
+        }
+        if s.lora.is_some() && hyper.precision == trainbook_api::Precision::Bf16 {
+            // A frozen base is only read, by bf16 matrix products: held in bf16 it takes half
+            // the memory, and autocast makes no bf16 copy of it to keep for the backward pass.
+            tch::no_grad(|| {
+                for (name, mut v) in vs.variables() {
+                    if !crate::models::lora::is_adapter(&name) {
+                        v.set_data(&v.to_kind(Kind::BFloat16));
+                    }
+                }
+            });
         }
         let (trainable, all) = vs.variables().values().fold((0i64, 0i64), |(t, a), v| {
             let n = v.numel() as i64;

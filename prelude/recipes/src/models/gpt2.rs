@@ -79,7 +79,10 @@ impl Gpt2Config {
 
     pub fn check_length(&self, tokens: i64, fix: &str) -> Result<()> {
         if tokens > self.n_positions {
-            bail!("{tokens} tokens are more than GPT-2's {} positions (n_positions): {fix}", self.n_positions);
+            bail!(
+                "{tokens} tokens are more than GPT-2's {} positions (n_positions): {fix}",
+                self.n_positions
+            );
         }
         Ok(())
     }
