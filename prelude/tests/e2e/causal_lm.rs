@@ -181,6 +181,58 @@ fn lora_on_two_workers_equals_one_and_its_checkpoint_is_a_peft_adapter() {
         .max()
         .double_value(&[]);
     assert!(d <= 1e-4, "peft's logits differ from trainbook's by {d}");
+    // Greedy generation with the adapter: peft's `generate(do_sample=False)` token for token.
+    let cli = Command::new(env!("CARGO_BIN_EXE_trainbook"))
+        .args(["generate", "--model"])
+        .arg(fixture("llama"))
+        .arg("--adapter")
+        .arg(&adapter)
+        .args([
+            "--prompt",
+            "the cat saw",
+            "--greedy",
+            "--max-new-tokens",
+            "10",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let ours = crate::common::last_json(&cli);
+    let prompt: Vec<i64> = serde_json::from_value(ours["prompt_ids"].clone()).unwrap();
+    let new: Vec<i64> = serde_json::from_value(ours["new_ids"].clone()).unwrap();
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let hf = Command::new(repo.join("scripts/torch-python.sh"))
+        .arg(repo.join("tests/causal_lm/hf_check.py"))
+        .args(["greedy", "--model"])
+        .arg(fixture("llama"))
+        .arg("--adapter")
+        .arg(&adapter)
+        .args(["--max-new-tokens", "10", "--ids"])
+        .arg(
+            prompt
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        hf.status.success(),
+        "{}",
+        String::from_utf8_lossy(&hf.stderr)
+    );
+    let theirs: serde_json::Value = serde_json::from_slice(&hf.stdout).unwrap();
+    assert_eq!(
+        serde_json::json!(new),
+        theirs["new_ids"],
+        "greedy tokens with the adapter"
+    );
     let merged = scratch("causal-lm-export").join("merged");
     inference::export(&ckpt, &merged, true).unwrap();
     assert!(!merged.join("adapter_config.json").exists());
@@ -229,6 +281,29 @@ fn full_fine_tuning_on_completions_writes_a_transformers_directory() {
         d <= 1e-4,
         "transformers' logits of the export differ from trainbook's by {d}"
     );
+}
+
+/// The memory levers change where memory goes, not the result: activation checkpointing and
+/// ZeRO-2 end where plain data parallelism ends.
+#[test]
+fn checkpointing_and_zero_2_equal_plain_data_parallelism() {
+    let run = |t: LmTrainer| t.max_steps(6).fit().unwrap();
+    let plain = run(job("gpt2", 2));
+    let levers = run(job("gpt2", 2).activation_checkpointing(true).zero(2));
+    let lora = |t: LmTrainer| run(t.lora_rank(2).lora_dropout(0.0));
+    let (lora_plain, lora_levers) = (
+        lora(job("llama", 2)),
+        lora(job("llama", 2).activation_checkpointing(true).zero(2)),
+    );
+    for (a, b) in [(&plain, &levers), (&lora_plain, &lora_levers)] {
+        let d = max_abs_diff(&last_model(a), &last_model(b));
+        assert!(
+            d < 1e-5,
+            "{} vs {}: {d}",
+            a.run_dir.display(),
+            b.run_dir.display()
+        );
+    }
 }
 
 #[test]

@@ -63,36 +63,38 @@ pub fn attend(
 
 /// Causal attention of `q` (batch, heads, new, d) over `k`, `v` (batch, kv_heads, past + new,
 /// d): query i sees keys 0..=past + i. Grouped-query attention (fewer key/value heads than
-/// query heads) repeats each key/value head for its group of query heads, as the models'
-/// reference implementations do.
+/// query heads) shares each key/value head among its group of query heads: inside the fused
+/// kernel (`enable_gqa`, no copies), or repeated for the written-out form.
 pub fn causal(q: &Tensor, k: &Tensor, v: &Tensor, p: f64, train: bool) -> Tensor {
     let (heads, kv_heads) = (q.size()[1], k.size()[1]);
-    let (k, v) = if heads == kv_heads {
-        (k.shallow_clone(), v.shallow_clone())
-    } else {
+    let (new, total) = (q.size()[2], k.size()[2]);
+    let p = if train { p } else { 0.0 };
+    let gqa = heads != kv_heads;
+    if !trainbook_engine::on_hpu(q) && (new == 1 || new == total) {
+        // One new token sees every cached position (no mask); a whole sequence is the
+        // kernel's own causal case.
+        return Tensor::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            None::<Tensor>,
+            p,
+            new > 1,
+            None,
+            gqa,
+        );
+    }
+    let (k, v) = if gqa {
         let groups = heads / kv_heads;
         (
             k.repeat_interleave_self_int(groups, Some(1), None),
             v.repeat_interleave_self_int(groups, Some(1), None),
         )
+    } else {
+        (k.shallow_clone(), v.shallow_clone())
     };
-    let (new, total) = (q.size()[2], k.size()[2]);
-    let p = if train { p } else { 0.0 };
     if new == 1 {
-        // One new token sees every cached position: no mask at all.
-        return attend(q, &k, &v, None, p, train);
-    }
-    if new == total && !trainbook_engine::on_hpu(q) {
-        return Tensor::scaled_dot_product_attention(
-            q,
-            &k,
-            &v,
-            None::<Tensor>,
-            p,
-            true,
-            None,
-            false,
-        );
+        return math_attention(q, &k, &v, None, p, train);
     }
     // Several new tokens after cached ones (or Gaudi): the mask written out, aligned so the
     // last query sees the last key (torch's `is_causal` aligns the first with the first).
