@@ -115,6 +115,28 @@ fn hf_logits(model: &Path, adapter: Option<&Path>, ids: &Tensor) -> Tensor {
         .1
 }
 
+/// `trainbook generate --json` on `model` with `args`: (the prompt's ids, the new ids, stdout).
+fn generate(model: &Path, args: &[&str]) -> (Vec<i64>, Vec<i64>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_trainbook"))
+        .args(["generate", "--json", "--model"])
+        .arg(model)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = crate::common::last_json(&out);
+    let ids = |k: &str| serde_json::from_value(json[k].clone()).unwrap();
+    (
+        ids("prompt_ids"),
+        ids("new_ids"),
+        String::from_utf8_lossy(&out.stdout).into(),
+    )
+}
+
 fn rand_suffix() -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -182,29 +204,19 @@ fn lora_on_two_workers_equals_one_and_its_checkpoint_is_a_peft_adapter() {
         .double_value(&[]);
     assert!(d <= 1e-4, "peft's logits differ from trainbook's by {d}");
     // Greedy generation with the adapter: peft's `generate(do_sample=False)` token for token.
-    let cli = Command::new(env!("CARGO_BIN_EXE_trainbook"))
-        .args(["generate", "--model"])
-        .arg(fixture("llama"))
-        .arg("--adapter")
-        .arg(&adapter)
-        .args([
+    let adapter_arg = adapter.display().to_string();
+    let (prompt, new, _) = generate(
+        &fixture("llama"),
+        &[
+            "--adapter",
+            &adapter_arg,
             "--prompt",
             "the cat saw",
             "--greedy",
             "--max-new-tokens",
             "10",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
+        ],
     );
-    let ours = crate::common::last_json(&cli);
-    let prompt: Vec<i64> = serde_json::from_value(ours["prompt_ids"].clone()).unwrap();
-    let new: Vec<i64> = serde_json::from_value(ours["new_ids"].clone()).unwrap();
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let hf = Command::new(repo.join("scripts/torch-python.sh"))
         .arg(repo.join("tests/causal_lm/hf_check.py"))
@@ -401,37 +413,21 @@ fn the_cli_generates_what_transformers_generates() {
         let greedy: Vec<i64> = Vec::try_from(want["greedy_ids"].view([-1])).unwrap();
         let expected: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_trainbook"))
-            .args(["generate", "--model"])
-            .arg(&dir)
-            .args([
+        let steps = (greedy.len() - prompt.len()).to_string();
+        let (ids, new, stdout) = generate(
+            &dir,
+            &[
                 "--prompt",
                 expected["prompt"].as_str().unwrap(),
                 "--greedy",
-                "--json",
-            ])
-            .args([
                 "--max-new-tokens",
-                &(greedy.len() - prompt.len()).to_string(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+                &steps,
+            ],
         );
-        let json = crate::common::last_json(&out);
-        let ids: Vec<i64> = serde_json::from_value(json["prompt_ids"].clone()).unwrap();
-        let new: Vec<i64> = serde_json::from_value(json["new_ids"].clone()).unwrap();
         assert_eq!(ids, prompt, "{arch}: the prompt's tokens");
         assert_eq!([ids, new].concat(), greedy, "{arch}: greedy tokens");
         // The text (of a random model: mostly pieces of characters) before the JSON line.
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).lines().count(),
-            2,
-            "{arch}"
-        );
+        assert_eq!(stdout.lines().count(), 2, "{arch}");
     }
 }
 
@@ -481,19 +477,8 @@ fn chat_data_trains_with_the_template_and_generate_renders_it() {
     // --chat renders the conversation with the template's generation prompt: the same tokens
     // as that text given as a plain prompt (this tokenizer adds no special tokens of its own).
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_trainbook"))
-            .args(["generate", "--model"])
-            .arg(&model)
-            .args(["--max-new-tokens", "5", "--json"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        crate::common::last_json(&out)
+        let (prompt, new, _) = generate(&model, &[&["--max-new-tokens", "5"], args].concat());
+        (prompt, new)
     };
     let chat = run(&["--chat", "--prompt", "3?"]);
     let plain = run(&[
