@@ -182,6 +182,12 @@ pub trait Recipe {
     fn staged(&self) -> Option<&dyn StagedStep> {
         None
     }
+    /// Whether the variables that are not trained change in training (batch-norm statistics):
+    /// then rank 0's are broadcast before each evaluation. `false` for a frozen model (LoRA's
+    /// base), which is the same on every rank from the start on and may be large.
+    fn buffers_change(&self) -> bool {
+        true
+    }
     /// The weights a checkpoint holds, by the names its loader expects: the variable store's,
     /// sorted.
     fn weights(&self) -> Vec<(String, Tensor)> {

@@ -533,7 +533,11 @@ impl<'a> Trainer<'a> {
         };
         // Same starting point everywhere (in a fixed name order).
         ddp::broadcast_parameters(&ctx.pg, &ordered_vars(recipe))?;
-        let (trainable, buffers) = parameters(recipe);
+        let (trainable, mut buffers) = parameters(recipe);
+        if !recipe.buffers_change() {
+            // A frozen model (LoRA's base) is the same everywhere from the start broadcast on.
+            buffers.clear();
+        }
         let sampler = DistributedSampler::new(recipe.train_len(), rank, world, h.seed, true);
         if sampler.len() < world {
             bail!(

@@ -414,6 +414,10 @@ impl Recipe for LmRecipe {
     fn perplexity(&self) -> bool {
         true
     }
+    /// Nothing here is a running statistic: what is not trained is LoRA's frozen base.
+    fn buffers_change(&self) -> bool {
+        false
+    }
     /// LoRA checkpoints hold the adapters only (the base is the model directory's).
     fn weights(&self) -> Vec<(String, Tensor)> {
         causal_lm::named(&self.vs, self.lora.is_some())
