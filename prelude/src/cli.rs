@@ -870,17 +870,25 @@ fn train(args: &TrainArgs) -> Result<i32> {
     }
     let wait_error = result.as_ref().err().map(|e| format!("{e:#}"));
     let code = report_end(&summary, wait_error, args.json);
+    if spec.node_rank == 0 {
+        export_after(args, &summary)?;
+    }
+    Ok(code)
+}
+
+/// `--export DIR`: a succeeded causal-lm job's last checkpoint, written where asked.
+fn export_after(args: &TrainArgs, summary: &trainbook_api::TrainResult) -> Result<()> {
     match (&args.export, summary.status, &summary.last_checkpoint) {
-        (Some(out), JobStatus::Succeeded, Some(ckpt)) if spec.node_rank == 0 => {
+        (Some(out), JobStatus::Succeeded, Some(ckpt)) => {
             let what = crate::recipes::causal_lm::inference::export(ckpt, out, args.merge)?;
             eprintln!("trainbook: exported {what}");
         }
-        (Some(_), JobStatus::Succeeded, None) if spec.node_rank == 0 => {
+        (Some(_), JobStatus::Succeeded, None) => {
             anyhow::bail!("--export: the job wrote no checkpoint to export")
         }
         _ => {}
     }
-    Ok(code)
+    Ok(())
 }
 
 /// What follows a job's summary in the terminal: the profiler's table, warnings, an error the

@@ -153,6 +153,29 @@ pub fn plan(
                 + per_layer * tokens * (avg_in * dropout + r) * w
         }
     };
+    let activations = stack_and_head(config, &l, layer, (b, seq, tokens), (w, n), hyper);
+    // A frozen base is held in bf16 under bf16 (see `LmRecipe::build`).
+    let frozen = if lora.is_some() { all * w } else { 0 };
+    Footprint {
+        model: config.describe(),
+        trainable,
+        cast_by_autocast: if lora.is_some() { 0 } else { matrices },
+        frozen_bytes: frozen,
+        activations,
+    }
+}
+
+/// The parts of a micro-batch's activations: the layers (`layer` bytes each, fewer with
+/// activation checkpointing), the embeddings, the backward pass's working set and the head.
+fn stack_and_head(
+    config: &ModelConfig,
+    l: &LayerShape,
+    layer: u64,
+    (b, seq, tokens): (u64, u64, u64),
+    (w, n): (u64, u64),
+    hyper: &Hyper,
+) -> Vec<(String, u64)> {
+    let layers = config.layers() as u64;
     let every = hyper
         .activation_checkpointing
         .then_some(hyper.checkpoint_layers_every.max(1) as u64);
@@ -171,7 +194,7 @@ pub fn plan(
     let predicted = b * seq.saturating_sub(1);
     let vocab = config.vocab_size() as u64;
     let head = predicted * config.hidden_size() as u64 * w + 3 * predicted * vocab * 4;
-    let activations = vec![
+    vec![
         ("embeddings".to_string(), tokens * l.hidden * n),
         (label, kept),
         (
@@ -182,16 +205,7 @@ pub fn plan(
             format!("next-token head ({predicted} positions x {vocab})"),
             head,
         ),
-    ];
-    // A frozen base is held in bf16 under bf16 (see `LmRecipe::build`).
-    let frozen = if lora.is_some() { all * w } else { 0 };
-    Footprint {
-        model: config.describe(),
-        trainable,
-        cast_by_autocast: if lora.is_some() { 0 } else { matrices },
-        frozen_bytes: frozen,
-        activations,
-    }
+    ]
 }
 
 #[cfg(test)]
