@@ -5,7 +5,8 @@ It also gives each pytest process its own temporary directory, `<tmp>/trainbook-
 for itself and every program it starts (TMPDIR): the tests' runs, checkpoints, kernels' files
 and servers' stores go there. Directories of earlier pytest processes that have ended are
 removed first, so a test run leaves at most its own files behind (to read after a failure) and
-repeated runs do not fill the disk.
+repeated runs do not fill the disk. Jupyter's per-user data directory (JUPYTER_DATA_DIR: the
+kernels' history store, connection files) is in there too, so tests leave the user's own alone.
 """
 import os
 import shutil
@@ -29,3 +30,4 @@ def _own_tmpdir():
 
 os.environ["TMPDIR"] = str(_own_tmpdir())
 tempfile.tempdir = os.environ["TMPDIR"]
+os.environ["JUPYTER_DATA_DIR"] = str(Path(os.environ["TMPDIR"]) / "jupyter-data")

@@ -11,6 +11,7 @@
 //! Loading takes a few seconds (the standard library's sources and trainbook's), so it happens
 //! on its own thread after the kernel is ready; whoever needs it first waits for the rest.
 
+use crate::complete::Match;
 use anyhow::{Context, Result, bail};
 use ra_ap_hir as hir;
 use ra_ap_hir::HirDisplay;
@@ -39,7 +40,7 @@ pub struct Analyzer {
 
 /// Completions in the coordinates of the analysed source.
 pub struct Completions {
-    pub matches: Vec<String>,
+    pub matches: Vec<Match>,
     pub start: usize,
     pub end: usize,
 }
@@ -144,9 +145,13 @@ impl Analyzer {
                 continue;
             }
             range = Some(edit.delete);
-            let code = without_placeholders(&edit.insert);
-            if !matches.contains(&code) && !code.starts_with("evcxr_") {
-                matches.push(code);
+            let text = without_placeholders(&edit.insert);
+            if !matches.iter().any(|m: &Match| m.text == text) && !text.starts_with("evcxr_") {
+                matches.push(Match {
+                    text,
+                    kind: jupyter_kind(item.kind),
+                    signature: item.detail.clone().unwrap_or_default(),
+                });
             }
         }
         let (start, end) = match range {
@@ -241,6 +246,23 @@ fn nameable(ty: &str) -> bool {
 }
 
 /// `foo(${1:a}, ${2:b})$0` → `foo(a, b)`.
+/// The kinds JupyterLab shows beside a match (as ipykernel names them).
+fn jupyter_kind(kind: ide::CompletionItemKind) -> &'static str {
+    use ide::CompletionItemKind as K;
+    use ra_ap_ide_db::SymbolKind as S;
+    match kind {
+        K::SymbolKind(S::Function | S::Method | S::Macro | S::ProcMacro) => "function",
+        K::SymbolKind(
+            S::Struct | S::Enum | S::Union | S::Trait | S::TypeAlias | S::TypeParam | S::SelfType,
+        )
+        | K::BuiltinType => "class",
+        K::SymbolKind(S::Module | S::CrateRoot | S::ToolModule) => "module",
+        K::Keyword => "keyword",
+        K::Snippet => "snippet",
+        _ => "instance",
+    }
+}
+
 fn without_placeholders(snippet: &str) -> String {
     let mut out = String::with_capacity(snippet.len());
     let mut rest = snippet;
@@ -272,7 +294,9 @@ fn completion_config() -> ide::CompletionConfig<'static> {
         enable_term_search: false,
         term_search_fuel: 0,
         full_function_signatures: false,
-        callable: Some(ide::CallableSnippets::FillArguments),
+        // A client inserts a match as it is: `push`, not `push(value)` with a placeholder
+        // typed into the cell. The signature travels beside it (`Match::signature`).
+        callable: None,
         add_semicolon_to_unit: false,
         snippet_cap: SnippetCap::new(true),
         insert_use: InsertUseConfig {

@@ -7,6 +7,7 @@
 
 use crate::analysis::{self, Analyzer};
 use crate::cell_libs::{CellLibs, init_code};
+use crate::complete::{Match, insert_text};
 use crate::iopub::Publisher;
 use crate::scan;
 use crate::toolchain::Toolchain;
@@ -36,7 +37,7 @@ pub enum Outcome {
 }
 
 pub struct Completion {
-    pub matches: Vec<String>,
+    pub matches: Vec<Match>,
     /// Byte offsets into the code.
     pub start: usize,
     pub end: usize,
@@ -381,7 +382,15 @@ impl Session {
             .or_else(|| {
                 let c = ctx.completions(code, cursor).ok()?;
                 Some(Completion {
-                    matches: c.completions.into_iter().map(|c| c.code).collect(),
+                    matches: c
+                        .completions
+                        .into_iter()
+                        .map(|c| Match {
+                            text: insert_text(&c.code).to_string(),
+                            kind: c.kind,
+                            signature: c.label,
+                        })
+                        .collect(),
                     start: c.start_offset,
                     end: c.end_offset,
                 })
@@ -539,7 +548,12 @@ fn create_context(setup: &ChildSetup) -> Result<(CommandContext, EvalContextOutp
     cmd.env(trainbook_channel::SOCKET_ENV, &setup.channel_socket)
         .env(crate::verdict::CELL_PROCESS_ENV, "1")
         // anyhow errors would otherwise carry a backtrace (evcxr sets RUST_BACKTRACE=1).
-        .env("RUST_LIB_BACKTRACE", "0");
+        .env("RUST_LIB_BACKTRACE", "0")
+        // The user's own setting, which the cell process puts back (verdict.rs).
+        .env(
+            verdict::USER_BACKTRACE_ENV,
+            std::env::var_os("RUST_BACKTRACE").unwrap_or_default(),
+        );
     if let Some(t) = &setup.toolchain {
         t.restore_user_env(&mut cmd);
     }
@@ -642,11 +656,15 @@ fn failed_cell(
             evalue,
         };
     };
+    let generated = match f.kind {
+        verdict::FailureKind::Panic => generated(),
+        verdict::FailureKind::Error => None,
+    };
     let (ename, place) = match f.kind {
         verdict::FailureKind::Error => ("Error", question_mark_lines(code)),
         verdict::FailureKind::Panic => {
             let line = (f.file.as_deref() == Some("src/lib.rs"))
-                .then(|| f.line.and_then(|l| cell_line_of(code, &generated()?, l)))
+                .then(|| f.line.and_then(|l| cell_line_of(code, generated.as_deref()?, l)))
                 .flatten();
             ("Panic", line.into_iter().collect())
         }
@@ -687,11 +705,51 @@ fn failed_cell(
                 .join(", ")
         )),
     }
+    if let Some(trace) = &f.backtrace {
+        traceback.extend(backtrace_lines(code, generated.as_deref(), trace));
+    }
     Outcome::Error {
         ename: ename.into(),
         evalue: message,
         traceback,
     }
+}
+
+/// A panic's backtrace as the user reads it: their own functions and libraries, innermost
+/// first, each placed on a cell line where it is in this cell. Cells are compiled without
+/// debug info, so their frames have no lines unless the user turned it on; a cell frame
+/// without one says nothing the error's `at cell line` does not, and is left out.
+fn backtrace_lines(code: &str, generated: Option<&str>, trace: &str) -> Vec<String> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for frame in verdict::user_frames(trace) {
+        let cell_line = match (&frame.at, generated) {
+            (Some((file, line)), Some(source)) if file.ends_with("src/lib.rs") => {
+                cell_line_of(code, source, *line)
+            }
+            _ => None,
+        };
+        let name = if frame.is_cell() {
+            "the cell"
+        } else {
+            frame.function.strip_prefix("ctx::").unwrap_or(&frame.function)
+        };
+        let entry = match (cell_line, &frame.at) {
+            (Some(n), _) => format!("  {name}, cell line {n}: {}", lines[n - 1].trim()),
+            (None, _) if frame.is_cell() => continue,
+            (None, Some((file, line))) if !file.ends_with("src/lib.rs") => {
+                format!("  {name}, {file}:{line}")
+            }
+            _ => format!("  {name}"),
+        };
+        if out.last() != Some(&entry) {
+            out.push(entry);
+        }
+    }
+    if !out.is_empty() {
+        out.insert(0, "backtrace (RUST_BACKTRACE is set), innermost first:".into());
+    }
+    out
 }
 
 /// The 1-based cell lines that hold a `?` operator (outside strings, chars and comments).
@@ -963,6 +1021,7 @@ mod tests {
             message: "No such file or directory (os error 2)".into(),
             file: None,
             line: None,
+            backtrace: None,
         };
         let code = "let n = 1;\nstd::fs::read(\"/nonexistent\")?;";
         let Outcome::Error {
@@ -978,6 +1037,33 @@ mod tests {
         assert_eq!(
             traceback.last().unwrap(),
             "  at cell line 2: std::fs::read(\"/nonexistent\")?;"
+        );
+    }
+
+    #[test]
+    fn a_backtrace_names_the_cell_lines_and_the_libraries() {
+        let code = "let x = 1;\ndeep(x);";
+        let generated = "fn deep(x: u32) {\n    panic!(\"boom\");\n}\nfn run_user_code_3() {\n    deep(x);\n}";
+        let trace = "\
+   0: core::panicking::panic_fmt
+   1: ctx::deep
+             at ./src/lib.rs:2:5
+   2: trainbook_api::job::Job::wait
+             at /work/prelude/api/src/job.rs:44:9
+   3: ctx::run_user_code_3::{{closure}}
+             at ./src/lib.rs:5:5
+   4: ctx::run_user_code_3
+             at ./src/lib.rs:4:1
+   5: evcxr::runtime::Runtime::run_loop
+";
+        assert_eq!(
+            backtrace_lines(code, Some(generated), trace),
+            [
+                "backtrace (RUST_BACKTRACE is set), innermost first:",
+                "  deep",
+                "  trainbook_api::job::Job::wait, /work/prelude/api/src/job.rs:44",
+                "  the cell, cell line 2: deep(x);",
+            ]
         );
     }
 

@@ -15,20 +15,19 @@ pub enum Target {
     Prefix(PathBuf),
 }
 
+/// Jupyter's per-user data directory, as `jupyter --data-dir` prints it on Linux.
+pub fn user_data_dir() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("JUPYTER_DATA_DIR")
+        .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("jupyter")))
+        .or_else(|| env("HOME").map(|h| h.join(".local/share/jupyter")))
+}
+
 /// The `share/jupyter` directory a target means.
 pub fn data_dir(target: &Target) -> Result<PathBuf> {
     Ok(match target {
-        Target::User => {
-            if let Some(d) = std::env::var_os("JUPYTER_DATA_DIR") {
-                PathBuf::from(d)
-            } else if let Some(d) = std::env::var_os("XDG_DATA_HOME") {
-                PathBuf::from(d).join("jupyter")
-            } else {
-                let home = std::env::var_os("HOME")
-                    .context("HOME is not set; use --prefix to say where to install")?;
-                PathBuf::from(home).join(".local/share/jupyter")
-            }
-        }
+        Target::User => user_data_dir()
+            .context("HOME is not set; use --prefix to say where to install")?,
         Target::SysPrefix => {
             let prefix = match std::env::var_os("VIRTUAL_ENV") {
                 Some(v) => PathBuf::from(v),

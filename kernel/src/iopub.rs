@@ -11,7 +11,7 @@
 //! - text printed while no cell runs is kept (bounded) and printed with the next cell.
 
 use jupyter_protocol::{
-    DisplayData, JupyterMessage, JupyterMessageContent, Media, StreamContent, Transient,
+    ClearOutput, DisplayData, JupyterMessage, JupyterMessageContent, Media, StreamContent, Transient,
     UpdateDisplayData,
 };
 use serde_json::{Map, Value};
@@ -185,6 +185,14 @@ impl Publisher {
                         shown.stale = true;
                         self.send(update(&display_id, shown), shown.origin.as_ref());
                     }
+                }
+            }
+            ToKernel::Clear { wait } => {
+                // Only a running cell's output can be cleared: front ends drop outputs whose
+                // cell has finished.
+                let running = self.route().current.clone();
+                if let Some(cur) = running {
+                    self.send(ClearOutput { wait }, Some(&cur));
                 }
             }
             ToKernel::Stream { name, text, .. } => self.stream(name.as_str(), &text),

@@ -2,26 +2,30 @@
 //!
 //! Shell requests are handled one at a time (an execute blocks the shell loop, as in ipykernel);
 //! control runs beside it, so interrupt and shutdown work while a cell is busy. Every incoming
-//! message's HMAC signature is checked by `jupyter-zmq-client`; one that fails is dropped and
-//! logged, never handled.
+//! message's HMAC signature is checked (`wire.rs`); one that fails is dropped and logged, never
+//! handled. A cell that fails with `stop_on_error` aborts the execute requests already queued
+//! behind it, as ipykernel does, so "Run All" stops at the first failing cell.
 
 use crate::cell_libs::CellLibs;
 use crate::channel::ChannelServer;
 use crate::engine::{ChildSetup, Engine, Outcome};
+use crate::history::{self, History};
 use crate::iopub::Publisher;
 use crate::toolchain::Toolchain;
+use crate::wire::{self, Replies, Requests};
 use crate::{complete, procs};
 use anyhow::{Context, Result};
 use jupyter_protocol::{
     CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ErrorOutput, ExecuteInput,
-    ExecuteReply, ExecuteResult, ExecutionCount, HistoryReply, InspectReply, InterruptReply,
-    JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, ReplyError,
-    ReplyStatus, ShutdownReply, Status,
+    ExecuteReply, ExecuteResult, ExecutionCount, InspectReply, InterruptReply, JupyterMessage,
+    JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, ReplyError, ReplyStatus,
+    ShutdownReply, Status, Transient,
 };
-use jupyter_zmq_client::{KernelControlConnection, KernelShellConnection, RuntimeError};
+use jupyter_zmq_client::RuntimeError;
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use trainbook_channel::ToNotebook;
 
@@ -41,6 +45,7 @@ struct Kernel {
     publisher: Publisher,
     engine: Engine,
     channel: ChannelServer,
+    history: Mutex<History>,
     run_dir: PathBuf,
     rust_version: String,
 }
@@ -61,12 +66,8 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
     let mut iopub = jupyter_zmq_client::create_kernel_iopub_connection(info, &session)
         .await
         .map_err(bind("iopub"))?;
-    let mut shell = jupyter_zmq_client::create_kernel_shell_connection(info, &session)
-        .await
-        .map_err(bind("shell"))?;
-    let mut control = jupyter_zmq_client::create_kernel_control_connection(info, &session)
-        .await
-        .map_err(bind("control"))?;
+    let shell = wire::bind(info, info.shell_url(), "shell", &session).await?;
+    let mut control = wire::bind(info, info.control_url(), "control", &session).await?;
     // Bound so clients can connect; input requests are not supported (evcxr reads no stdin).
     let _stdin = jupyter_zmq_client::create_kernel_stdin_connection(info, &session)
         .await
@@ -75,6 +76,13 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
         .await
         .map_err(bind("heartbeat"))?;
 
+    let history_path = crate::install::user_data_dir()
+        .unwrap_or_default()
+        .join("trainbook/history.jsonl");
+    let (history, why) = History::open(&history_path);
+    if let Some(why) = why {
+        eprintln!("trainbook-kernel: {why}");
+    }
     let (publisher, mut outbox) = Publisher::new();
     let channel = ChannelServer::start(&config.run_dir, publisher.clone())?;
     let engine = Engine::start(
@@ -90,6 +98,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
         publisher: publisher.clone(),
         engine,
         channel,
+        history: Mutex::new(history),
         run_dir: config.run_dir.clone(),
         rust_version: config
             .toolchain
@@ -108,7 +117,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
     publisher.send(Status::starting(), None);
 
     let k = kernel.clone();
-    tokio::spawn(async move { control_loop(&k, &mut control).await });
+    tokio::spawn(async move { control_loop(&k, &mut control.0, &mut control.1).await });
     let k = kernel.clone();
     tokio::spawn(async move {
         let mut term =
@@ -137,7 +146,8 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
             }
         }
     });
-    shell_loop(&kernel, &mut shell).await;
+    let (mut requests, mut replies) = shell;
+    shell_loop(&kernel, &mut requests, &mut replies).await;
     Ok(())
 }
 
@@ -148,43 +158,48 @@ fn nanos() -> u128 {
         .unwrap_or_default()
 }
 
-/// Reads the next message, dropping (and logging) any that fails its signature check or
-/// does not parse.
-async fn next<S: zeromq::SocketRecv>(
-    conn: &mut jupyter_zmq_client::Connection<S>,
-    socket: &str,
-) -> JupyterMessage {
-    let mut failures = 0u32;
-    loop {
-        match conn.read().await {
-            Ok(msg) => return msg,
-            Err(e) => {
-                failures += 1;
-                let why = match &e {
-                    RuntimeError::VerifyError(_) | RuntimeError::MissingHmac => {
-                        "bad or missing HMAC signature"
-                    }
-                    _ => "unreadable message",
-                };
-                eprintln!("trainbook-kernel: dropped a message on {socket}: {why} ({e})");
-                if failures > 100 {
-                    // A broken socket would otherwise spin.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-}
-
-async fn shell_loop(k: &Arc<Kernel>, shell: &mut KernelShellConnection) {
+async fn shell_loop(k: &Arc<Kernel>, requests: &mut Requests, replies: &mut Replies) {
     let mut count = ExecutionCount::new(0);
+    // Requests read ahead after a failed cell; the first `aborting` of them are aborted if
+    // they are execute requests.
+    let mut queued: VecDeque<JupyterMessage> = VecDeque::new();
+    let mut aborting = 0usize;
     loop {
-        let req = next(shell, "shell").await;
+        let req = match queued.pop_front() {
+            Some(req) => req,
+            None => requests.next().await,
+        };
+        let abort = aborting > 0;
+        aborting = aborting.saturating_sub(1);
         k.publisher.send(Status::busy(), Some(&req));
         let reply: Option<JupyterMessageContent> = match &req.content {
+            JupyterMessageContent::ExecuteRequest(_) if abort => {
+                Some(
+                    ExecuteReply {
+                        status: ReplyStatus::Aborted,
+                        execution_count: count,
+                        user_expressions: Some(Default::default()),
+                        ..Default::default()
+                    }
+                    .into(),
+                )
+            }
             JupyterMessageContent::ExecuteRequest(r) => {
                 let r = r.clone();
-                Some(k.execute(&req, r, &mut count).await.into())
+                let stop_on_error = r.stop_on_error;
+                let reply = k.execute(&req, r, &mut count).await;
+                if stop_on_error && matches!(reply.status, ReplyStatus::Error) {
+                    // What the client queued behind the failed cell (JupyterLab's "Run All"
+                    // sends every cell at once) is here by now; a request sent after this
+                    // reply is not behind it, so nothing is waited for.
+                    while let Ok(next) =
+                        tokio::time::timeout(Duration::ZERO, requests.next()).await
+                    {
+                        queued.push_back(next);
+                    }
+                    aborting = queued.len();
+                }
+                Some(reply.into())
             }
             JupyterMessageContent::KernelInfoRequest(_) => Some(k.kernel_info().into()),
             JupyterMessageContent::IsCompleteRequest(r) => {
@@ -196,14 +211,14 @@ async fn shell_loop(k: &Arc<Kernel>, shell: &mut KernelShellConnection) {
             JupyterMessageContent::InspectRequest(r) => {
                 Some(k.inspect(&r.code, r.cursor_pos).await.into())
             }
-            JupyterMessageContent::HistoryRequest(_) => Some(HistoryReply::new(Vec::new()).into()),
+            c if c.message_type() == "history_request" => Some(k.history_reply(&req)),
             JupyterMessageContent::CommInfoRequest(_) => Some(CommInfoReply::default().into()),
             JupyterMessageContent::ShutdownRequest(r) => {
                 let reply = ShutdownReply {
                     restart: r.restart,
                     ..Default::default()
                 };
-                let _ = shell.send(reply.as_child_of(&req)).await;
+                let _ = replies.send(reply.as_child_of(&req)).await;
                 k.shutdown().await;
                 None
             }
@@ -221,7 +236,7 @@ async fn shell_loop(k: &Arc<Kernel>, shell: &mut KernelShellConnection) {
         };
         if let Some(content) = reply {
             let msg = JupyterMessage::new(content, Some(&req));
-            if let Err(e) = shell.send(msg).await {
+            if let Err(e) = replies.send(msg).await {
                 eprintln!("trainbook-kernel: shell reply failed: {e}");
             }
         }
@@ -229,9 +244,9 @@ async fn shell_loop(k: &Arc<Kernel>, shell: &mut KernelShellConnection) {
     }
 }
 
-async fn control_loop(k: &Arc<Kernel>, control: &mut KernelControlConnection) {
+async fn control_loop(k: &Arc<Kernel>, requests: &mut Requests, control: &mut Replies) {
     loop {
-        let req = next(control, "control").await;
+        let req = requests.next().await;
         match &req.content {
             JupyterMessageContent::InterruptRequest(_) => {
                 k.interrupt();
@@ -286,8 +301,10 @@ impl Kernel {
         r: jupyter_protocol::ExecuteRequest,
         count: &mut ExecutionCount,
     ) -> ExecuteReply {
-        if !r.silent && r.store_history {
+        let stored = !r.silent && r.store_history;
+        if stored {
             count.increment();
+            self.history().input(count.value() as u32, &r.code);
         }
         if !r.silent {
             self.publisher.send(
@@ -302,11 +319,20 @@ impl Kernel {
         let outcome = self.engine.execute(r.code).await;
         let reply = match outcome {
             Outcome::Ok { data } => {
+                if stored && let Some(text) = data.get("text/plain").and_then(|t| t.as_str()) {
+                    self.history().output(count.value() as u32, text);
+                }
                 if !r.silent && !data.is_empty() {
                     match serde_json::from_value::<Media>(serde_json::Value::Object(data)) {
-                        Ok(media) => self
-                            .publisher
-                            .send(ExecuteResult::new(*count, media), Some(req)),
+                        Ok(media) => self.publisher.send(
+                            ExecuteResult {
+                                execution_count: *count,
+                                data: media,
+                                metadata: Default::default(),
+                                transient: Some(Transient { display_id: None }),
+                            },
+                            Some(req),
+                        ),
                         Err(e) => self
                             .publisher
                             .stream("stderr", &format!("unreadable cell result: {e}\n")),
@@ -315,6 +341,7 @@ impl Kernel {
                 ExecuteReply {
                     status: ReplyStatus::Ok,
                     execution_count: *count,
+                    user_expressions: Some(Default::default()),
                     ..Default::default()
                 }
             }
@@ -336,6 +363,7 @@ impl Kernel {
                 ExecuteReply {
                     status: ReplyStatus::Error,
                     execution_count: *count,
+                    user_expressions: Some(Default::default()),
                     error: Some(Box::new(ReplyError {
                         ename,
                         evalue,
@@ -349,15 +377,41 @@ impl Kernel {
         reply
     }
 
+    fn history(&self) -> std::sync::MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A `history_reply`, written as JSON: a cell without a result has `null` output, which
+    /// the typed reply cannot say.
+    fn history_reply(&self, req: &JupyterMessage) -> JupyterMessageContent {
+        let content = match serde_json::from_value::<history::Query>(wire::content_json(req)) {
+            Ok(q) => serde_json::json!({"status": "ok", "history": self.history().answer(&q)}),
+            Err(e) => serde_json::json!({
+                "status": "error",
+                "ename": "HistoryRequest",
+                "evalue": format!("unreadable history_request: {e}"),
+                "traceback": [],
+            }),
+        };
+        wire::json_reply("history_reply", content)
+    }
+
     async fn complete(&self, code: &str, cursor: usize) -> CompleteReply {
         let byte = complete::char_to_byte(code, cursor);
         match self.engine.complete(code.to_string(), byte).await {
-            Some(c) => CompleteReply {
-                matches: c.matches,
-                cursor_start: complete::byte_to_char(code, c.start),
-                cursor_end: complete::byte_to_char(code, c.end),
-                ..Default::default()
-            },
+            Some(c) => {
+                let (start, end) = (
+                    complete::byte_to_char(code, c.start),
+                    complete::byte_to_char(code, c.end),
+                );
+                CompleteReply {
+                    metadata: complete::reply_metadata(&c.matches, start, end),
+                    matches: c.matches.into_iter().map(|m| m.text).collect(),
+                    cursor_start: start,
+                    cursor_end: end,
+                    ..Default::default()
+                }
+            }
             None => CompleteReply {
                 cursor_start: cursor,
                 cursor_end: cursor,

@@ -6,6 +6,7 @@ mod cell_libs;
 mod channel;
 mod complete;
 mod engine;
+mod history;
 mod infer;
 mod install;
 mod iopub;
@@ -14,6 +15,7 @@ mod procs;
 mod scan;
 mod toolchain;
 mod verdict;
+mod wire;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};

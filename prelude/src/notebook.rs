@@ -49,6 +49,48 @@ fn install_handlers(link: &'static Link) {
     });
 }
 
+/// How long a cell's own display waits to be on its way to the kernel: it should arrive while
+/// the cell still runs, the only time a headless run (nbclient) reads it.
+const OUTPUT_FLUSH: Duration = Duration::from_secs(2);
+
+/// A cell's `display(...)`: a display in the kernel, its `text/plain` on stdout elsewhere.
+pub(crate) fn show_output(id: Option<&str>, data: Bundle) -> String {
+    match trainbook_channel::link() {
+        Some(link) => {
+            let shown = match id {
+                Some(id) => link.display_as(id.to_string(), data),
+                None => link.display(data),
+            };
+            link.flush(OUTPUT_FLUSH);
+            shown.id().to_string()
+        }
+        None => {
+            print_plain(&data);
+            id.unwrap_or_default().to_string()
+        }
+    }
+}
+
+pub(crate) fn update_output(id: &str, data: Bundle) {
+    match trainbook_channel::link() {
+        Some(link) => link.display_of(id).update(data),
+        None => print_plain(&data),
+    }
+}
+
+pub(crate) fn clear_output(wait: bool) {
+    if let Some(link) = trainbook_channel::link() {
+        link.clear_output(wait);
+        link.flush(OUTPUT_FLUSH);
+    }
+}
+
+fn print_plain(data: &Bundle) {
+    if let Some(text) = data.get("text/plain").and_then(|t| t.as_str()) {
+        println!("{text}");
+    }
+}
+
 /// Set once a live view has sent the finished job's state to the kernel. Attached to the job as
 /// its [`JobView`], so `Job::wait` keeps the waiting cell running until the final view has
 /// arrived: headless runs (nbclient) only apply updates that arrive during some cell.

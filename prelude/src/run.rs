@@ -101,6 +101,20 @@ impl Notebook for Trainbook {
     fn display(&self, value: &dyn Any) -> Option<Bundle> {
         display::bundle_of(value)
     }
+
+    fn show_output(&self, id: Option<&str>, data: Bundle) -> Result<String> {
+        Ok(notebook::show_output(id, data))
+    }
+
+    fn update_output(&self, id: &str, data: Bundle) -> Result<()> {
+        notebook::update_output(id, data);
+        Ok(())
+    }
+
+    fn clear_output(&self, wait: bool) -> Result<()> {
+        notebook::clear_output(wait);
+        Ok(())
+    }
 }
 
 impl TextData for Trainbook {

@@ -118,7 +118,12 @@ impl Link {
     /// Creates a display showing `data` in the running cell (or, between cells, the next one).
     pub fn display(&self, data: MimeBundle) -> Display {
         let n = self.next_display.fetch_add(1, Ordering::Relaxed);
-        let id = format!("trainbook-{}-{n}", std::process::id());
+        self.display_as(format!("trainbook-{}-{n}", std::process::id()), data)
+    }
+
+    /// [`Link::display`] under an id of the caller's (showing the same id again shows another
+    /// view of one display: an update redraws them all).
+    pub fn display_as(&self, id: String, data: MimeBundle) -> Display {
         self.shared.push(ToKernel::Display {
             display_id: id.clone(),
             data,
@@ -128,6 +133,19 @@ impl Link {
             id,
             shared: self.shared.clone(),
         }
+    }
+
+    /// The display `id` made earlier (by this process), to update it.
+    pub fn display_of(&self, id: &str) -> Display {
+        Display {
+            id: id.to_string(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Clears the running cell's output; with `wait`, once its next output arrives.
+    pub fn clear_output(&self, wait: bool) {
+        self.shared.push(ToKernel::Clear { wait });
     }
 
     /// Text for the notebook; with `display_id`, for the cell that owns that display.

@@ -5,8 +5,8 @@
 //! channel is a Unix socket the kernel listens on; it passes the path to the process that runs
 //! the cells in [`SOCKET_ENV`]. Messages are JSON, one per line:
 //!
-//! - notebook → kernel ([`ToKernel`]): create a display, update it, or print text — from any
-//!   thread, at any time, also when no cell is running;
+//! - notebook → kernel ([`ToKernel`]): create a display, update it, clear the cell's output, or
+//!   print text — from any thread, at any time, also when no cell is running;
 //! - kernel → notebook ([`ToNotebook`]): interrupt (stop running jobs, keep state) and shutdown.
 //!
 //! The kernel turns displays into Jupyter `display_data` / `update_display_data` messages with a
@@ -47,6 +47,8 @@ pub enum ToKernel {
         #[serde(default)]
         metadata: MimeBundle,
     },
+    /// Clears the running cell's output; with `wait`, only once new output arrives (no flicker).
+    Clear { wait: bool },
     /// Text for a cell's stdout/stderr. With `display_id`, it goes to the cell that created that
     /// display (a background job's own cell); without, to the running (or last) cell.
     Stream {

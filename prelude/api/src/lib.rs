@@ -78,7 +78,10 @@ mod vision;
 pub use classify::{ImageClassifier, Prediction, TextClassifier};
 pub use corpus::{CorpusPreparer, PrepareProgress, PreparedCorpus};
 pub use device::{Backend, DeviceKind, DeviceRequest};
-pub use display::{content_blocks, ShowValue};
+pub use display::{
+    clear_output, content_blocks, display, display_as, display_bundle, display_json, display_png,
+    DisplayHandle, ShowValue,
+};
 pub use job::{
     running_jobs, stop_all, Job, JobStatus, JobUpdate, LogRecord, MemoryUse, MetricRow, Progress,
     Resize, Restart, TrainError, TrainResult,
@@ -151,7 +154,10 @@ pub mod prelude {
     pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
     pub use crate::corpus::{CorpusPreparer, PreparedCorpus};
     pub use crate::device::{DeviceKind, DeviceRequest};
-    pub use crate::display::ShowValue;
+    pub use crate::display::{
+        clear_output, display, display_as, display_bundle, display_json, display_png, DisplayHandle,
+        ShowValue,
+    };
     pub use crate::job::{stop_all, Job, JobStatus, JobUpdate, Resize, Restart, TrainResult};
     pub use crate::lm::{ConfigureLm, Generation, LlamaShape, LmTrainer, TextGenerator};
     pub use crate::logs::LogLevel;
