@@ -60,9 +60,16 @@ impl ChannelServer {
 
 fn read_peer(stream: UnixStream, publisher: Publisher) {
     let mut bad = 0u32;
+    let Ok(mut answer) = stream.try_clone() else {
+        return;
+    };
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { break };
         match decode::<ToKernel>(&line) {
+            // Everything this peer sent before is handled: its messages are read in order.
+            Some(ToKernel::Sync { seq }) => {
+                let _ = answer.write_all(encode(&ToNotebook::Synced { seq }).as_bytes());
+            }
             Some(msg) => publisher.notebook_message(msg),
             None => {
                 bad += 1;

@@ -138,7 +138,7 @@ impl Publisher {
     /// A message from notebook code over the side channel.
     pub fn notebook_message(&self, msg: ToKernel) {
         match msg {
-            ToKernel::Hello { .. } => {}
+            ToKernel::Hello { .. } | ToKernel::Sync { .. } => {}
             ToKernel::Display {
                 display_id,
                 data,

@@ -199,10 +199,23 @@ fn relay(out_rx: OwnedFd, err_rx: OwnedFd, mut real_out: File, mut real_err: Fil
             watch.stderr(&String::from_utf8_lossy(&err_buf), Instant::now());
             err_buf.clear();
         }
+        // stderr read in this round may have been written after some of these stdout lines:
+        // a failure marker among them claims it (an ordinary line before it does not).
+        let marker_ahead = out_buf
+            .split(|&b| b == b'\n')
+            .any(|l| l == USER_ERROR.as_bytes() || l == PANIC.as_bytes());
         while let Some(i) = out_buf.iter().position(|&b| b == b'\n') {
             let line = String::from_utf8_lossy(&out_buf[..i]).into_owned();
             out_buf.drain(..=i);
-            let pass = watch.stdout_line(&line);
+            let ordinary = line != USER_ERROR && line != PANIC && line != COMPLETE;
+            let pass = if marker_ahead && ordinary && !line.starts_with(PANIC_LINE) {
+                Pass {
+                    stderr: String::new(),
+                    stdout: vec![line],
+                }
+            } else {
+                watch.stdout_line(&line)
+            };
             let _ = real_err.write_all(pass.stderr.as_bytes());
             let mut text = String::new();
             for l in pass.stdout {
@@ -250,8 +263,10 @@ struct Watch {
     panic: Option<Failure>,
 }
 
-/// How long stderr is held back before it is passed on (see [`Watch`]).
-const HOLD: Duration = Duration::from_millis(30);
+/// How long stderr is held back before it is passed on (see [`Watch`]): the error and its
+/// marker are microseconds apart, unless the machine is busy; the end of a cell passes on
+/// what is held at once, so only text of a cell still running waits this long.
+const HOLD: Duration = Duration::from_millis(250);
 /// Held stderr beyond this size is passed on at once.
 const MAX_HELD: usize = 64 * 1024;
 

@@ -49,7 +49,7 @@ fn install_handlers(link: &'static Link) {
     });
 }
 
-/// How long a cell's own display waits to be on its way to the kernel: it should arrive while
+/// How long a cell's own display waits for the kernel to have taken it: it must arrive while
 /// the cell still runs, the only time a headless run (nbclient) reads it.
 const OUTPUT_FLUSH: Duration = Duration::from_secs(2);
 
@@ -61,7 +61,7 @@ pub(crate) fn show_output(id: Option<&str>, data: Bundle) -> String {
                 Some(id) => link.display_as(id.to_string(), data),
                 None => link.display(data),
             };
-            link.flush(OUTPUT_FLUSH);
+            link.sync(OUTPUT_FLUSH);
             shown.id().to_string()
         }
         None => {
@@ -81,7 +81,7 @@ pub(crate) fn update_output(id: &str, data: Bundle) {
 pub(crate) fn clear_output(wait: bool) {
     if let Some(link) = trainbook_channel::link() {
         link.clear_output(wait);
-        link.flush(OUTPUT_FLUSH);
+        link.sync(OUTPUT_FLUSH);
     }
 }
 

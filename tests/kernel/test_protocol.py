@@ -124,7 +124,7 @@ def test_a_panic_and_a_question_mark_are_one_error_output_each(protocol_kernel):
 
     # Text the cell printed before it failed is still shown.
     reply, msgs = execute(kc, 'println!("loading"); std::fs::read("/nonexistent")?;')
-    assert [m["msg_type"] for m in msgs] == ["stream", "error"], msgs
+    assert [m["msg_type"] for m in msgs] == ["stream", "error"], [m["content"] for m in msgs]
     assert msgs[0]["content"]["text"] == "loading\n"
 
 

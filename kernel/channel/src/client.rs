@@ -44,6 +44,9 @@ struct State {
     last_sent: HashMap<String, Instant>,
     /// Messages taken by the writer but not yet written (for `flush`).
     in_flight: usize,
+    /// The last [`ToKernel::Sync`] sent and the last the kernel answered.
+    sync_sent: u64,
+    synced: u64,
     dropped: u64,
     closed: bool,
 }
@@ -171,6 +174,32 @@ impl Link {
     /// `timeout` passes. Returns whether it all went out.
     pub fn flush(&self, timeout: Duration) -> bool {
         self.shared.flush(timeout)
+    }
+
+    /// Waits until the kernel has handled everything sent so far (it answers a sync message
+    /// after the ones before it), or `timeout` passes. Returns whether it did.
+    pub fn sync(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let seq = {
+            let mut st = lock(&self.shared.state);
+            st.sync_sent += 1;
+            st.sync_sent
+        };
+        self.shared.push(ToKernel::Sync { seq });
+        let mut st = lock(&self.shared.state);
+        while st.synced < seq && !st.closed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .shared
+                .wake
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        st.synced >= seq
     }
 
     /// Text messages dropped because the kernel did not keep up.
@@ -325,6 +354,13 @@ fn read_loop(stream: UnixStream, shared: Arc<Shared>) {
         let handlers = match crate::decode::<ToNotebook>(&line) {
             Some(ToNotebook::Interrupt) => lock(&shared.on_interrupt).clone(),
             Some(ToNotebook::Shutdown) => lock(&shared.on_shutdown).clone(),
+            Some(ToNotebook::Synced { seq }) => {
+                let mut st = lock(&shared.state);
+                st.synced = st.synced.max(seq);
+                drop(st);
+                shared.wake.notify_all();
+                continue;
+            }
             None => continue,
         };
         for h in handlers {

@@ -49,6 +49,9 @@ pub enum ToKernel {
     },
     /// Clears the running cell's output; with `wait`, only once new output arrives (no flicker).
     Clear { wait: bool },
+    /// Asks the kernel to answer [`ToNotebook::Synced`] once it has handled every message sent
+    /// before this one (a cell's own output must reach the kernel before the cell ends).
+    Sync { seq: u64 },
     /// Text for a cell's stdout/stderr. With `display_id`, it goes to the cell that created that
     /// display (a background job's own cell); without, to the running (or last) cell.
     Stream {
@@ -83,6 +86,8 @@ pub enum ToNotebook {
     Interrupt,
     /// The kernel is shutting down or restarting: stop everything now.
     Shutdown,
+    /// Every message up to [`ToKernel::Sync`] `seq` has been handled.
+    Synced { seq: u64 },
 }
 
 /// One message as a line of JSON (with the trailing newline).
