@@ -11,7 +11,7 @@
 //! Loading takes a few seconds (the standard library's sources and trainbook's), so it happens
 //! on its own thread after the kernel is ready; whoever needs it first waits for the rest.
 
-use crate::complete::Match;
+use crate::completion::Match;
 use anyhow::{Context, Result, bail};
 use ra_ap_hir as hir;
 use ra_ap_hir::HirDisplay;

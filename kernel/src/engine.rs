@@ -7,7 +7,7 @@
 
 use crate::analysis::{self, Analyzer};
 use crate::cell_libs::{CellLibs, init_code};
-use crate::complete::{Match, insert_text};
+use crate::completion::{Match, insert_text};
 use crate::iopub::Publisher;
 use crate::scan;
 use crate::toolchain::Toolchain;

@@ -13,7 +13,7 @@ use crate::history::{self, History};
 use crate::iopub::Publisher;
 use crate::toolchain::Toolchain;
 use crate::wire::{self, Replies, Requests};
-use crate::{complete, procs};
+use crate::{complete, completion, procs};
 use anyhow::{Context, Result};
 use jupyter_protocol::{
     CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ErrorOutput, ExecuteInput,
@@ -405,7 +405,7 @@ impl Kernel {
                     complete::byte_to_char(code, c.end),
                 );
                 CompleteReply {
-                    metadata: complete::reply_metadata(&c.matches, start, end),
+                    metadata: completion::reply_metadata(&c.matches, start, end),
                     matches: c.matches.into_iter().map(|m| m.text).collect(),
                     cursor_start: start,
                     cursor_end: end,

@@ -5,6 +5,7 @@ mod analysis;
 mod cell_libs;
 mod channel;
 mod complete;
+mod completion;
 mod engine;
 mod history;
 mod infer;
