@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
 use trainbook_engine::Device;
 
-use crate::models::bert::{load_weights, BertClassifier, BertConfig};
+use crate::models::encoder::{load_weights, EncoderConfig, SequenceClassifier};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
@@ -125,7 +125,7 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         .map(Path::new)
         .filter(|d| d.is_dir())
     {
-        BertConfig::from_file(&dir.join("config.json"))?;
+        EncoderConfig::from_file(&dir.join("config.json"))?;
     }
     if spec.train.model.is_none()
         && name != "reference"
@@ -165,11 +165,10 @@ fn data_of(hyper: &Hyper) -> Result<&str> {
 
 pub struct BertRecipe {
     vs: nn::VarStore,
-    model: BertClassifier,
-    config: BertConfig,
+    model: SequenceClassifier,
+    config: EncoderConfig,
     tokenizer: TextTokenizer,
     model_dir: PathBuf,
-    label_names: Vec<String>,
     padding: Padding,
     train: (Vec<Encoded>, Tensor),
     eval: (Vec<Encoded>, Tensor),
@@ -266,14 +265,14 @@ pub fn footprint(
         .as_deref()
         .context("the bert recipe needs a model (a directory or a Hub id)")?;
     let (model_dir, _) = crate::assets::resolve_model(model_name)?;
-    let mut bert = BertConfig::from_file(&model_dir.join("config.json"))?;
-    let max_length = opts.max_length.min(bert.max_position_embeddings as usize);
+    let mut bert = EncoderConfig::from_file(&model_dir.join("config.json"))?;
+    let max_length = opts.max_length.min(bert.max_tokens() as usize);
     if opts.random_init {
-        bert = BertConfig::tiny(bert.vocab_size, max_length as i64);
+        bert = bert.tiny_of(max_length as i64);
     }
-    Ok(crate::models::bert::plan_footprint(
+    Ok(crate::models::encoder::plan_footprint(
         &bert,
-        crate::models::bert::Head::Classifier(2),
+        crate::models::encoder::Head::Classifier(2),
         max_length as u64,
         hyper,
         layout,
@@ -298,23 +297,16 @@ impl BertRecipe {
         let (train, test) = load_examples(hyper, &opts, log)?;
         let label_names = train.label_names.clone();
 
-        let mut bert = BertConfig::from_file(&model_dir.join("config.json"))?;
-        let max_length = opts.max_length.min(bert.max_position_embeddings as usize);
+        let mut bert = EncoderConfig::from_file(&model_dir.join("config.json"))?;
+        let max_length = opts.max_length.min(bert.max_tokens() as usize);
         let tokenizer = TextTokenizer::from_model_dir(&model_dir, max_length)?;
         if opts.random_init {
-            bert = BertConfig::tiny(bert.vocab_size, max_length as i64);
+            bert = bert.tiny_of(max_length as i64);
         }
-        bert = bert.with_dropout(hyper.dropout);
-        bert.id2label = Some(
-            label_names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (i.to_string(), n.clone()))
-                .collect(),
-        );
+        bert = bert.with_dropout(hyper.dropout).with_labels(&label_names);
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let mut model = BertClassifier::new(&vs.root(), &bert, label_names.len() as i64);
+        let mut model = SequenceClassifier::new(&vs.root(), &bert, label_names.len() as i64);
         model.set_activation_checkpointing(
             hyper
                 .activation_checkpointing
@@ -326,9 +318,9 @@ impl BertRecipe {
                 model_dir.display()
             ));
         } else if !opts.random_init {
-            let report = load_weights(&vs, &model_dir)?;
+            let report = load_weights(&vs, &model_dir, &bert)?;
             if let Some(msg) = report.describe(
-                "BertForSequenceClassification",
+                bert.family().classes.sequence,
                 &model_dir.display().to_string(),
             ) {
                 for line in msg.lines() {
@@ -345,7 +337,6 @@ impl BertRecipe {
             config: bert,
             tokenizer,
             model_dir,
-            label_names,
             padding: opts.padding,
             train,
             eval,
@@ -389,7 +380,7 @@ impl Recipe for BertRecipe {
     /// A loadable Hugging Face-style directory: weights, config.json with the labels, and the
     /// tokenizer files.
     fn save_files(&self, dir: &Path) -> Result<()> {
-        crate::checkpoint::write_text_model(dir, &self.config, &self.label_names, &self.model_dir)?;
-        Ok(())
+        let class = self.config.family().classes.sequence;
+        crate::checkpoint::write_encoder_model(dir, &self.config, class, &self.model_dir)
     }
 }

@@ -2,8 +2,8 @@
 //! ([`trainbook_engine::checkpoint`]: layout, trainer state, weights, optimizer state). The
 //! recipes' `save` writes them and [`crate::classify`] reads them, through these types only.
 //!
-//! - text (bert): a Hugging Face-style directory: `config.json` ([`BertConfig`] with
-//!   `id2label`/`label2id`), `model.safetensors`, the tokenizer files;
+//! - text (encoders): a Hugging Face directory: `config.json` ([`EncoderConfig`] in its
+//!   family's form, with `id2label`/`label2id`), `model.safetensors`, the tokenizer files;
 //! - images (resnet): `config.json` ([`ImageModelConfig`]) and `model.safetensors` with
 //!   torchvision's names.
 
@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::models::bert::BertConfig;
+use crate::models::encoder::EncoderConfig;
 use crate::models::resnet::Arch;
 use crate::vision::transforms::Normalize;
 pub use trainbook_engine::checkpoint::{write_atomic, MODEL, OPTIMIZER, TRAINER_STATE};
@@ -65,39 +65,16 @@ impl ImageModelConfig {
     }
 }
 
-/// Writes a text classifier's `config.json`: the model's configuration with its labels, in
-/// Transformers' `BertForSequenceClassification` form, and copies the tokenizer files of
-/// `tokenizer_dir`.
-pub fn write_text_model(
+/// Writes an encoder's `config.json` as Transformers' `class` of its family reads it (the
+/// family's field names, `architectures`, the labels in `id2label`/`label2id` when the config
+/// has them), and copies the tokenizer files of `tokenizer_dir`.
+pub fn write_encoder_model(
     dir: &Path,
-    config: &BertConfig,
-    labels: &[String],
+    config: &EncoderConfig,
+    class: &str,
     tokenizer_dir: &Path,
 ) -> Result<()> {
-    let mut json = serde_json::to_value(config)?;
-    json["architectures"] = serde_json::json!(["BertForSequenceClassification"]);
-    json["model_type"] = serde_json::json!("bert");
-    json["num_labels"] = serde_json::json!(labels.len());
-    json["id2label"] = labels
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (i.to_string(), serde_json::json!(n)))
-        .collect();
-    json["label2id"] = labels
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.clone(), serde_json::json!(i)))
-        .collect();
-    write_atomic(&dir.join(MODEL_CONFIG), &serde_json::to_vec_pretty(&json)?)?;
-    copy_tokenizer(tokenizer_dir, dir)
-}
-
-/// Writes a masked-LM's `config.json` (Transformers' `BertForMaskedLM` form) and copies the
-/// tokenizer files of `tokenizer_dir`.
-pub fn write_mlm_model(dir: &Path, config: &BertConfig, tokenizer_dir: &Path) -> Result<()> {
-    let mut json = serde_json::to_value(config)?;
-    json["architectures"] = serde_json::json!(["BertForMaskedLM"]);
-    json["model_type"] = serde_json::json!("bert");
+    let json = config.to_json(class)?;
     write_atomic(&dir.join(MODEL_CONFIG), &serde_json::to_vec_pretty(&json)?)?;
     copy_tokenizer(tokenizer_dir, dir)
 }
@@ -115,7 +92,7 @@ fn copy_tokenizer(from: &Path, to: &Path) -> Result<()> {
 
 /// Reads a text classifier's `config.json`: the model configuration and the label names in
 /// label order.
-pub fn read_text_model(dir: &Path) -> Result<(BertConfig, Vec<String>)> {
+pub fn read_text_model(dir: &Path) -> Result<(EncoderConfig, Vec<String>)> {
     let has_weights = [MODEL, "pytorch_model.bin"]
         .iter()
         .any(|f| dir.join(f).exists());
@@ -125,19 +102,11 @@ pub fn read_text_model(dir: &Path) -> Result<(BertConfig, Vec<String>)> {
             dir.display()
         );
     }
-    let config = BertConfig::from_file(&dir.join(MODEL_CONFIG))?;
-    let Some(id2label) = config.id2label.clone() else {
+    let config = EncoderConfig::from_file(&dir.join(MODEL_CONFIG))?;
+    if config.id2label.is_none() {
         bail!("{}/{MODEL_CONFIG} has no id2label: it is not a sequence-classification checkpoint (train one with train_bert first)", dir.display());
-    };
-    let mut labels = vec![String::new(); id2label.len()];
-    for (id, name) in id2label {
-        let i: usize = id
-            .parse()
-            .ok()
-            .filter(|i| *i < labels.len())
-            .with_context(|| format!("{MODEL_CONFIG}: id2label key '{id}' is not a label id"))?;
-        labels[i] = name;
     }
+    let labels = config.label_names()?;
     Ok((config, labels))
 }
 
@@ -188,7 +157,8 @@ mod tests {
         std::fs::write(dir.join(MODEL), b"").unwrap();
         let (config, labels) = read_text_model(&dir).unwrap();
         assert_eq!(labels, ["fresh", "rotten"]);
-        write_text_model(&dir, &config, &labels, &dir).unwrap();
+        let class = config.family().classes.sequence;
+        write_encoder_model(&dir, &config, class, &dir).unwrap();
         let (again, labels_again) = read_text_model(&dir).unwrap();
         assert_eq!(labels_again, labels);
         assert_eq!(again.hidden_size, config.hidden_size);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use tch::{nn, Device, Kind};
 
-use crate::models::bert::{load_weights, BertClassifier};
+use crate::models::encoder::{load_weights, SequenceClassifier};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 use trainbook_api::{
     plumbing::{ImageModel, TextModel},
@@ -17,7 +17,7 @@ use trainbook_api::{
 /// BERT checkpoints are).
 pub struct BertTextModel {
     _vs: nn::VarStore,
-    model: BertClassifier,
+    model: SequenceClassifier,
     tokenizer: TextTokenizer,
     labels: Vec<String>,
     device: Device,
@@ -39,8 +39,8 @@ impl BertTextModel {
         let tokenizer =
             TextTokenizer::from_model_dir(dir, config.max_position_embeddings as usize)?;
         let vs = nn::VarStore::new(device);
-        let model = BertClassifier::new(&vs.root(), &config, labels.len() as i64);
-        let report = load_weights(&vs, dir)?;
+        let model = SequenceClassifier::new(&vs.root(), &config, labels.len() as i64);
+        let report = load_weights(&vs, dir, &config)?;
         if !report.missing.is_empty() {
             bail!(
                 "{} lacks trained weights for {}: it is not a fine-tuned classifier",

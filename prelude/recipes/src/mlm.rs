@@ -41,8 +41,8 @@ use trainbook_api::{JobSpec, OptimizerKind, Schedule};
 use trainbook_engine::Device;
 use trainbook_engine::{Layout, Recipe, Split, StagedStep, Step};
 
-use crate::models::bert::{
-    load_weights, masked_positions, BertConfig, BertForMaskedLm, Head, IGNORE_INDEX,
+use crate::models::encoder::{
+    load_weights, masked_positions, EncoderConfig, Head, MaskedLm, IGNORE_INDEX,
 };
 use crate::text::mlm::Masking;
 use crate::text::mlm_source::{self, Sample, Samples};
@@ -275,14 +275,14 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
 }
 
 /// The BERT a job builds from scratch: its settings' shape, the tokenizer's vocabulary.
-fn scratch_config(s: &Settings, vocab: i64) -> BertConfig {
+fn scratch_config(s: &Settings, vocab: i64) -> EncoderConfig {
     let h = s.mlm.hidden_size as i64;
-    BertConfig {
+    EncoderConfig {
         hidden_size: h,
         num_hidden_layers: s.mlm.layers as i64,
         num_attention_heads: s.mlm.heads as i64,
         intermediate_size: 4 * h,
-        ..BertConfig::tiny(vocab, (s.text.max_length as i64).max(512))
+        ..EncoderConfig::tiny(vocab, (s.text.max_length as i64).max(512))
     }
 }
 
@@ -293,7 +293,7 @@ pub fn footprint(hyper: &Hyper, layout: &Layout) -> Result<Footprint> {
     let config = match &hyper.model {
         Some(m) => {
             let dir = crate::assets::resolve_model(m)?.0;
-            BertConfig::from_file(&dir.join("config.json"))?
+            EncoderConfig::from_file(&dir.join("config.json"))?
         }
         None => {
             let dir = s
@@ -314,7 +314,7 @@ pub fn footprint(hyper: &Hyper, layout: &Layout) -> Result<Footprint> {
         Some(max) => high.min(max as f64),
         None => high,
     };
-    Ok(crate::models::bert::plan_footprint(
+    Ok(crate::models::encoder::plan_footprint(
         &config,
         Head::MaskedLm { predictions },
         s.text.max_length as u64,
@@ -325,8 +325,8 @@ pub fn footprint(hyper: &Hyper, layout: &Layout) -> Result<Footprint> {
 
 pub struct MlmRecipe {
     vs: nn::VarStore,
-    model: BertForMaskedLm,
-    config: BertConfig,
+    model: MaskedLm,
+    config: EncoderConfig,
     tokenizer_dir: PathBuf,
     masking: Masking,
     train: Samples,
@@ -394,7 +394,7 @@ impl MlmRecipe {
 
         let config = match &model_dir {
             Some(dir) => {
-                let c = BertConfig::from_file(&dir.join("config.json"))?;
+                let c = EncoderConfig::from_file(&dir.join("config.json"))?;
                 if c.vocab_size != vocab {
                     bail!("{} has a vocabulary of {} but the tokenizer in {} has {vocab}: use the model's own tokenizer", dir.display(), c.vocab_size, tokenizer_dir.display());
                 }
@@ -411,15 +411,16 @@ impl MlmRecipe {
         .with_dropout(hyper.dropout);
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let mut model = BertForMaskedLm::new(&vs.root(), &config);
+        let mut model = MaskedLm::new(&vs.root(), &config);
         model.set_activation_checkpointing(
             hyper
                 .activation_checkpointing
                 .then_some(hyper.checkpoint_layers_every),
         );
         if let Some(dir) = model_dir.as_ref().filter(|_| !s.text.from_scratch) {
-            let report = load_weights(&vs, dir)?;
-            if let Some(msg) = report.describe("BertForMaskedLM", &dir.display().to_string()) {
+            let report = load_weights(&vs, dir, &config)?;
+            let class = config.family().classes.masked_lm;
+            if let Some(msg) = report.describe(class, &dir.display().to_string()) {
                 msg.lines().for_each(|l| log(l.to_string()));
             }
         }
@@ -574,9 +575,10 @@ impl Recipe for MlmRecipe {
     fn staged(&self) -> Option<&dyn StagedStep> {
         Some(self)
     }
-    /// A directory Transformers' `BertForMaskedLM.from_pretrained` loads (the decoder is tied,
-    /// as in its own checkpoints), with the tokenizer files.
+    /// A directory the family's `…ForMaskedLM.from_pretrained` loads (the decoder is tied, as
+    /// in its own checkpoints), with the tokenizer files.
     fn save_files(&self, dir: &Path) -> Result<()> {
-        crate::checkpoint::write_mlm_model(dir, &self.config, &self.tokenizer_dir)
+        let class = self.config.family().classes.masked_lm;
+        crate::checkpoint::write_encoder_model(dir, &self.config, class, &self.tokenizer_dir)
     }
 }

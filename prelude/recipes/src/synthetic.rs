@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use tch::{nn, Kind, Tensor};
 use trainbook_engine::{Device, OnDeviceOf};
 
-use crate::models::bert::{BertClassifier, BertConfig};
+use crate::models::encoder::{EncoderConfig, SequenceClassifier};
 use trainbook_api::Hyper;
 use trainbook_api::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
@@ -63,7 +63,7 @@ fn generate(n: usize, seed: u64, device: Device) -> Result<Data> {
 
 pub struct Synthetic {
     vs: nn::VarStore,
-    model: BertClassifier,
+    model: SequenceClassifier,
     train: Data,
     eval: Data,
 }
@@ -125,13 +125,13 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
 }
 
 /// The tiny BERT of a preset.
-fn config(p: &Preset) -> BertConfig {
-    BertConfig {
+fn config(p: &Preset) -> EncoderConfig {
+    EncoderConfig {
         hidden_size: p.hidden,
         num_hidden_layers: p.layers,
         num_attention_heads: (p.hidden / 16).max(1),
         intermediate_size: p.hidden * 2,
-        ..BertConfig::tiny(VOCAB, SEQ)
+        ..EncoderConfig::tiny(VOCAB, SEQ)
     }
 }
 
@@ -141,9 +141,9 @@ pub fn footprint(
     layout: &trainbook_engine::Layout,
 ) -> Result<trainbook_api::Footprint> {
     let p = preset(&hyper.preset)?;
-    Ok(crate::models::bert::plan_footprint(
+    Ok(crate::models::encoder::plan_footprint(
         &config(&p),
-        crate::models::bert::Head::Classifier(2),
+        crate::models::encoder::Head::Classifier(2),
         SEQ as u64,
         hyper,
         layout,
@@ -161,7 +161,7 @@ impl Synthetic {
         let bert = config(&p).with_dropout(hyper.dropout);
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let mut model = BertClassifier::new(&vs.root(), &bert, 2);
+        let mut model = SequenceClassifier::new(&vs.root(), &bert, 2);
         model.set_activation_checkpointing(
             hyper
                 .activation_checkpointing

@@ -7,8 +7,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use tch::{nn, Kind, Tensor};
-use trainbook::recipes::models::bert::{
-    load_safetensors, masked_positions, BertConfig, BertForMaskedLm,
+use trainbook::recipes::models::encoder::{
+    load_safetensors, masked_positions, EncoderConfig, MaskedLm,
 };
 
 fn fixture() -> PathBuf {
@@ -22,10 +22,10 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
 #[test]
 fn logits_and_loss_match_transformers_and_the_names_round_trip() {
     let dir = fixture();
-    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let model = BertForMaskedLm::new(&vs.root(), &config);
-    let report = load_safetensors(&vs, &dir.join("model.safetensors")).unwrap();
+    let model = MaskedLm::new(&vs.root(), &config);
+    let report = load_safetensors(&vs, &dir.join("model.safetensors"), &config).unwrap();
     assert!(
         report.missing.is_empty() && report.unexpected.is_empty(),
         "{report:?}"
@@ -126,10 +126,10 @@ fn tiny_pretraining_runs_and_its_checkpoint_continues() {
         ckpt.join("vocab.txt").exists(),
         "the tokenizer travels with the model"
     );
-    let cfg = BertConfig::from_file(&ckpt.join("config.json")).unwrap();
+    let cfg = EncoderConfig::from_file(&ckpt.join("config.json")).unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let _model = BertForMaskedLm::new(&vs.root(), &cfg);
-    let report = load_safetensors(&vs, &ckpt.join("model.safetensors")).unwrap();
+    let _model = MaskedLm::new(&vs.root(), &cfg);
+    let report = load_safetensors(&vs, &ckpt.join("model.safetensors"), &cfg).unwrap();
     assert!(
         report.missing.is_empty() && report.unexpected.is_empty(),
         "{report:?}"
@@ -163,7 +163,7 @@ fn a_trained_tokenizer_feeds_pretraining_and_bad_options_name_the_fix() {
     TokenizerTrainer::new().vocab_size(600).train(&dir).unwrap();
     let r = tiny().tokenizer(&dir).max_steps(2).fit().unwrap();
     let ckpt = r.last_checkpoint.unwrap();
-    let cfg = BertConfig::from_file(&ckpt.join("config.json")).unwrap();
+    let cfg = EncoderConfig::from_file(&ckpt.join("config.json")).unwrap();
     assert_eq!(cfg.vocab_size, 600);
 
     let err = |t: BertMlmTrainer| format!("{:#}", t.plan().unwrap_err());

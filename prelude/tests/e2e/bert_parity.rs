@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use tch::nn;
 use tch::Tensor;
-use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertConfig};
+use trainbook::recipes::models::encoder::{load_safetensors, EncoderConfig, SequenceClassifier};
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/bert_tiny")
@@ -17,11 +17,11 @@ fn fixture() -> PathBuf {
 #[test]
 fn logits_loss_and_gradients_match_transformers() {
     let dir = fixture();
-    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
     let labels = config.num_labels().unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let model = BertClassifier::new(&vs.root(), &config, labels);
-    let report = load_safetensors(&vs, &dir.join("model.safetensors")).unwrap();
+    let model = SequenceClassifier::new(&vs.root(), &config, labels);
+    let report = load_safetensors(&vs, &dir.join("model.safetensors"), &config).unwrap();
     assert!(
         report.missing.is_empty() && report.unexpected.is_empty(),
         "{report:?}"
@@ -82,10 +82,11 @@ fn checkpoints_without_the_bert_prefix_load_and_report_the_new_head() {
         .filter(|(n, _)| !n.starts_with("classifier."))
         .map(|(n, t)| (n.strip_prefix("bert.").unwrap().to_string(), t))
         .collect();
-    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let _model = BertClassifier::new(&vs.root(), &config, 5);
-    let report = trainbook::recipes::models::bert::load_tensors(&vs, tensors, "test").unwrap();
+    let _model = SequenceClassifier::new(&vs.root(), &config, 5);
+    let report =
+        trainbook::recipes::models::encoder::load_tensors(&vs, tensors, "test", &config).unwrap();
     assert_eq!(
         report.missing,
         vec![
@@ -106,11 +107,11 @@ fn checkpoints_without_the_bert_prefix_load_and_report_the_new_head() {
 #[test]
 fn shape_mismatch_is_a_clear_error() {
     let dir = fixture();
-    let mut config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let mut config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
     config.intermediate_size = 40;
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let _model = BertClassifier::new(&vs.root(), &config, 3);
-    let err = load_safetensors(&vs, &dir.join("model.safetensors"))
+    let _model = SequenceClassifier::new(&vs.root(), &config, 3);
+    let err = load_safetensors(&vs, &dir.join("model.safetensors"), &config)
         .unwrap_err()
         .to_string();
     assert!(
@@ -129,11 +130,11 @@ fn minilm_checkpoint_loads_with_no_missing_encoder_weights() {
         "{} is missing: run `make setup` (scripts/fetch-data.sh)",
         dir.display()
     );
-    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
     assert_eq!((config.num_hidden_layers, config.hidden_size), (6, 384));
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let _model = BertClassifier::new(&vs.root(), &config, 2);
-    let report = load_safetensors(&vs, &dir.join("model.safetensors")).unwrap();
+    let _model = SequenceClassifier::new(&vs.root(), &config, 2);
+    let report = load_safetensors(&vs, &dir.join("model.safetensors"), &config).unwrap();
     assert_eq!(
         report.missing,
         vec![
@@ -157,11 +158,13 @@ fn minilm_checkpoint_loads_with_no_missing_encoder_weights() {
 #[test]
 fn pickled_pytorch_checkpoints_with_gamma_beta_names_load_the_same_weights() {
     let dir = fixture();
-    let config = BertConfig::from_file(&dir.join("config.json")).unwrap();
+    let config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
     let load = |file: &str| {
         let vs = nn::VarStore::new(tch::Device::Cpu);
-        let _m = BertClassifier::new(&vs.root(), &config, config.num_labels().unwrap_or(3));
-        let report = trainbook::recipes::models::bert::load_weights(&vs, &dir.join(file)).unwrap();
+        let _m = SequenceClassifier::new(&vs.root(), &config, config.num_labels().unwrap_or(3));
+        let report =
+            trainbook::recipes::models::encoder::load_weights(&vs, &dir.join(file), &config)
+                .unwrap();
         assert!(
             report.missing.is_empty() && report.unexpected.is_empty(),
             "{file}: {report:?}"

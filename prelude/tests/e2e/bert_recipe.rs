@@ -3,7 +3,7 @@
 
 use tch::nn;
 use trainbook::prelude::*;
-use trainbook::recipes::models::bert::{load_safetensors, BertClassifier, BertConfig};
+use trainbook::recipes::models::encoder::{load_safetensors, EncoderConfig, SequenceClassifier};
 use trainbook::TrainResult;
 
 fn runs() -> std::path::PathBuf {
@@ -65,7 +65,7 @@ fn tiny_bert_trains_with_two_workers_and_saves_a_loadable_checkpoint() {
     ] {
         assert!(ckpt.join(f).exists(), "{f} missing from {}", ckpt.display());
     }
-    let config = BertConfig::from_file(&ckpt.join("config.json")).unwrap();
+    let config = EncoderConfig::from_file(&ckpt.join("config.json")).unwrap();
     let id2label = config.id2label.clone().unwrap();
     assert_eq!(id2label["0"], "fresh");
     assert_eq!(id2label["1"], "rotten");
@@ -74,8 +74,8 @@ fn tiny_bert_trains_with_two_workers_and_saves_a_loadable_checkpoint() {
     assert_eq!(raw["label2id"]["rotten"], 1);
     assert_eq!(raw["num_labels"], 2);
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let _model = BertClassifier::new(&vs.root(), &config, config.num_labels().unwrap());
-    let report = load_safetensors(&vs, &ckpt.join("model.safetensors")).unwrap();
+    let _model = SequenceClassifier::new(&vs.root(), &config, config.num_labels().unwrap());
+    let report = load_safetensors(&vs, &ckpt.join("model.safetensors"), &config).unwrap();
     assert!(
         report.missing.is_empty() && report.unexpected.is_empty(),
         "{report:?}"

@@ -11,6 +11,7 @@ mod bert_recipe;
 mod causal_lm;
 mod cli;
 mod dashboard;
+mod encoder_parity;
 mod engine;
 mod example_digits;
 mod multinode;

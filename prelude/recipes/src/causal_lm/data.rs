@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use trainbook_api::plumbing::TextSettings;
 
-use crate::models::bert::IGNORE_INDEX;
+use crate::models::encoder::IGNORE_INDEX;
 use crate::text::chat::{self, ChatTemplate, Example, Record};
 use crate::text::dataset;
 use crate::text::mlm_source::{self, Sample, Samples};

@@ -2,16 +2,22 @@
 //! key/value cache, rotary positions, RMSNorm, LoRA projections) and the checkpoint loading
 //! they share.
 
+pub mod albert;
 pub mod attention;
 pub mod bert;
 pub mod causal_lm;
 pub mod decoder;
+pub mod distilbert;
+pub mod electra;
+pub mod encoder;
+pub mod family;
 pub mod generate;
 pub mod gpt2;
 pub mod llama;
 pub mod lora;
 pub mod resnet;
 pub mod rms_norm;
+pub mod roberta;
 pub mod rotary;
 
 use std::collections::HashMap;

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use minijinja::value::{Serde, Value};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
-use crate::models::bert::IGNORE_INDEX;
+use crate::models::encoder::IGNORE_INDEX;
 
 /// One encoded example: `labels[i] == ids[i]` where the loss applies, [`IGNORE_INDEX`]
 /// elsewhere.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::models::bert::IGNORE_INDEX;
+use crate::models::encoder::IGNORE_INDEX;
 
 /// File extensions of HDF5 shards.
 const EXTENSIONS: &[&str] = &["hdf5", "h5"];

@@ -13,7 +13,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::models::bert::IGNORE_INDEX;
+use crate::models::encoder::IGNORE_INDEX;
 
 /// Cuts the concatenation of `texts` into blocks of `block` ids, dropping the remainder.
 pub fn group_texts<I, T>(texts: I, block: usize) -> Vec<Vec<i64>>

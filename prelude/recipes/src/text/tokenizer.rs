@@ -61,7 +61,11 @@ impl TextTokenizer {
                 ..Default::default()
             }))
             .map_err(|e| anyhow!("setting truncation: {e}"))?;
-        let pad_id = inner.token_to_id("[PAD]").unwrap_or(0) as i64;
+        // BERT's [PAD], RoBERTa's <pad>.
+        let pad_id = ["[PAD]", "<pad>"]
+            .iter()
+            .find_map(|t| inner.token_to_id(t))
+            .unwrap_or(0) as i64;
         // The whole pipeline (vocabulary, normaliser, truncation) identifies the tokenizer.
         let fingerprint = {
             use std::hash::{Hash, Hasher};
