@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Result};
 use trainbook_api::plumbing::{
     self, view_options, Bundle, Classifiers, Corpora, Generators, ImageFolders, ImageModel, Jobs,
-    LanguageModel, Notebook, Registry, Sweeps, TextData, TextModel, Tokenizers,
+    LanguageModel, Notebook, Registry, Sweeps, TagModel, TextData, TextModel, Tokenizers,
 };
 use trainbook_api::{
     CorpusPreparer, Hyper, ImageFolder, Job, JobSpec, Plan, PrepareProgress, PreparedCorpus,
@@ -143,6 +143,12 @@ impl Classifiers for Trainbook {
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>> {
         Ok(Box::new(
             trainbook_recipes::classify::ResnetImageModel::load(dir)?,
+        ))
+    }
+
+    fn load_tagger(&self, dir: &Path) -> Result<Box<dyn TagModel>> {
+        Ok(Box::new(
+            trainbook_recipes::token_classification::Tagger::load(dir)?,
         ))
     }
 }

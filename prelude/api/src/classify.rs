@@ -62,6 +62,66 @@ pub trait TextModel {
     fn predict_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<Prediction>>;
 }
 
+/// One tagged span of a text: an entity (a B-/I- run of words) or, for a tag set without
+/// entities (part-of-speech), one word.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TaggedSpan {
+    /// The entity type (`PER` for `B-PER`/`I-PER`) or the word's tag.
+    pub kind: String,
+    pub text: String,
+    /// Character offsets (Unicode scalar values, as Python counts them): `text` is the
+    /// input's characters `start..end`.
+    pub start: usize,
+    pub end: usize,
+    /// The model's probability of the first word's tag.
+    pub score: f64,
+}
+
+impl std::fmt::Display for TaggedSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:?} [{}..{}] ({:.3})",
+            self.kind, self.text, self.start, self.end, self.score
+        )
+    }
+}
+
+/// A loaded token classifier (the recipes implement it).
+pub trait TagModel {
+    /// Tag names in id order.
+    fn tags(&self) -> &[String];
+    fn checkpoint(&self) -> &Path;
+    fn predict(&self, text: &str) -> Result<Vec<TaggedSpan>>;
+}
+
+/// A token classifier (`trainbook train token-classification`) loaded from a checkpoint or an
+/// exported directory, on the CPU: `TokenTagger::load(dir)?.predict("Ada lives in London")?`.
+pub struct TokenTagger(Box<dyn TagModel>);
+
+impl TokenTagger {
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Ok(TokenTagger(
+            port::<dyn Classifiers>()?.load_tagger(dir.as_ref())?,
+        ))
+    }
+
+    /// Tag names in id order.
+    pub fn tags(&self) -> &[String] {
+        self.0.tags()
+    }
+
+    pub fn checkpoint(&self) -> &Path {
+        self.0.checkpoint()
+    }
+
+    /// The entities of `text` with their character spans (for a tag set without entities,
+    /// every word with its tag).
+    pub fn predict(&self, text: &str) -> Result<Vec<TaggedSpan>> {
+        self.0.predict(text)
+    }
+}
+
 /// The engine's side of classifiers: loading a checkpoint's model. The `trainbook` crate
 /// implements it (see `crate::runtime`).
 pub trait Classifiers: Send + Sync {
@@ -69,6 +129,8 @@ pub trait Classifiers: Send + Sync {
     fn load_text_model(&self, dir: &Path) -> Result<Box<dyn TextModel>>;
     /// Loads an image classifier checkpoint on the CPU.
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>>;
+    /// Loads a token classifier checkpoint on the CPU.
+    fn load_tagger(&self, dir: &Path) -> Result<Box<dyn TagModel>>;
 }
 
 /// A loaded image classifier (the recipes implement it).

@@ -83,7 +83,10 @@ pub fn display_png(png: &[u8]) -> Result<DisplayHandle> {
             png.len()
         );
     }
-    display("image/png", base64::engine::general_purpose::STANDARD.encode(png))
+    display(
+        "image/png",
+        base64::engine::general_purpose::STANDARD.encode(png),
+    )
 }
 
 /// Shows a whole MIME bundle (`{"text/html": ..., "text/plain": ...}`) as one output.
@@ -219,7 +222,10 @@ mod tests {
         assert!(e.to_string().contains("type/subtype"), "{e}");
         let e = checked(bundle_of_one("image/svg+xml", serde_json::json!([1])).unwrap());
         assert!(e.unwrap_err().to_string().contains("must be text"));
-        assert!(display_png(b"GIF89a").unwrap_err().to_string().contains("not a PNG"));
+        assert!(display_png(b"GIF89a")
+            .unwrap_err()
+            .to_string()
+            .contains("not a PNG"));
     }
 
     #[test]

@@ -75,7 +75,7 @@ mod topology;
 mod view;
 mod vision;
 
-pub use classify::{ImageClassifier, Prediction, TextClassifier};
+pub use classify::{ImageClassifier, Prediction, TaggedSpan, TextClassifier, TokenTagger};
 pub use corpus::{CorpusPreparer, PrepareProgress, PreparedCorpus};
 pub use device::{Backend, DeviceKind, DeviceRequest};
 pub use display::{
@@ -104,7 +104,7 @@ pub use sweep::{
     SweepSpec, SweepStatus, SweepUpdate, Trial, TrialPlan, TrialStatus,
 };
 pub use table::{Column, Table, Value, Values};
-pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TextOptions};
+pub use text::{train_bert, BertTrainer, ConfigureText, Padding, TaggerTrainer, TextOptions};
 pub use tokenizer::{TokenizerTrainer, TrainedTokenizer};
 pub use topology::Topology;
 pub use view::ViewOptions;
@@ -123,7 +123,7 @@ pub mod notebook {
 /// resolved option structs the recipes read, and helpers shared by the engine's views.
 #[doc(hidden)]
 pub mod plumbing {
-    pub use crate::classify::{Classifiers, ImageModel, TextModel};
+    pub use crate::classify::{Classifiers, ImageModel, TagModel, TextModel};
     pub use crate::corpus::Corpora;
     pub use crate::display::{Bundle, Notebook};
     pub use crate::job::{metrics_table, per_epoch, JobControl, JobView, Jobs};
@@ -151,12 +151,14 @@ pub mod plumbing {
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
 pub mod prelude {
-    pub use crate::classify::{ImageClassifier, Prediction, TextClassifier};
+    pub use crate::classify::{
+        ImageClassifier, Prediction, TaggedSpan, TextClassifier, TokenTagger,
+    };
     pub use crate::corpus::{CorpusPreparer, PreparedCorpus};
     pub use crate::device::{DeviceKind, DeviceRequest};
     pub use crate::display::{
-        clear_output, display, display_as, display_bundle, display_json, display_png, DisplayHandle,
-        ShowValue,
+        clear_output, display, display_as, display_bundle, display_json, display_png,
+        DisplayHandle, ShowValue,
     };
     pub use crate::job::{stop_all, Job, JobStatus, JobUpdate, Resize, Restart, TrainResult};
     pub use crate::lm::{ConfigureLm, Generation, LlamaShape, LmTrainer, TextGenerator};
@@ -172,7 +174,7 @@ pub mod prelude {
         Asha, Goal, MedianStopping, Scheduler, Sweep, SweepJob, SweepResult, TrialStatus,
     };
     pub use crate::table::{Column, Table};
-    pub use crate::text::{train_bert, BertTrainer, ConfigureText, Padding};
+    pub use crate::text::{train_bert, BertTrainer, ConfigureText, Padding, TaggerTrainer};
     pub use crate::tokenizer::{TokenizerTrainer, TrainedTokenizer};
     pub use crate::vision::{train_resnet, Arch, ConfigureVision, ImageFolder, ResnetTrainer};
     pub use anyhow::{anyhow, bail, Result};

@@ -109,6 +109,24 @@ trainer!(
     "bert"
 );
 
+trainer!(
+    /// Every option of the token-classification recipe (a tag per word: named entities,
+    /// part-of-speech): `TaggerTrainer::new().model("./roberta-base").data("ner.conll").fit()?`,
+    /// then `TokenTagger::load(result.last_checkpoint)?.predict("...")?`. Data: CoNLL
+    /// (`token TAB tag`, blank lines between sentences) or jsonl `{"tokens", "tags"}`, a file
+    /// or a directory with `train.*` and `test.*`.
+    TaggerTrainer,
+    "token-classification"
+);
+
+/// `max_length`, `eval_fraction`, `eval_data`, `from_scratch` (the columns and padding are
+/// not used: sentences are padded per batch).
+impl ConfigureText for TaggerTrainer {
+    fn text_options(&mut self, edit: impl FnOnce(&mut TextOptions)) {
+        self.spec.edit_recipe_options(edit)
+    }
+}
+
 /// The engine's side of text jobs' data. The `trainbook` crate implements it (see
 /// `crate::runtime`).
 pub trait TextData: Send + Sync {

@@ -30,6 +30,12 @@ pub fn brown_txt() -> PathBuf {
     data_dir().join("datasets/brown/brown.txt")
 }
 
+/// The Brown corpus's part-of-speech tags, CoNLL files `train.conll` and `test.conll` (every
+/// 10th sentence), the tags simplified as scripts/fetch-data.sh says.
+pub fn brown_pos_dir() -> PathBuf {
+    data_dir().join("datasets/brown-pos")
+}
+
 /// The Rotten Tomatoes snippets table (text, label = fresh/rotten, movie).
 pub fn rotten_tomatoes_csv() -> PathBuf {
     data_dir().join("datasets/rotten_tomatoes/reviews.csv")

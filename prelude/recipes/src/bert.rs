@@ -19,7 +19,8 @@ use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
 use trainbook_engine::Device;
 
-use crate::models::encoder::{load_weights, EncoderConfig, SequenceClassifier};
+use crate::encoder_job;
+use crate::models::encoder::{EncoderConfig, SequenceClassifier};
 use crate::text::cache;
 use crate::text::dataset::{self, TextExamples};
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
@@ -109,24 +110,9 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     let mut text = p.text.with_overrides(&options);
     // A model the user names is loaded with its weights.
     text.random_init &= spec.train.model.is_none();
-    if text.max_length == 0 || text.max_length > 8192 {
-        bail!(
-            "max_length {} must be between 1 and 8192 tokens",
-            text.max_length
-        );
-    }
-    text.check_eval_fraction()?;
     // A local model is read as what its config.json says it is (a causal LM is refused here,
     // naming its recipe), before any worker starts.
-    if let Some(dir) = spec
-        .train
-        .model
-        .as_deref()
-        .map(Path::new)
-        .filter(|d| d.is_dir())
-    {
-        EncoderConfig::from_file(&dir.join("config.json"))?;
-    }
+    encoder_job::check(spec, &text)?;
     if spec.train.model.is_none()
         && name != "reference"
         && !crate::assets::minilm_dir().join("config.json").exists()
@@ -283,27 +269,10 @@ impl BertRecipe {
     /// Loads the model and the data as `hyper` (resolved by [`resolve`]) says.
     pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {
         let opts: TextSettings = crate::settings(hyper)?;
-        let model_name = hyper
-            .model
-            .as_deref()
-            .context("the bert recipe needs a model (a directory or a Hub id)")?;
-        let (model_dir, source) = crate::assets::resolve_model(model_name)?;
-        if source == crate::assets::Source::Downloaded {
-            log(format!(
-                "downloaded {model_name} into {}",
-                model_dir.display()
-            ));
-        }
         let (train, test) = load_examples(hyper, &opts, log)?;
         let label_names = train.label_names.clone();
-
-        let mut bert = EncoderConfig::from_file(&model_dir.join("config.json"))?;
-        let max_length = opts.max_length.min(bert.max_tokens() as usize);
-        let tokenizer = TextTokenizer::from_model_dir(&model_dir, max_length)?;
-        if opts.random_init {
-            bert = bert.tiny_of(max_length as i64);
-        }
-        bert = bert.with_dropout(hyper.dropout).with_labels(&label_names);
+        let start = encoder_job::start(hyper, &opts, "bert", log)?;
+        let bert = start.config.clone().with_labels(&label_names);
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
         let mut model = SequenceClassifier::new(&vs.root(), &bert, label_names.len() as i64);
@@ -312,23 +281,9 @@ impl BertRecipe {
                 .activation_checkpointing
                 .then_some(hyper.checkpoint_layers_every),
         );
-        if opts.from_scratch && !opts.random_init {
-            log(format!(
-                "from scratch: the architecture of {} with random weights",
-                model_dir.display()
-            ));
-        } else if !opts.random_init {
-            let report = load_weights(&vs, &model_dir, &bert)?;
-            if let Some(msg) = report.describe(
-                bert.family().classes.sequence,
-                &model_dir.display().to_string(),
-            ) {
-                for line in msg.lines() {
-                    log(line.to_string());
-                }
-            }
-        }
+        encoder_job::load(&vs, &start, &opts, bert.family().classes.sequence, log)?;
         device.place_vars(&mut vs)?;
+        let (tokenizer, model_dir) = (start.tokenizer, start.dir);
         let train = encode(&tokenizer, &train, log)?;
         let eval = encode(&tokenizer, &test, log)?;
         Ok(Self {

@@ -11,11 +11,13 @@ pub mod bert;
 pub mod causal_lm;
 pub mod checkpoint;
 pub mod classify;
+mod encoder_job;
 pub mod mlm;
 pub mod models;
 pub mod resnet;
 pub mod synthetic;
 pub mod text;
+pub mod token_classification;
 pub mod vision;
 
 use anyhow::{Context, Result};
@@ -26,7 +28,7 @@ use trainbook_engine::{RecipeEntry, Registry};
 pub static REGISTRY: Registry = Registry::new(&[
     RecipeEntry {
         name: "bert",
-        description: "BERT sequence classification (offline default: all-MiniLM-L6-v2 on Rotten Tomatoes snippets)",
+        description: "sequence classification with BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT or ELECTRA (offline default: all-MiniLM-L6-v2 on Rotten Tomatoes snippets)",
         presets: bert::PRESETS,
         preset: bert::resolve,
         build: |h, d, log| Ok(Box::new(bert::BertRecipe::build(h, d, log)?)),
@@ -47,6 +49,14 @@ pub static REGISTRY: Registry = Registry::new(&[
         preset: causal_lm::resolve,
         build: |h, d, log| Ok(Box::new(causal_lm::LmRecipe::build(h, d, log)?)),
         footprint: Some(causal_lm::plan::footprint),
+    },
+    RecipeEntry {
+        name: "token-classification",
+        description: "a tag per word, named entities or part-of-speech, with BERT, RoBERTa, DistilBERT, ALBERT or ELECTRA (CoNLL or jsonl; offline default: Brown part-of-speech tags)",
+        presets: token_classification::PRESETS,
+        preset: token_classification::resolve,
+        build: |h, d, log| Ok(Box::new(token_classification::TaggingRecipe::build(h, d, log)?)),
+        footprint: Some(token_classification::footprint),
     },
     RecipeEntry {
         name: "resnet",

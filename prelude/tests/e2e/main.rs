@@ -21,4 +21,5 @@ mod profile;
 mod resnet_recipe;
 mod restart;
 mod sweep;
+mod token_classification;
 mod zero;

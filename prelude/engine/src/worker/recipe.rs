@@ -100,6 +100,10 @@ pub struct Step {
     /// The same, still on the device (0-dimensional tensors): read once per step, after the
     /// update is queued, so computing them makes the host wait for nothing.
     pub device_metrics: Vec<(String, Tensor)>,
+    /// Evaluation metrics that are ratios over the whole split (entity F1, exact match):
+    /// (name, numerator, denominator), both summed over the epoch's batches and the ranks
+    /// before dividing, so the value is what one pass over the whole split gives.
+    pub ratios: Vec<(String, f64, f64)>,
 }
 
 impl Step {
@@ -110,6 +114,7 @@ impl Step {
             predictions: None,
             metrics: Vec::new(),
             device_metrics: Vec::new(),
+            ratios: Vec::new(),
         }
     }
 
@@ -134,6 +139,12 @@ impl Step {
     /// [`Step::metric`] on accelerators (no `.item()` in the step).
     pub fn metric_tensor(mut self, name: impl Into<String>, value: &Tensor) -> Self {
         self.device_metrics.push((name.into(), value.detach()));
+        self
+    }
+
+    /// Adds an evaluation metric that is a ratio over the whole split (see [`Step::ratios`]).
+    pub fn ratio(mut self, name: impl Into<String>, numerator: f64, denominator: f64) -> Self {
+        self.ratios.push((name.into(), numerator, denominator));
         self
     }
 

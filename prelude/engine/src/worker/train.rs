@@ -42,6 +42,12 @@ impl MetricSums {
             e.1 += samples as f64;
         }
     }
+    /// A ratio's numerator and denominator: its mean is then the ratio of the sums.
+    fn add_ratio(&mut self, name: &str, numerator: f64, denominator: f64) {
+        let e = self.0.entry(name.to_string()).or_default();
+        e.0 += numerator;
+        e.1 += denominator;
+    }
     fn merge(&mut self, other: &MetricSums) {
         for (name, (s, n)) in &other.0 {
             let e = self.0.entry(name.clone()).or_default();
@@ -997,6 +1003,9 @@ impl<'a> Trainer<'a> {
                     e.confusion.add(logits, labels)?;
                 }
                 e.metrics.add(&out.all_metrics(), batch.len());
+                for (name, num, den) in &out.ratios {
+                    e.metrics.add_ratio(name, *num, *den);
+                }
                 heartbeat::tick();
             }
             Ok(e)

@@ -162,6 +162,48 @@ pub fn has_entities<'a>(tag_set: impl IntoIterator<Item = &'a str>) -> bool {
     any_entity
 }
 
+/// The counts micro-averaged entity scores are ratios of: summed over batches (and ranks),
+/// they give exactly the scores of the whole set ([`EntityCounts::precision`] and so on are
+/// [`score`]'s micro precision, recall and F1 of the same sentences).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct EntityCounts {
+    /// Predicted entities that are gold entities (type and both boundaries).
+    pub correct: usize,
+    pub predicted: usize,
+    pub gold: usize,
+    pub correct_tokens: usize,
+    pub tokens: usize,
+}
+
+impl EntityCounts {
+    /// Counts the entities and tokens of `predicted` against `gold` (one tag sequence per
+    /// sentence; the same checks as [`score`], except that no token at all is allowed).
+    pub fn of<S: AsRef<str>>(gold: &[Vec<S>], predicted: &[Vec<S>]) -> Result<Self> {
+        if gold.iter().all(Vec::is_empty) && gold.len() == predicted.len() {
+            return Ok(Self::default());
+        }
+        // The same checks (lengths, BIO tags) as `score`.
+        score(gold, predicted)?;
+        let mut c = Self::default();
+        for (g, p) in gold.iter().zip(predicted) {
+            let (g_set, p_set): (BTreeSet<Entity>, BTreeSet<Entity>) = (
+                entities(g).into_iter().collect(),
+                entities(p).into_iter().collect(),
+            );
+            c.correct += g_set.intersection(&p_set).count();
+            c.predicted += p_set.len();
+            c.gold += g_set.len();
+            c.tokens += g.len();
+            c.correct_tokens += g
+                .iter()
+                .zip(p)
+                .filter(|(a, b)| a.as_ref() == b.as_ref())
+                .count();
+        }
+        Ok(c)
+    }
+}
+
 /// Entity precision, recall, F1 (micro and per type) and token accuracy of `predicted` against
 /// `gold`, one tag sequence per sentence, as seqeval 1.2.2's default mode computes them.
 ///
@@ -301,6 +343,40 @@ mod tests {
             kind: kind.into(),
             start,
             end,
+        }
+    }
+
+    /// Counts summed over parts of a set (batches, ranks) give seqeval's micro scores of the
+    /// whole set.
+    #[test]
+    fn counts_summed_over_parts_give_the_whole_sets_scores() {
+        let text = std::fs::read_to_string(REFERENCE).unwrap();
+        let reference: Value = serde_json::from_str(&text).unwrap();
+        for case in reference["entities"]["cases"].as_array().unwrap() {
+            let (gold, pred) = (sentences(&case["gold"]), sentences(&case["predicted"]));
+            let half = gold.len() / 2;
+            let a = EntityCounts::of(&gold[..half], &pred[..half]).unwrap();
+            let b = EntityCounts::of(&gold[half..], &pred[half..]).unwrap();
+            let ratio = |n: usize, d: usize| if d == 0 { 0.0 } else { n as f64 / d as f64 };
+            let whole = score(&gold, &pred).unwrap();
+            let (correct, predicted, gold_n) = (
+                a.correct + b.correct,
+                a.predicted + b.predicted,
+                a.gold + b.gold,
+            );
+            let name = case["name"].as_str().unwrap();
+            assert!(
+                (ratio(correct, predicted) - whole.precision).abs() < 1e-12,
+                "{name}"
+            );
+            assert!(
+                (ratio(correct, gold_n) - whole.recall).abs() < 1e-12,
+                "{name}"
+            );
+            let f1 = ratio(2 * correct, predicted + gold_n);
+            assert!((f1 - whole.f1).abs() < 1e-12, "{name}: {f1} {}", whole.f1);
+            let acc = ratio(a.correct_tokens + b.correct_tokens, a.tokens + b.tokens);
+            assert!((acc - whole.token_accuracy).abs() < 1e-12, "{name}");
         }
     }
 

@@ -101,6 +101,11 @@ impl TextTokenizer {
         Self::from_dir(dir, max_length, lowercase)
     }
 
+    /// The id padding fills batches with.
+    pub fn pad_id(&self) -> i64 {
+        self.pad_id
+    }
+
     pub fn max_length(&self) -> usize {
         self.max_length
     }

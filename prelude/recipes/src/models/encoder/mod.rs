@@ -119,7 +119,9 @@ pub fn load_tensors(
         &super::LoadRules {
             optional_prefix: Some(&prefix),
             ignored: &ignored,
-            replaceable_head: &[],
+            // A task head for another number of labels is trained afresh (reported), as
+            // fine-tuning a tagger or a classifier on a new label set needs.
+            replaceable_head: &["classifier."],
             mismatch_hint: "the checkpoint was made for a different config.json",
         },
     )

@@ -1,0 +1,104 @@
+//! What every encoder recipe (bert, token-classification, question-answering) does to start:
+//! find the model directory, read its config.json as its family, make the tokenizer, and load
+//! the weights (or not: `random_init`, `from_scratch`), logging what Transformers would.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use tch::nn;
+
+use crate::models::encoder::{load_weights, EncoderConfig};
+use crate::text::tokenizer::TextTokenizer;
+use trainbook_api::plumbing::TextSettings;
+use trainbook_api::{Hyper, JobSpec};
+
+/// A job's model, before its weights: the directory, its config (the tiny shape of the same
+/// family with `random_init`, dropout as the job says) and tokenizer.
+pub(crate) struct EncoderStart {
+    pub dir: PathBuf,
+    pub config: EncoderConfig,
+    pub tokenizer: TextTokenizer,
+    pub max_length: usize,
+}
+
+/// The model directory of a job (downloaded when the name is a Hub id and a network is there).
+pub(crate) fn model_dir(hyper: &Hyper, recipe: &str, log: &dyn Fn(String)) -> Result<PathBuf> {
+    let name = hyper
+        .model
+        .as_deref()
+        .with_context(|| format!("the {recipe} recipe needs a model (a directory or a Hub id)"))?;
+    let (dir, source) = crate::assets::resolve_model(name)?;
+    if source == crate::assets::Source::Downloaded {
+        log(format!("downloaded {name} into {}", dir.display()));
+    }
+    Ok(dir)
+}
+
+pub(crate) fn start(
+    hyper: &Hyper,
+    opts: &TextSettings,
+    recipe: &str,
+    log: &dyn Fn(String),
+) -> Result<EncoderStart> {
+    let dir = model_dir(hyper, recipe, log)?;
+    let mut config = EncoderConfig::from_file(&dir.join("config.json"))?;
+    let max_length = opts.max_length.min(config.max_tokens() as usize);
+    let tokenizer = TextTokenizer::from_model_dir(&dir, max_length)?;
+    if opts.random_init {
+        config = config.tiny_of(max_length as i64);
+    }
+    Ok(EncoderStart {
+        dir,
+        config: config.with_dropout(hyper.dropout),
+        tokenizer,
+        max_length,
+    })
+}
+
+/// Loads the directory's weights into `vs` unless the job starts from random weights; logs
+/// the head the checkpoint lacked, in Transformers' words (`class`).
+pub(crate) fn load(
+    vs: &nn::VarStore,
+    start: &EncoderStart,
+    opts: &TextSettings,
+    class: &str,
+    log: &dyn Fn(String),
+) -> Result<()> {
+    if opts.random_init {
+        return Ok(());
+    }
+    if opts.from_scratch {
+        log(format!(
+            "from scratch: the architecture of {} with random weights",
+            start.dir.display()
+        ));
+        return Ok(());
+    }
+    let report = load_weights(vs, &start.dir, &start.config)?;
+    if let Some(msg) = report.describe(class, &start.dir.display().to_string()) {
+        msg.lines().for_each(|l| log(l.to_string()));
+    }
+    Ok(())
+}
+
+/// The checks every encoder recipe makes before a worker starts: `max_length` in range, the
+/// held-out fraction, a local model read as what its config.json says.
+pub(crate) fn check(spec: &JobSpec, text: &TextSettings) -> Result<()> {
+    if text.max_length == 0 || text.max_length > 8192 {
+        bail!(
+            "max_length {} must be between 1 and 8192 tokens",
+            text.max_length
+        );
+    }
+    text.check_eval_fraction()?;
+    if let Some(dir) = spec
+        .train
+        .model
+        .as_deref()
+        .map(Path::new)
+        .filter(|d| d.is_dir())
+    {
+        EncoderConfig::from_file(&dir.join("config.json"))?;
+    }
+    Ok(())
+}
