@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::dashboard::JobDashboard;
-use crate::{LmOptions, MlmOptions, TextOptions, VisionOptions};
+use crate::{LmOptions, MlmOptions, QaOptions, TextOptions, VisionOptions};
 use trainbook_api::DeviceRequest;
 use trainbook_api::{Configure, JobSpec, Nodes, Resume, TrainConfig};
 use trainbook_api::{JobStatus, JobUpdate};
@@ -406,11 +406,13 @@ pub struct TrainArgs {
     pub train: TrainConfig,
     #[command(
         flatten,
-        next_help_heading = "Text recipes (bert; bert-mlm: max-length is the block size)"
+        next_help_heading = "Text recipes (bert, token-classification, question-answering; bert-mlm: max-length is the block size)"
     )]
     pub text: TextOptions,
     #[command(flatten, next_help_heading = "Masked-LM recipe (bert-mlm)")]
     pub mlm: MlmOptions,
+    #[command(flatten, next_help_heading = "Question answering (question-answering)")]
+    pub qa: QaOptions,
     #[command(
         flatten,
         next_help_heading = "Causal-LM recipe (causal-lm: GPT-2, Llama, Mistral, Qwen2; max-length is the block size)"
@@ -622,6 +624,7 @@ impl TrainArgs {
         spec.edit_recipe_options(|o: &mut TextOptions| *o = self.text.clone());
         spec.edit_recipe_options(|o: &mut VisionOptions| *o = self.vision.clone());
         spec.edit_recipe_options(|o: &mut MlmOptions| *o = self.mlm.clone());
+        spec.edit_recipe_options(|o: &mut QaOptions| *o = self.qa.clone());
         spec.edit_recipe_options(|o: &mut LmOptions| *o = self.lm.clone());
         spec.threads_per_worker = self.threads;
         // A launcher's variables first; flags given by hand win over them.

@@ -146,6 +146,12 @@ impl Classifiers for Trainbook {
         ))
     }
 
+    fn load_answerer(&self, dir: &Path) -> Result<Box<dyn plumbing::AnswerModel>> {
+        Ok(Box::new(
+            trainbook_recipes::question_answering::Answerer::load(dir)?,
+        ))
+    }
+
     fn load_tagger(&self, dir: &Path) -> Result<Box<dyn TagModel>> {
         Ok(Box::new(
             trainbook_recipes::token_classification::Tagger::load(dir)?,

@@ -131,6 +131,8 @@ pub trait Classifiers: Send + Sync {
     fn load_image_model(&self, dir: &Path) -> Result<Box<dyn ImageModel>>;
     /// Loads a token classifier checkpoint on the CPU.
     fn load_tagger(&self, dir: &Path) -> Result<Box<dyn TagModel>>;
+    /// Loads a question-answering checkpoint on the CPU.
+    fn load_answerer(&self, dir: &Path) -> Result<Box<dyn crate::qa::AnswerModel>>;
 }
 
 /// A loaded image classifier (the recipes implement it).

@@ -64,6 +64,7 @@ mod mlm;
 mod options;
 mod params;
 mod profile;
+mod qa;
 mod run;
 mod runtime;
 mod spec;
@@ -94,6 +95,7 @@ pub use memory::{Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
 pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
 pub use params::{Param, ParamError};
 pub use profile::{OpTime, ProfileSteps, StepProfile};
+pub use qa::{Answer, ConfigureQa, QaOptions, QaTrainer, QuestionAnswerer};
 pub use run::{fit, launch, Train, View};
 pub use spec::{
     Configure, ConfigureTraining, DedupConfig, Hyper, JobSpec, Nodes, OptimizerKind, Plan,
@@ -133,6 +135,7 @@ pub mod plumbing {
     pub use crate::mlm::MlmSettings;
     pub use crate::options::names as option_names;
     pub use crate::params::{__json, rebind};
+    pub use crate::qa::{AnswerModel, QaSettings};
     pub use crate::run::view_options;
     pub use crate::runtime::{
         fingerprint, last_dl_error, port, register, registry, Registry, DYLIB_ENV,
@@ -165,6 +168,7 @@ pub mod prelude {
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;
+    pub use crate::qa::{Answer, ConfigureQa, QaTrainer, QuestionAnswerer};
     pub use crate::run::{fit, launch, Train, View};
     pub use crate::spec::{
         Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Plan, Precision, Resume,

@@ -36,6 +36,12 @@ pub fn brown_pos_dir() -> PathBuf {
     data_dir().join("datasets/brown-pos")
 }
 
+/// A generated extractive-QA set in SQuAD v2.0 form (`train.json`, `dev.json`), made by
+/// scripts/fetch-data.sh: invented people and places, not SQuAD.
+pub fn facts_qa_dir() -> PathBuf {
+    data_dir().join("datasets/facts-qa")
+}
+
 /// The Rotten Tomatoes snippets table (text, label = fresh/rotten, movie).
 pub fn rotten_tomatoes_csv() -> PathBuf {
     data_dir().join("datasets/rotten_tomatoes/reviews.csv")

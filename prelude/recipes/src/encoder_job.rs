@@ -102,3 +102,26 @@ pub(crate) fn check(spec: &JobSpec, text: &TextSettings) -> Result<()> {
     }
     Ok(())
 }
+
+/// Pads token sequences `(ids, type ids)` into a batch: ids, attention mask and type ids,
+/// (batch, longest) each.
+pub(crate) fn pad<'a>(
+    rows: impl ExactSizeIterator<Item = (&'a [i64], &'a [i64])> + Clone,
+    pad_id: i64,
+) -> [tch::Tensor; 3] {
+    let len = rows.clone().map(|r| r.0.len()).max().unwrap_or(1).max(1);
+    let n = rows.len();
+    let (mut ids, mut mask, mut types) = (
+        vec![pad_id; n * len],
+        vec![0i64; n * len],
+        vec![0i64; n * len],
+    );
+    for (r, (i, t)) in rows.enumerate() {
+        let k = i.len();
+        ids[r * len..r * len + k].copy_from_slice(i);
+        types[r * len..r * len + k].copy_from_slice(t);
+        mask[r * len..r * len + k].fill(1);
+    }
+    let shape = [n as i64, len as i64];
+    [ids, mask, types].map(|v| tch::Tensor::from_slice(&v).view(shape))
+}

@@ -14,6 +14,7 @@ pub mod classify;
 mod encoder_job;
 pub mod mlm;
 pub mod models;
+pub mod question_answering;
 pub mod resnet;
 pub mod synthetic;
 pub mod text;
@@ -57,6 +58,14 @@ pub static REGISTRY: Registry = Registry::new(&[
         preset: token_classification::resolve,
         build: |h, d, log| Ok(Box::new(token_classification::TaggingRecipe::build(h, d, log)?)),
         footprint: Some(token_classification::footprint),
+    },
+    RecipeEntry {
+        name: "question-answering",
+        description: "extractive question answering (SQuAD v1.1/v2.0, long contexts in doc_stride windows) with any encoder family (offline default: a generated facts-qa set)",
+        presets: question_answering::PRESETS,
+        preset: question_answering::resolve,
+        build: |h, d, log| Ok(Box::new(question_answering::QaRecipe::build(h, d, log)?)),
+        footprint: Some(question_answering::footprint),
     },
     RecipeEntry {
         name: "resnet",

@@ -294,19 +294,15 @@ impl TaggingRecipe {
 /// Pads a batch of sentences: ids, attention mask, type ids and labels (`IGNORE_INDEX` past
 /// each sentence's end), (batch, longest) each.
 fn collate(items: &[&EncodedTags], pad_id: i64) -> [Tensor; 4] {
-    let len = items.iter().map(|e| e.ids.len()).max().unwrap_or(1).max(1);
-    let n = items.len();
-    let (mut ids, mut mask) = (vec![pad_id; n * len], vec![0i64; n * len]);
-    let (mut types, mut labels) = (vec![0i64; n * len], vec![IGNORE_INDEX; n * len]);
+    let [ids, mask, types] =
+        encoder_job::pad(items.iter().map(|e| (&e.ids[..], &e.type_ids[..])), pad_id);
+    let len = ids.size()[1] as usize;
+    let mut labels = vec![IGNORE_INDEX; items.len() * len];
     for (r, e) in items.iter().enumerate() {
-        let k = e.ids.len();
-        ids[r * len..r * len + k].copy_from_slice(&e.ids);
-        types[r * len..r * len + k].copy_from_slice(&e.type_ids);
-        labels[r * len..r * len + k].copy_from_slice(&e.labels);
-        mask[r * len..r * len + k].fill(1);
+        labels[r * len..r * len + e.labels.len()].copy_from_slice(&e.labels);
     }
-    let shape = [n as i64, len as i64];
-    [ids, mask, types, labels].map(|v| Tensor::from_slice(&v).view(shape))
+    let labels = Tensor::from_slice(&labels).view([items.len() as i64, len as i64]);
+    [ids, mask, types, labels]
 }
 
 impl Recipe for TaggingRecipe {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use tch::{nn, Tensor};
 use trainbook::recipes::models::encoder::{
-    load_safetensors, BaseModel, EncoderConfig, MaskedLm, QuestionAnswerer, SequenceClassifier,
-    TokenClassifier,
+    load_safetensors, BaseModel, EncoderConfig, MaskedLm, QuestionAnsweringModel,
+    SequenceClassifier, TokenClassifier,
 };
 
 pub const FAMILIES: [&str; 5] = ["roberta", "xlm-roberta", "distilbert", "albert", "electra"];
@@ -46,14 +46,14 @@ pub fn outputs(
         Base(BaseModel),
         Sequence(SequenceClassifier),
         Token(TokenClassifier),
-        Qa(QuestionAnswerer),
+        Qa(QuestionAnsweringModel),
         Mlm(MaskedLm),
     }
     let model = match task {
         "base" => Model::Base(BaseModel::new(&root, &c)),
         "sequence" => Model::Sequence(SequenceClassifier::new(&root, &c, labels)),
         "token" => Model::Token(TokenClassifier::new(&root, &c, labels)),
-        "qa" => Model::Qa(QuestionAnswerer::new(&root, &c)),
+        "qa" => Model::Qa(QuestionAnsweringModel::new(&root, &c)),
         "mlm" => Model::Mlm(MaskedLm::new(&root, &c)),
         other => panic!("unknown task {other}"),
     };

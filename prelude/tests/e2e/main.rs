@@ -18,6 +18,7 @@ mod multinode;
 mod notebook;
 mod prepare;
 mod profile;
+mod question_answering;
 mod resnet_recipe;
 mod restart;
 mod sweep;

@@ -248,9 +248,14 @@ impl EncoderConfig {
         self
     }
 
+    /// Every dropout of the model at `p` (the job's `dropout`): the encoder's and the heads'.
     pub fn with_dropout(mut self, p: f64) -> Self {
         self.hidden_dropout_prob = p;
         self.attention_probs_dropout_prob = p;
+        self.classifier_dropout = self.classifier_dropout.map(|_| p);
+        if self.extra.contains_key("qa_dropout") {
+            self.extra.insert("qa_dropout".into(), p.into());
+        }
         self
     }
 

@@ -166,13 +166,13 @@ impl TokenClassifier {
 }
 
 /// `…ForQuestionAnswering`: start and end logits (batch, seq) of the answer span.
-pub struct QuestionAnswerer {
+pub struct QuestionAnsweringModel {
     encoder: Encoder,
     qa_outputs: nn::Linear,
     dropout: f64,
 }
 
-impl QuestionAnswerer {
+impl QuestionAnsweringModel {
     pub fn new(root: &nn::Path, c: &EncoderConfig) -> Self {
         // DistilBERT alone applies dropout (qa_dropout) before the span head.
         let dropout = match c.extra.get("qa_dropout").and_then(|v| v.as_f64()) {

@@ -18,8 +18,8 @@ pub use crate::models::family::Family;
 pub use crate::models::LoadReport;
 pub use config::EncoderConfig;
 pub use heads::{
-    masked_positions, BaseModel, MaskedLm, QuestionAnswerer, SequenceClassifier, TokenClassifier,
-    IGNORE_INDEX,
+    masked_positions, BaseModel, MaskedLm, QuestionAnsweringModel, SequenceClassifier,
+    TokenClassifier, IGNORE_INDEX,
 };
 pub use plan::{plan_footprint, EncoderFootprint, Head, RunShape};
 
