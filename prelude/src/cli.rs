@@ -392,8 +392,9 @@ pub struct TrainArgs {
     /// Print one JSON summary as the last line of stdout (human output goes to stderr).
     #[arg(long)]
     pub json: bool,
-    /// causal-lm: when the job succeeds, write its last checkpoint to DIR as transformers
-    /// (full) or peft (LoRA) load it (see `trainbook export`).
+    /// When the job succeeds, write its last checkpoint to DIR as transformers (full models:
+    /// causal-lm, bert, bert-mlm, token-classification, question-answering) or peft (LoRA)
+    /// load it (see `trainbook export`).
     #[arg(long, value_name = "DIR")]
     pub export: Option<PathBuf>,
     /// With --export: fold the LoRA adapter into the base weights and write a full model.
@@ -782,8 +783,12 @@ fn say_place(spec: &JobSpec) {
 }
 
 fn train(args: &TrainArgs) -> Result<i32> {
-    if args.export.is_some() && args.recipe != "causal-lm" {
-        anyhow::bail!("--export writes causal-lm checkpoints; a {} run's checkpoints are loadable directories already (result.last_checkpoint)", args.recipe);
+    if args.export.is_some() && !EXPORTS.contains(&args.recipe.as_str()) {
+        anyhow::bail!(
+            "--export writes the checkpoints of {}; a {} run's checkpoints are read by trainbook (result.last_checkpoint)",
+            EXPORTS.join(", "),
+            args.recipe
+        );
     }
     let spec = args.to_spec()?;
     say_place(&spec);
@@ -879,9 +884,23 @@ fn train(args: &TrainArgs) -> Result<i32> {
     Ok(code)
 }
 
-/// `--export DIR`: a succeeded causal-lm job's last checkpoint, written where asked.
+/// The recipes whose checkpoints `--export` writes as Hugging Face directories.
+const EXPORTS: [&str; 5] = [
+    "causal-lm",
+    "bert",
+    "bert-mlm",
+    "token-classification",
+    "question-answering",
+];
+
+/// `--export DIR`: a succeeded job's last checkpoint, written where asked as transformers
+/// (and, for LoRA, peft) load it.
 fn export_after(args: &TrainArgs, summary: &trainbook_api::TrainResult) -> Result<()> {
     match (&args.export, summary.status, &summary.last_checkpoint) {
+        (Some(out), JobStatus::Succeeded, Some(ckpt)) if args.recipe != "causal-lm" => {
+            let what = crate::recipes::checkpoint::export_encoder(ckpt, out)?;
+            eprintln!("trainbook: exported {what}");
+        }
         (Some(out), JobStatus::Succeeded, Some(ckpt)) => {
             let what = crate::recipes::causal_lm::inference::export(ckpt, out, args.merge)?;
             eprintln!("trainbook: exported {what}");

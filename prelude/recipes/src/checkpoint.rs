@@ -79,6 +79,60 @@ pub fn write_encoder_model(
     copy_tokenizer(tokenizer_dir, dir)
 }
 
+/// Writes an encoder checkpoint (any family, any task) as the Hugging Face directory its
+/// `AutoModelFor…` loads: config.json, model.safetensors and the tokenizer files, copied into
+/// a directory beside `out` and renamed over it, so `out` is only ever replaced by a whole
+/// export. Returns what was written.
+pub fn export_encoder(checkpoint: &Path, out: &Path) -> Result<String> {
+    let config = EncoderConfig::from_file(&checkpoint.join(MODEL_CONFIG))?;
+    if !checkpoint.join(MODEL).is_file() {
+        bail!(
+            "{} has no {MODEL}: give a checkpoint directory (result.last_checkpoint)",
+            checkpoint.display()
+        );
+    }
+    if out.exists() && std::fs::canonicalize(out).ok() == std::fs::canonicalize(checkpoint).ok() {
+        bail!(
+            "--export {} is the checkpoint itself: name another directory",
+            out.display()
+        );
+    }
+    let class = std::fs::read(checkpoint.join(MODEL_CONFIG))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["architectures"][0].as_str().map(String::from))
+        .unwrap_or_else(|| config.family().classes.base.to_string());
+    let tmp = out.with_file_name(format!(
+        ".{}.partial-{}",
+        out.file_name().and_then(|n| n.to_str()).unwrap_or("export"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let copied = (|| -> Result<()> {
+        for f in [MODEL_CONFIG, MODEL] {
+            std::fs::copy(checkpoint.join(f), tmp.join(f))
+                .with_context(|| format!("copying {}", checkpoint.join(f).display()))?;
+        }
+        copy_tokenizer(checkpoint, &tmp)?;
+        // Replaced only once the new one is whole.
+        if out.exists() {
+            std::fs::remove_dir_all(out)
+                .with_context(|| format!("replacing {}", out.display()))?;
+        }
+        std::fs::rename(&tmp, out).with_context(|| format!("moving the export to {}", out.display()))
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    copied?;
+    Ok(format!(
+        "{class} in {}: transformers' AutoModel classes load it (from_pretrained(\"{}\"))",
+        out.display(),
+        out.display()
+    ))
+}
+
 fn copy_tokenizer(from: &Path, to: &Path) -> Result<()> {
     for f in TOKENIZER_FILES {
         let src = from.join(f);

@@ -358,13 +358,26 @@ impl MlmRecipe {
         let tokenizer = TextTokenizer::from_model_dir(&tokenizer_dir, 1 << 20)?;
         let vocab = tokenizer.vocab_size() as i64;
         let id = |t: &str| tokenizer.token_id(t);
-        let mask_id = id("[MASK]").with_context(|| {
+        // BERT's [MASK], RoBERTa's <mask>.
+        let mask_id = id("[MASK]").or_else(|| id("<mask>")).with_context(|| {
             format!(
-                "the tokenizer in {} has no [MASK] token: masked-LM training needs one (`trainbook tokenizer train` adds it)",
+                "the tokenizer in {} has no [MASK] (or <mask>) token: masked-LM training needs one (`trainbook tokenizer train` adds it)",
                 tokenizer_dir.display()
             )
         })?;
-        let specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
+        // Never masked: BERT's special tokens, and whatever the tokenizer marks special
+        // (RoBERTa's <s>, </s>, <pad>).
+        let mut specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
+        specials.extend(
+            tokenizer
+                .inner()
+                .get_added_tokens_decoder()
+                .iter()
+                .filter(|(_, t)| t.special)
+                .map(|(i, _)| i64::from(*i)),
+        );
+        specials.sort_unstable();
+        specials.dedup();
         let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?
             .with_max_predictions(s.mlm.max_predictions_per_seq);
         let fixed_predictions = match (hyper.cuda_graphs, s.mlm.max_predictions_per_seq) {
@@ -398,10 +411,10 @@ impl MlmRecipe {
                 if c.vocab_size != vocab {
                     bail!("{} has a vocabulary of {} but the tokenizer in {} has {vocab}: use the model's own tokenizer", dir.display(), c.vocab_size, tokenizer_dir.display());
                 }
-                if (c.max_position_embeddings as usize) < block {
+                if (c.max_tokens() as usize) < block {
                     bail!(
                         "max_length {block} is longer than the model's {} positions",
-                        c.max_position_embeddings
+                        c.max_tokens()
                     );
                 }
                 c

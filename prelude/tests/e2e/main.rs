@@ -12,6 +12,7 @@ mod causal_lm;
 mod cli;
 mod dashboard;
 mod encoder_parity;
+mod encoder_recipes;
 mod engine;
 mod example_digits;
 mod multinode;

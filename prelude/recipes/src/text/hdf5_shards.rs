@@ -17,6 +17,16 @@ use crate::models::encoder::IGNORE_INDEX;
 /// File extensions of HDF5 shards.
 const EXTENSIONS: &[&str] = &["hdf5", "h5"];
 
+/// The datasets of a shard, in the order a [`Slab`] holds them.
+pub const FIELDS: [&str; 6] = [
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "next_sentence_labels",
+];
+
 const LAYOUT: &str = "the BERT pre-training layout is input_ids, input_mask, segment_ids [N, seq]; masked_lm_positions, masked_lm_ids [N, max_pred]; next_sentence_labels [N]";
 
 /// One sequence, ready for the model.
@@ -27,6 +37,58 @@ pub struct Sequence {
     /// The original token at each masked position, [`IGNORE_INDEX`] elsewhere.
     pub labels: Vec<i64>,
     pub next_sentence_label: Option<i64>,
+}
+
+/// Consecutive sequences of a shard: each dataset's rows (in [`FIELDS`] order, row after row);
+/// `next_sentence_labels` empty when the shard has none.
+pub struct Slab {
+    pub rows: std::ops::Range<usize>,
+    pub arrays: [Vec<i64>; 6],
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// One sequence's arrays as the shards hold them.
+pub struct SequenceArrays<'a> {
+    pub input_ids: Vec<i64>,
+    pub input_mask: Vec<i64>,
+    pub segment_ids: Vec<i64>,
+    pub masked_lm_positions: &'a [i64],
+    pub masked_lm_ids: &'a [i64],
+    pub next_sentence_label: Option<i64>,
+}
+
+impl Sequence {
+    /// The sequence of `a`, read from `path`: the masked positions' ids as labels. Token ids
+    /// must be below `vocab`.
+    pub fn new(a: SequenceArrays, vocab: i64, path: &Path) -> Result<Self> {
+        if let Some(&bad) = a.input_ids.iter().find(|&&t| t < 0 || t >= vocab) {
+            bail!(
+                "{} holds token id {bad}, outside the tokenizer's vocabulary of {vocab}: train with the vocabulary the shards were made with (--tokenizer DIR with its vocab.txt)",
+                path.display()
+            );
+        }
+        let mut labels = vec![IGNORE_INDEX; a.input_ids.len()];
+        for (&p, &id) in a.masked_lm_positions.iter().zip(a.masked_lm_ids) {
+            // Unused slots hold position 0 ([CLS], never predicted).
+            if p > 0 && (p as usize) < labels.len() {
+                labels[p as usize] = id;
+            }
+        }
+        Ok(Sequence {
+            input_ids: a.input_ids,
+            input_mask: a.input_mask,
+            segment_ids: a.segment_ids,
+            labels,
+            next_sentence_label: a.next_sentence_label,
+        })
+    }
 }
 
 struct Shard {
@@ -52,7 +114,7 @@ pub fn is_hdf5_dir(dir: &Path) -> bool {
     dir.is_dir() && !shard_files(dir).is_empty()
 }
 
-fn shard_files(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn shard_files(dir: &Path) -> Vec<PathBuf> {
     super::corpus::read::files_with_extensions(dir, EXTENSIONS).unwrap_or_default()
 }
 
@@ -145,6 +207,67 @@ impl Hdf5Shards {
         self.shards.iter().all(|s| s.has_nsp)
     }
 
+    /// The shards, in name order: each one's path, sequences and whether it has next-sentence
+    /// labels.
+    pub fn shards(&self) -> impl Iterator<Item = (&Path, usize, bool)> {
+        self.shards
+            .iter()
+            .map(|s| (s.path.as_path(), s.rows, s.has_nsp))
+    }
+
+    /// Reads shard `k` from its first sequence to its last, in slabs of whole chunks (each
+    /// compressed chunk is decompressed once), at least `min_rows` sequences each but the last.
+    pub fn read_shard(
+        &self,
+        k: usize,
+        min_rows: usize,
+        each: &mut dyn FnMut(&Slab) -> Result<()>,
+    ) -> Result<()> {
+        let shard = &self.shards[k];
+        let fields = if shard.has_nsp { 6 } else { 5 };
+        let datasets = FIELDS[..fields]
+            .iter()
+            .map(|f| shard.file.dataset(f))
+            .collect::<hdf5::Result<Vec<_>>>()?;
+        // Rows of a slab: a multiple of every dataset's chunk rows, so that no chunk spans two
+        // slabs (one beyond 64Ki rows is given up: a chunk may then be read twice).
+        let step = datasets
+            .iter()
+            .filter_map(|d| d.chunk().and_then(|c| c.first().copied()))
+            .fold(1usize, |l, r| match l / gcd(l, r.max(1)) * r.max(1) {
+                m if m <= 1 << 16 => m,
+                _ => l.max(r),
+            });
+        let slab_rows = step * min_rows.max(1).div_ceil(step);
+        let mut start = 0;
+        while start < shard.rows {
+            let rows = start..(start + slab_rows).min(shard.rows);
+            let mut slab = Slab {
+                rows: rows.clone(),
+                arrays: Default::default(),
+            };
+            for (k, ds) in datasets.iter().enumerate() {
+                let v = if ds.ndim() == 1 {
+                    ds.read_slice_1d::<i64, _>(rows.clone())?.to_vec()
+                } else {
+                    let a = ds.read_slice_2d::<i64, _>((rows.clone(), ..))?;
+                    a.iter().copied().collect()
+                };
+                slab.arrays[k] = v;
+            }
+            each(&slab).with_context(|| {
+                format!(
+                    "sequences {}..{} of {}",
+                    rows.start,
+                    rows.end,
+                    shard.path.display()
+                )
+            })?;
+            start = rows.end;
+        }
+        Ok(())
+    }
+
     /// Sequence `i` (global, shards in name order); token ids must be below `vocab`.
     pub fn get(&self, i: usize, vocab: i64) -> Result<Sequence> {
         let k = self.starts.partition_point(|&s| s <= i) - 1;
@@ -171,32 +294,23 @@ impl Hdf5Shards {
                 shard.path.display()
             )
         };
-        let input_ids = read("input_ids").with_context(|| context("input_ids"))?;
-        if let Some(&bad) = input_ids.iter().find(|&&t| t < 0 || t >= vocab) {
-            bail!(
-                "{} holds token id {bad}, outside the tokenizer's vocabulary of {vocab}: train with the vocabulary the shards were made with (--tokenizer DIR with its vocab.txt)",
-                shard.path.display()
-            );
-        }
         let positions =
             read("masked_lm_positions").with_context(|| context("masked_lm_positions"))?;
         let ids = read("masked_lm_ids").with_context(|| context("masked_lm_ids"))?;
-        let mut labels = vec![IGNORE_INDEX; input_ids.len()];
-        for (&p, &id) in positions.iter().zip(&ids) {
-            // Unused slots hold position 0 ([CLS], never predicted).
-            if p > 0 && (p as usize) < labels.len() {
-                labels[p as usize] = id;
-            }
-        }
-        Ok(Sequence {
-            input_mask: read("input_mask").with_context(|| context("input_mask"))?,
-            segment_ids: read("segment_ids").with_context(|| context("segment_ids"))?,
-            next_sentence_label: match shard.has_nsp {
-                true => read("next_sentence_labels")?.first().copied(),
-                false => None,
+        Sequence::new(
+            SequenceArrays {
+                input_ids: read("input_ids").with_context(|| context("input_ids"))?,
+                input_mask: read("input_mask").with_context(|| context("input_mask"))?,
+                segment_ids: read("segment_ids").with_context(|| context("segment_ids"))?,
+                masked_lm_positions: &positions,
+                masked_lm_ids: &ids,
+                next_sentence_label: match shard.has_nsp {
+                    true => read("next_sentence_labels")?.first().copied(),
+                    false => None,
+                },
             },
-            input_ids,
-            labels,
-        })
+            vocab,
+            &shard.path,
+        )
     }
 }

@@ -1,6 +1,8 @@
 //! Where bert-mlm's samples come from: blocks of a prepared corpus (raw text is prepared first),
-//! masked on the fly, or the already masked sequences of NVIDIA/Habana HDF5 shards. Either way
-//! a sample is read when a batch needs it; nothing of the corpus is held in memory.
+//! masked on the fly, or the already masked sequences of NVIDIA/Habana HDF5 shards, read from
+//! the records they were prepared into when they were (`trainbook prepare`), else from the
+//! shards. Either way a sample is read when a batch needs it; nothing of the corpus is held in
+//! memory.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,6 +10,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use trainbook_api::plumbing::TextSettings;
 
+use super::corpus::records::{self, Hdf5Records};
 use super::corpus::{self, PreparedCorpus};
 use super::hdf5_shards::{self, Hdf5Shards, Sequence};
 use super::tokenizer::TextTokenizer;
@@ -39,10 +42,75 @@ enum Source {
     /// Sample `k` is sequence `k` of the shards with every `every`-th one left out (training)
     /// or only those (evaluation); `every` 0: all of them are training.
     Hdf5 {
-        shards: Arc<Hdf5Shards>,
+        shards: Arc<Masked>,
         every: usize,
         eval: bool,
     },
+}
+
+/// Masked sequences: HDF5 shards, or the records prepared from them (the same sequences).
+pub enum Masked {
+    Shards(Hdf5Shards),
+    Records(Hdf5Records),
+}
+
+impl Masked {
+    /// `dir`'s masked sequences, if it holds any: records, else HDF5 shards, read from their
+    /// records in the prepared-corpus cache when `trainbook prepare` put them there.
+    pub fn find(dir: &Path, log: &dyn Fn(String)) -> Result<Option<Self>> {
+        if records::is_records(dir) {
+            return Ok(Some(Masked::Records(Hdf5Records::open(dir)?)));
+        }
+        if !hdf5_shards::is_hdf5_dir(dir) || corpus::is_prepared(dir) {
+            return Ok(None);
+        }
+        if let Some(cached) = records::cached(dir) {
+            return Ok(Some(Masked::Records(Hdf5Records::open(&cached)?)));
+        }
+        log(format!(
+            "{}: reading the HDF5 shards themselves, a sequence's gzip chunks decompressed at each read; `trainbook prepare --data {}` converts them once into records that read faster",
+            dir.display(),
+            dir.display()
+        ));
+        Ok(Some(Masked::Shards(Hdf5Shards::open(dir)?)))
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            Masked::Shards(s) => s.rows,
+            Masked::Records(r) => r.rows,
+        }
+    }
+
+    pub fn seq_len(&self) -> usize {
+        match self {
+            Masked::Shards(s) => s.seq_len,
+            Masked::Records(r) => r.seq_len,
+        }
+    }
+
+    pub fn has_next_sentence_labels(&self) -> bool {
+        match self {
+            Masked::Shards(s) => s.has_next_sentence_labels(),
+            Masked::Records(r) => r.has_next_sentence_labels(),
+        }
+    }
+
+    /// Sequence `i`; token ids must be below `vocab`.
+    pub fn get(&self, i: usize, vocab: i64) -> Result<Sequence> {
+        match self {
+            Masked::Shards(s) => s.get(i, vocab),
+            Masked::Records(r) => r.get(i, vocab),
+        }
+    }
+
+    /// The directory the sequences were read from (the shards' or the records').
+    fn dir(&self) -> &Path {
+        match self {
+            Masked::Shards(s) => &s.dir,
+            Masked::Records(r) => &r.dir,
+        }
+    }
 }
 
 /// One split's samples.
@@ -72,8 +140,8 @@ impl Samples {
         }
     }
 
-    fn sequences(shards: &Arc<Hdf5Shards>, every: usize, eval: bool, rows: Option<usize>) -> Self {
-        let n = shards.rows;
+    fn sequences(shards: &Arc<Masked>, every: usize, eval: bool, rows: Option<usize>) -> Self {
+        let n = shards.rows();
         let count = match (every, eval) {
             (0, false) => n,
             (0, true) => 0,
@@ -118,13 +186,23 @@ impl Samples {
                     docs(corpus::Split::Eval)
                 )
             }
-            Source::Hdf5 { shards, .. } => format!(
-                "HDF5 shards in {} ({} sequences of {} tokens, up to {} predictions each, masked when the shards were made)",
-                shards.dir.display(),
-                shards.rows,
-                shards.seq_len,
-                shards.max_pred
-            ),
+            Source::Hdf5 { shards, .. } => match &**shards {
+                Masked::Shards(s) => format!(
+                    "HDF5 shards in {} ({} sequences of {} tokens, up to {} predictions each, masked when the shards were made)",
+                    s.dir.display(),
+                    s.rows,
+                    s.seq_len,
+                    s.max_pred
+                ),
+                Masked::Records(r) => format!(
+                    "records of the HDF5 shards in {}, prepared in {} ({} sequences of {} tokens, up to {} predictions each, masked when the shards were made)",
+                    r.index.manifest.source_dir.display(),
+                    r.dir.display(),
+                    r.rows,
+                    r.seq_len,
+                    r.max_pred
+                ),
+            },
         }
     }
 }
@@ -145,7 +223,9 @@ pub fn check_dir(dir: &Path, column: &str) -> Result<()> {
     if !dir.is_dir() {
         return Ok(());
     }
-    if corpus::is_prepared(dir) {
+    if records::is_records(dir) {
+        Hdf5Records::open(dir)?;
+    } else if corpus::is_prepared(dir) {
         corpus::layout::read_index(dir)?;
     } else if hdf5_shards::is_hdf5_dir(dir) {
         Hdf5Shards::open(dir)?;
@@ -172,26 +252,35 @@ pub fn train_and_eval(
         (_, fraction) => Some(corpus::eval_every(fraction.unwrap_or(EVAL_FRACTION))),
     };
     let path = corpus_path(data)?;
-    if hdf5_shards::is_hdf5_dir(&path) && !corpus::is_prepared(&path) {
-        let open = |p: &Path| -> Result<Arc<Hdf5Shards>> {
-            let shards = Hdf5Shards::open(p)?;
-            if shards.seq_len != block {
-                bail!(
-                    "{} holds {}-token sequences but max_length is {block}: use --max-length {}",
-                    p.display(),
-                    shards.seq_len,
-                    shards.seq_len
-                );
-            }
-            if shards.has_next_sentence_labels() {
-                log(format!(
-                    "{}: next_sentence_labels are read and not trained: bert-mlm has no next-sentence head (BertForPreTraining's second objective), so its masked-LM loss alone is trained",
-                    p.display()
-                ));
-            }
-            Ok(Arc::new(shards))
+    let masked = |p: &Path| -> Result<Option<Arc<Masked>>> {
+        let Some(set) = Masked::find(p, log)? else {
+            return Ok(None);
         };
-        let shards = open(&path)?;
+        if set.seq_len() != block {
+            bail!(
+                "{} holds {}-token sequences but max_length is {block}: use --max-length {}",
+                p.display(),
+                set.seq_len(),
+                set.seq_len()
+            );
+        }
+        if set.has_next_sentence_labels() {
+            log(format!(
+                "{}: next_sentence_labels are read and not trained: bert-mlm has no next-sentence head (BertForPreTraining's second objective), so its masked-LM loss alone is trained",
+                set.dir().display()
+            ));
+        }
+        Ok(Some(Arc::new(set)))
+    };
+    if let Some(shards) = masked(&path)? {
+        let open = |p: &Path| -> Result<Arc<Masked>> {
+            masked(p)?.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} holds neither HDF5 shards nor their records: eval_data must be masked sequences too when data is",
+                    p.display()
+                )
+            })
+        };
         return Ok(match (every, &text.eval_data) {
             (None, Some(f)) => (
                 Samples::sequences(&shards, 0, false, rows.0),

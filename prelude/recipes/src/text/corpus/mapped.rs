@@ -58,11 +58,74 @@ impl PreparedCorpus {
     }
 }
 
-struct MappedPart {
+/// A file of a prepared set, mapped read-only; its CRC-32C is verified the first time it is
+/// read. A file's size is checked when it is opened.
+pub(crate) struct MappedPart {
     path: PathBuf,
     map: Option<Mmap>,
     crc32c: u32,
     checked: OnceLock<std::result::Result<(), String>>,
+    /// The set's index file, named in errors.
+    index: &'static str,
+}
+
+impl MappedPart {
+    /// `path`, which `index` says holds `len` bytes with checksum `crc32c`.
+    pub(crate) fn open(path: PathBuf, len: u64, crc32c: u32, index: &'static str) -> Result<Self> {
+        let got = std::fs::metadata(&path)
+            .map_err(|e| {
+                anyhow!(
+                    "{} is missing ({e}): the prepared set is damaged; prepare it again (`trainbook prepare`)",
+                    path.display()
+                )
+            })?
+            .len();
+        if got != len {
+            bail!(
+                "{} is truncated or damaged: {got} bytes where {index} says {len}; prepare it again (`trainbook prepare`)",
+                path.display()
+            );
+        }
+        let map = if len == 0 {
+            None
+        } else {
+            let f =
+                std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: the file is only ever replaced by rename, never written in place, so
+            // the mapped bytes do not change under the reader.
+            let map =
+                unsafe { Mmap::map(&f) }.with_context(|| format!("mapping {}", path.display()))?;
+            // Read at random: no read-ahead, no mapping of the pages around a read, so a
+            // worker's resident memory is what it reads.
+            map.advise(memmap2::Advice::Random).ok();
+            Some(map)
+        };
+        Ok(MappedPart {
+            path,
+            map,
+            crc32c,
+            checked: OnceLock::new(),
+            index,
+        })
+    }
+
+    /// The file's bytes, its checksum verified on the first call.
+    pub(crate) fn bytes(&self) -> Result<&[u8]> {
+        self.checked
+            .get_or_init(|| match file_crc32c(&self.path) {
+                Ok(crc) if crc == self.crc32c => Ok(()),
+                Ok(crc) => Err(format!(
+                    "{} is damaged: its checksum is {crc:08x} where {} says {:08x}; prepare it again (`trainbook prepare`)",
+                    self.path.display(),
+                    self.index,
+                    self.crc32c
+                )),
+                Err(e) => Err(format!("{e:#}")),
+            })
+            .clone()
+            .map_err(|e| anyhow!(e))?;
+        Ok(self.map.as_deref().unwrap_or(&[]))
+    }
 }
 
 /// One split's tokens, the shards in order.
@@ -81,43 +144,10 @@ impl Stream {
         for r in &index.shards {
             let part = r.part(split);
             let path = tokens_path(dir, split, r.shard);
-            let len = std::fs::metadata(&path)
-                .map_err(|e| {
-                    anyhow!(
-                        "{} is missing ({e}): the prepared corpus is damaged; prepare it again",
-                        path.display()
-                    )
-                })?
-                .len();
-            if len != part.tokens * width.bytes() {
-                bail!(
-                    "{} is truncated or damaged: {len} bytes where {INDEX} says {}; prepare the corpus again (`trainbook prepare`)",
-                    path.display(),
-                    part.tokens * width.bytes()
-                );
-            }
-            let map = if len == 0 {
-                None
-            } else {
-                let f = std::fs::File::open(&path)
-                    .with_context(|| format!("opening {}", path.display()))?;
-                // SAFETY: the file is only ever replaced by rename, never written in place, so
-                // the mapped bytes do not change under the reader.
-                let map = unsafe { Mmap::map(&f) }
-                    .with_context(|| format!("mapping {}", path.display()))?;
-                // Blocks are read at random: no read-ahead, no mapping of the pages around a
-                // block, so a worker's resident memory is the blocks it reads.
-                map.advise(memmap2::Advice::Random).ok();
-                Some(map)
-            };
+            let len = part.tokens * width.bytes();
             starts.push(tokens);
             tokens += part.tokens;
-            parts.push(MappedPart {
-                path,
-                map,
-                crc32c: part.crc32c,
-                checked: OnceLock::new(),
-            });
+            parts.push(MappedPart::open(path, len, part.crc32c, INDEX)?);
         }
         Ok(Stream {
             parts,
@@ -153,8 +183,7 @@ impl Stream {
             let part = &self.parts[i];
             let from = pos - self.starts[i];
             let n = (end - pos).min(self.part_tokens(i) - from);
-            self.check(part)?;
-            let bytes = part.map.as_ref().expect("a part with tokens is mapped");
+            let bytes = part.bytes()?;
             let w = self.width.bytes() as usize;
             let slice = &bytes[from as usize * w..(from + n) as usize * w];
             match self.width {
@@ -176,21 +205,5 @@ impl Stream {
 
     fn part_tokens(&self, i: usize) -> u64 {
         self.starts.get(i + 1).copied().unwrap_or(self.tokens) - self.starts[i]
-    }
-
-    /// The part's checksum, verified once.
-    fn check(&self, part: &MappedPart) -> Result<()> {
-        part.checked
-            .get_or_init(|| match file_crc32c(&part.path) {
-                Ok(crc) if crc == part.crc32c => Ok(()),
-                Ok(crc) => Err(format!(
-                    "{} is damaged: its checksum is {crc:08x} where {INDEX} says {:08x}; prepare the corpus again (`trainbook prepare`)",
-                    part.path.display(),
-                    part.crc32c
-                )),
-                Err(e) => Err(format!("{e:#}")),
-            })
-            .clone()
-            .map_err(|e| anyhow!(e))
     }
 }

@@ -5,7 +5,9 @@
 //!   directory) read as a stream of texts;
 //! - [`prepare`]: tokenised on every core into token shards, resumable;
 //! - [`layout`]: the files of a prepared corpus;
-//! - [`mapped`]: a prepared corpus opened, blocks of tokens read from the mapped shards.
+//! - [`mapped`]: a prepared corpus opened, blocks of tokens read from the mapped shards;
+//! - [`records`]: HDF5 pre-training shards (tokenised and masked already) prepared into
+//!   fixed-size records, memory-mapped the same way.
 //!
 //! A job given raw text prepares it first, into the machine's cache, once: the workers of a
 //! machine wait for the one that prepares, then all map the same files.
@@ -15,6 +17,7 @@ pub mod layout;
 pub mod mapped;
 pub mod prepare;
 pub(crate) mod read;
+pub mod records;
 pub mod source;
 
 use std::hash::{Hash, Hasher};
@@ -96,12 +99,16 @@ pub fn for_job(
     Ok(set)
 }
 
-/// What `CorpusPreparer::prepare` and `trainbook prepare` do.
+/// What `CorpusPreparer::prepare` and `trainbook prepare` do: a corpus of text is tokenised
+/// into token shards, a directory of HDF5 pre-training shards becomes records.
 pub fn prepare_spec(
     spec: &trainbook_api::CorpusPreparer,
     out: &Path,
     progress: &mut dyn FnMut(&Progress) -> Result<()>,
 ) -> Result<trainbook_api::PreparedCorpus> {
+    if crate::text::hdf5_shards::is_hdf5_dir(&spec.data) {
+        return records::prepare_spec(spec, out, progress);
+    }
     if !(0.0..1.0).contains(&spec.eval_fraction) {
         anyhow::bail!(
             "eval_fraction {} must be at least 0 and below 1 (0.05 holds out every 20th text; 0 none)",

@@ -65,7 +65,7 @@ pub fn manifest(
 
 /// Each file's canonical path, size and modification time (nanoseconds), hashed: a changed or
 /// replaced file is another input.
-fn source_fingerprint(files: &[PathBuf]) -> Result<String> {
+pub(crate) fn source_fingerprint(files: &[PathBuf]) -> Result<String> {
     #[allow(deprecated)]
     let mut h = std::hash::SipHasher::new();
     for f in files {
@@ -492,7 +492,7 @@ fn other_preparation(out: &Path, there: &Manifest, wanted: &Manifest) -> String 
 }
 
 /// Files a killed preparation of this slice left half-written (another slice's are its own).
-fn remove_temporaries(out: &Path, slice: Slice) {
+pub(crate) fn remove_temporaries(out: &Path, slice: Slice) {
     for entry in std::fs::read_dir(out).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some((stem, _)) = name.split_once(".tmp-") else {

@@ -50,14 +50,15 @@ impl Corpus {
             }
             if files.is_empty() && crate::text::hdf5_shards::is_hdf5_dir(path) {
                 bail!(
-                    "{} holds HDF5 pre-training shards, which are tokenised and masked already: train on them directly (`--data {}`), there is nothing to prepare",
+                    "{} holds HDF5 pre-training shards, which are tokenised and masked already: train on them directly (`--data {}`), or prepare them into records (`trainbook prepare --data {}`)",
+                    path.display(),
                     path.display(),
                     path.display()
                 );
             }
             if files.is_empty() {
                 bail!(
-                    "{} holds no text file ({}) and no directory datasets' save_to_disk wrote: put the corpus there, a text per line or a table with a text column",
+                    "{} holds no text file ({}), no HDF5 pre-training shards (.hdf5, .h5) and no directory datasets' save_to_disk wrote: put the corpus there, a text per line or a table with a text column",
                     path.display(),
                     CORPUS_EXTENSIONS.join(", ")
                 );
