@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts" / "notebook.py"
 NOTEBOOKS = ["bert", "resnet"]
-ALL_NOTEBOOKS = ["bert", "resnet", "custom", "pretrain", "llm"]
+ALL_NOTEBOOKS = ["bert", "resnet", "custom", "pretrain", "llm", "tasks"]
 # Enough steps for several live redraws, seconds of training on 2 CPU cores.
 TINY = [("preset", "tiny"), ("epochs", "2")]
 
@@ -249,6 +249,24 @@ def test_llm_notebook_pretrains_a_llama_fine_tunes_it_with_lora_and_generates(tm
     assert len(streamed) == 1 and streamed[0].data["text/plain"].strip(), story.outputs
     printed = "".join(o.text for o in story.outputs if o.output_type == "stream")
     assert re.search(r"^\d+ tokens in \d+\.\d\d s", printed, re.M), story.outputs
+
+
+def test_tasks_notebook_tags_words_and_answers_questions(tmp_path):
+    """notebooks/tasks.ipynb on its tiny preset: a tagger on Brown part-of-speech tags and a
+    question answerer on the generated facts-qa set, each used from its checkpoint in a cell."""
+    proc, nb = execute("tasks", tmp_path, [("preset", "tiny"), ("max_steps", "6")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert errors(nb) == []
+    # Every span the tagger prints is a piece of its sentence, with its tag and offsets.
+    sentence = "The jury said the election was conducted well."
+    spans = re.findall(r'^(\S+) "(.*)" \[(\d+)\.\.(\d+)\] \((\d\.\d{3})\)$', text_of(cell_with(nb, "tagger.predict(")), re.M)
+    assert spans, text_of(cell_with(nb, "tagger.predict("))
+    for _, text, start, end, _ in spans:
+        assert sentence[int(start):int(end)] == text
+    scores = re.search(r"^exact match (\d+\.\d), F1 (\d+\.\d)$", text_of(cell_with(nb, "qa.answer(")), re.M)
+    assert scores and 0 <= float(scores.group(1)) <= float(scores.group(2)) <= 100, text_of(cell_with(nb, "qa.answer("))
+    answer = text_of(cell_with(nb, "qa.answer("))
+    assert re.search(r'^(".*" \[\d+\.\.\d+\] \(score -?\d+\.\d\d\)|\(no answer; null score -?\d+\.\d\d\))$', answer, re.M), answer
 
 
 def test_sweep_notebook_prunes_with_asha_and_predicts_with_the_best_trial(tmp_path):
