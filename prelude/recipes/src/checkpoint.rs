@@ -117,10 +117,10 @@ pub fn export_encoder(checkpoint: &Path, out: &Path) -> Result<String> {
         copy_tokenizer(checkpoint, &tmp)?;
         // Replaced only once the new one is whole.
         if out.exists() {
-            std::fs::remove_dir_all(out)
-                .with_context(|| format!("replacing {}", out.display()))?;
+            std::fs::remove_dir_all(out).with_context(|| format!("replacing {}", out.display()))?;
         }
-        std::fs::rename(&tmp, out).with_context(|| format!("moving the export to {}", out.display()))
+        std::fs::rename(&tmp, out)
+            .with_context(|| format!("moving the export to {}", out.display()))
     })();
     if copied.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);

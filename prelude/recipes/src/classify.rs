@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use tch::{nn, Device, Kind};
 
-use crate::models::encoder::{load_weights, SequenceClassifier};
+use crate::models::encoder::SequenceClassifier;
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 use trainbook_api::{
     plumbing::{ImageModel, TextModel},
@@ -40,14 +40,7 @@ impl BertTextModel {
             TextTokenizer::from_model_dir(dir, config.max_position_embeddings as usize)?;
         let vs = nn::VarStore::new(device);
         let model = SequenceClassifier::new(&vs.root(), &config, labels.len() as i64);
-        let report = load_weights(&vs, dir, &config)?;
-        if !report.missing.is_empty() {
-            bail!(
-                "{} lacks trained weights for {}: it is not a fine-tuned classifier",
-                dir.display(),
-                report.missing.join(", ")
-            );
-        }
+        crate::encoder_job::load_trained(&vs, dir, &config, "a fine-tuned classifier")?;
         Ok(Self {
             _vs: vs,
             model,

@@ -125,3 +125,82 @@ pub(crate) fn pad<'a>(
     let shape = [n as i64, len as i64];
     [ids, mask, types].map(|v| tch::Tensor::from_slice(&v).view(shape))
 }
+
+/// Where a task's data is: the files a directory may hold, and what to say when it is missing.
+pub(crate) struct DataLayout {
+    pub extensions: &'static [&'static str],
+    pub eval_stems: &'static [&'static str],
+    /// The training file to name in errors (`train.conll (or train.jsonl)`).
+    pub train_name: &'static str,
+    /// How to get data, for the error when `data` does not exist.
+    pub hint: &'static str,
+}
+
+/// The training file and the evaluation file (if any) of `data`: a file, or a directory with
+/// `train.*` and one of the layout's evaluation files. `eval_data` overrides the latter; a
+/// held-out fraction replaces both.
+pub(crate) fn data_files(
+    data: &Path,
+    text: &TextSettings,
+    layout: &DataLayout,
+) -> Result<(PathBuf, Option<PathBuf>)> {
+    let find = |stems: &[&str]| -> Option<PathBuf> {
+        stems.iter().find_map(|s| {
+            layout
+                .extensions
+                .iter()
+                .map(|e| data.join(format!("{s}.{e}")))
+                .find(|p| p.is_file())
+        })
+    };
+    let (train, test) = if data.is_dir() {
+        let train = find(&["train"]).with_context(|| {
+            format!(
+                "{} has no {}: put the training data there, or pass a file",
+                data.display(),
+                layout.train_name
+            )
+        })?;
+        (train, find(layout.eval_stems))
+    } else if data.is_file() {
+        (data.to_path_buf(), None)
+    } else {
+        bail!("{} does not exist: {}", data.display(), layout.hint);
+    };
+    let eval = text.eval_data.clone().or(test);
+    Ok((train, eval.filter(|_| text.eval_fraction.is_none())))
+}
+
+/// Every k-th item held out for evaluation (k from the fraction, `default` when unset): the
+/// same split whatever the seed, so runs stay comparable.
+pub(crate) fn hold_out<T>(all: Vec<T>, fraction: Option<f64>, default: f64) -> (Vec<T>, Vec<T>) {
+    let every = (1.0 / fraction.unwrap_or(default)).round().max(2.0) as usize;
+    let (mut train, mut eval) = (Vec::new(), Vec::new());
+    for (i, x) in all.into_iter().enumerate() {
+        if i % every == every - 1 {
+            eval.push(x);
+        } else {
+            train.push(x);
+        }
+    }
+    (train, eval)
+}
+
+/// The trained model of a checkpoint: every weight must come from it (a task head missing
+/// means the directory is not a fine-tuned model of this task; `what` says which).
+pub(crate) fn load_trained(
+    vs: &nn::VarStore,
+    dir: &Path,
+    config: &EncoderConfig,
+    what: &str,
+) -> Result<()> {
+    let report = load_weights(vs, dir, config)?;
+    if !report.missing.is_empty() {
+        bail!(
+            "{} lacks trained weights for {}: it is not {what}",
+            dir.display(),
+            report.missing.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -94,7 +94,10 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     let data = spec.train.data.clone().or(hyper.data.clone()).context(
         "question-answering needs data: a SQuAD JSON or jsonl file, or a directory with train and dev files",
     )?;
-    let (train, eval) = read_sets(&files(Path::new(&data), &text)?, text.eval_fraction)?;
+    let (train, eval) = read_sets(
+        &encoder_job::data_files(Path::new(&data), &text, &DATA)?,
+        text.eval_fraction,
+    )?;
     // Every question must leave room for its context: checked with the model's tokenizer
     // when the model is on this machine.
     let model = spec.train.model.clone().or(hyper.model.clone());
@@ -120,36 +123,13 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     Ok(hyper)
 }
 
-/// The training file and the evaluation file (if any) of `data`: a file, or a directory
-/// with `train.*` and `dev.*` (or `validation.*`, `test.*`) SQuAD JSON or jsonl files.
-fn files(data: &Path, text: &TextSettings) -> Result<(PathBuf, Option<PathBuf>)> {
-    let find = |stems: &[&str]| -> Option<PathBuf> {
-        stems.iter().find_map(|s| {
-            ["json", "jsonl"]
-                .iter()
-                .map(|e| data.join(format!("{s}.{e}")))
-                .find(|p| p.is_file())
-        })
-    };
-    let (train, dev) = if data.is_dir() {
-        let train = find(&["train"]).with_context(|| {
-            format!(
-                "{} has no train.json (or train.jsonl): put the training questions there, or pass a file",
-                data.display()
-            )
-        })?;
-        (train, find(&["dev", "validation", "test"]))
-    } else if data.is_file() {
-        (data.to_path_buf(), None)
-    } else {
-        bail!(
-            "{} does not exist: pass a SQuAD JSON or jsonl file (run `make setup` for the offline facts-qa data)",
-            data.display()
-        );
-    };
-    let eval = text.eval_data.clone().or(dev);
-    Ok((train, eval.filter(|_| text.eval_fraction.is_none())))
-}
+/// Where questions are.
+const DATA: encoder_job::DataLayout = encoder_job::DataLayout {
+    extensions: &["json", "jsonl"],
+    eval_stems: &["dev", "validation", "test"],
+    train_name: "train.json (or train.jsonl)",
+    hint: "pass a SQuAD JSON or jsonl file (run `make setup` for the offline facts-qa data)",
+};
 
 /// Training and evaluation examples: the evaluation file, else every k-th example held out.
 fn read_sets(
@@ -160,21 +140,10 @@ fn read_sets(
     if all.is_empty() {
         bail!("{} has no question", files.0.display());
     }
-    match &files.1 {
-        Some(eval) => Ok((all, squad::read(eval)?)),
-        None => {
-            let every = (1.0 / fraction.unwrap_or(EVAL_FRACTION)).round().max(2.0) as usize;
-            let (mut train, mut eval) = (Vec::new(), Vec::new());
-            for (i, e) in all.into_iter().enumerate() {
-                if i % every == every - 1 {
-                    eval.push(e);
-                } else {
-                    train.push(e);
-                }
-            }
-            Ok((train, eval))
-        }
-    }
+    Ok(match &files.1 {
+        Some(eval) => (all, squad::read(eval)?),
+        None => encoder_job::hold_out(all, fraction, EVAL_FRACTION),
+    })
 }
 
 /// The memory plan: the encoder with a span head, `max_length` tokens.
@@ -219,7 +188,7 @@ impl QaRecipe {
             .data
             .as_deref()
             .context("question-answering needs data")?;
-        let files = files(Path::new(data), &text)?;
+        let files = encoder_job::data_files(Path::new(data), &text, &DATA)?;
         let (train, eval) = read_sets(&files, text.eval_fraction)?;
         let train: Vec<_> = train
             .into_iter()
@@ -396,14 +365,12 @@ impl Answerer {
         let tokenizer = TextTokenizer::from_model_dir(dir, max_length)?;
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let model = QuestionAnsweringModel::new(&vs.root(), &config);
-        let report = crate::models::encoder::load_weights(&vs, dir, &config)?;
-        if !report.missing.is_empty() {
-            bail!(
-                "{} lacks trained weights for {}: it is not a question-answering model (train one with `trainbook train question-answering`)",
-                dir.display(),
-                report.missing.join(", ")
-            );
-        }
+        encoder_job::load_trained(
+            &vs,
+            dir,
+            &config,
+            "a question-answering model (train one with `trainbook train question-answering`)",
+        )?;
         Ok(Self {
             _vs: vs,
             model,

@@ -82,43 +82,20 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
     encoder_job::check(spec, &text)?;
     let data = spec.train.data.clone().or(hyper.data.clone());
     let data = data.context("token-classification needs data: a CoNLL or jsonl file, or a directory with train and test files")?;
-    let files = files(Path::new(&data), &text)?;
+    let files = encoder_job::data_files(Path::new(&data), &text, &DATA)?;
     let (train, eval) = read_sets(&files, text.eval_fraction)?;
     tag_names(&train, &eval)?;
     hyper.recipe_options = crate::settings_map(&text)?;
     Ok(hyper)
 }
 
-/// The training file and the evaluation file (if any) of `data`: a file, or a directory
-/// with `train.*` and `test.*` (or `validation.*`, `dev.*`) CoNLL or jsonl files.
-fn files(data: &Path, text: &TextSettings) -> Result<(PathBuf, Option<PathBuf>)> {
-    let find = |stems: &[&str]| -> Option<PathBuf> {
-        stems.iter().find_map(|s| {
-            ["conll", "txt", "tsv", "jsonl", "json"]
-                .iter()
-                .map(|e| data.join(format!("{s}.{e}")))
-                .find(|p| p.is_file())
-        })
-    };
-    let (train, test) = if data.is_dir() {
-        let train = find(&["train"]).with_context(|| {
-            format!(
-                "{} has no train.conll (or train.jsonl): put the training sentences there, or pass a file",
-                data.display()
-            )
-        })?;
-        (train, find(&["test", "validation", "dev"]))
-    } else if data.is_file() {
-        (data.to_path_buf(), None)
-    } else {
-        bail!(
-            "{} does not exist: pass a CoNLL or jsonl file of tagged sentences (run `make setup` for the offline Brown part-of-speech data)",
-            data.display()
-        );
-    };
-    let eval = text.eval_data.clone().or(test);
-    Ok((train, eval.filter(|_| text.eval_fraction.is_none())))
-}
+/// Where tagged sentences are.
+const DATA: encoder_job::DataLayout = encoder_job::DataLayout {
+    extensions: &["conll", "txt", "tsv", "jsonl", "json"],
+    eval_stems: &["test", "validation", "dev"],
+    train_name: "train.conll (or train.jsonl)",
+    hint: "pass a CoNLL or jsonl file of tagged sentences (run `make setup` for the offline Brown part-of-speech data)",
+};
 
 /// Training and evaluation sentences: the evaluation file, else a fixed held-out share
 /// (every k-th sentence, so the split is the same for every seed).
@@ -130,21 +107,10 @@ fn read_sets(
     if all.is_empty() {
         bail!("{} has no tagged sentence", files.0.display());
     }
-    match &files.1 {
-        Some(eval) => Ok((all, tagged::read(eval)?)),
-        None => {
-            let every = (1.0 / fraction.unwrap_or(EVAL_FRACTION)).round().max(2.0) as usize;
-            let (mut train, mut eval) = (Vec::new(), Vec::new());
-            for (i, s) in all.into_iter().enumerate() {
-                if i % every == every - 1 {
-                    eval.push(s);
-                } else {
-                    train.push(s);
-                }
-            }
-            Ok((train, eval))
-        }
-    }
+    Ok(match &files.1 {
+        Some(eval) => (all, tagged::read(eval)?),
+        None => encoder_job::hold_out(all, fraction, EVAL_FRACTION),
+    })
 }
 
 /// The tag names (sorted, "O" first) of both sets; a tag set that mixes BIO tags with others
@@ -207,7 +173,7 @@ impl TaggingRecipe {
             .data
             .as_deref()
             .context("token-classification needs data")?;
-        let files = files(Path::new(data), &text)?;
+        let files = encoder_job::data_files(Path::new(data), &text, &DATA)?;
         let (train, eval) = read_sets(&files, text.eval_fraction)?;
         let tag_names = tag_names(&train, &eval)?;
         let train: Vec<_> = train
@@ -395,14 +361,7 @@ impl Tagger {
         let tokenizer = TextTokenizer::from_model_dir(dir, config.max_tokens() as usize)?;
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let model = TokenClassifier::new(&vs.root(), &config, tags.len() as i64);
-        let report = crate::models::encoder::load_weights(&vs, dir, &config)?;
-        if !report.missing.is_empty() {
-            bail!(
-                "{} lacks trained weights for {}: it is not a fine-tuned token classifier",
-                dir.display(),
-                report.missing.join(", ")
-            );
-        }
+        encoder_job::load_trained(&vs, dir, &config, "a fine-tuned token classifier")?;
         Ok(Self {
             _vs: vs,
             model,
