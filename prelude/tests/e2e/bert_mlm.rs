@@ -298,3 +298,53 @@ fn cuda_graphs_are_refused_off_cuda_and_without_fixed_predictions() {
         .cuda_graphs(true));
     assert!(e.contains("max_predictions_per_seq"), "{e}");
 }
+
+/// With the next-sentence head, `BertForPreTraining`: both heads' logits and the summed loss
+/// equal Transformers' (tests/fixtures/make_bert_pretraining_parity.py), nothing missing.
+#[test]
+fn the_next_sentence_head_matches_bert_for_pretraining() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/bert_pretraining_tiny");
+    let config = EncoderConfig::from_file(&dir.join("config.json")).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let model = MaskedLm::with_next_sentence(&vs.root(), &config).unwrap();
+    let report = load_safetensors(&vs, &dir.join("model.safetensors"), &config).unwrap();
+    assert!(
+        report.missing.is_empty() && report.unexpected.is_empty(),
+        "{report:?}"
+    );
+    let x: HashMap<String, Tensor> = Tensor::read_safetensors(dir.join("expected.safetensors"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    let all_labels = Vec::<i64>::try_from(x["labels"].reshape([-1])).unwrap();
+    let (at, labels) = masked_positions(&all_labels);
+    let (at, labels) = (Tensor::from_slice(&at), Tensor::from_slice(&labels));
+    let (masked, next) = model.forward_pretraining(
+        &x["input_ids"],
+        Some(&x["attention_mask"]),
+        Some(&x["token_type_ids"]),
+        &at,
+        false,
+    );
+    let next = next.expect("the head is there");
+    let d = max_diff(&next, &x["seq_relationship_logits"]);
+    assert!(d <= 1e-4, "next-sentence logits differ by {d}");
+    let v = config.vocab_size;
+    let full = x["prediction_logits"].reshape([-1, v]).index_select(0, &at);
+    assert!(max_diff(&masked, &full) <= 1e-4);
+    let loss = masked.cross_entropy_for_logits(&labels).double_value(&[])
+        + next
+            .cross_entropy_for_logits(&x["next_sentence_label"])
+            .double_value(&[]);
+    let want = x["loss"].double_value(&[0]);
+    assert!((loss - want).abs() <= 1e-4, "loss {loss} vs {want}");
+
+    let roberta = crate::encoder_parity::fixture("roberta", "mlm");
+    let c = EncoderConfig::from_file(&roberta.join("config.json")).unwrap();
+    let e = MaskedLm::with_next_sentence(&nn::VarStore::new(tch::Device::Cpu).root(), &c)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("RoBERTa") && e.contains("next_sentence"), "{e}");
+}

@@ -218,6 +218,9 @@ pub struct MaskedLm {
     transform_norm: nn::LayerNorm,
     bias: Tensor,
     act: String,
+    /// BERT's second pre-training objective (`BertForPreTraining`): the pooler and
+    /// `cls.seq_relationship`, whether the second segment followed the first.
+    next_sentence: Option<(nn::Linear, nn::Linear)>,
 }
 
 impl MaskedLm {
@@ -237,7 +240,32 @@ impl MaskedLm {
             transform_norm: layer_norm(path(root, names.norm), e, c),
             bias: bias_root.zeros(bias_name, &[c.vocab_size]),
             act: names.activation.unwrap_or(&c.hidden_act).to_string(),
+            next_sentence: None,
         }
+    }
+
+    /// `BertForPreTraining`: the masked-LM head and the next-sentence head (names
+    /// `bert.pooler.dense`, `cls.seq_relationship`). BERT's objective only: other families
+    /// pre-train without it (ALBERT's sentence-order head is another task).
+    pub fn with_next_sentence(root: &nn::Path, c: &EncoderConfig) -> anyhow::Result<Self> {
+        let family = c.family();
+        if family.model_type != "bert" {
+            anyhow::bail!(
+                "next-sentence prediction is BERT's pre-training objective (BertForPreTraining); {} has no such head: leave next_sentence off",
+                family.name
+            );
+        }
+        let h = c.hidden_size;
+        let mut m = Self::new(root, c);
+        let pooler = linear(root / family.prefix / "pooler" / "dense", h, h, c);
+        let classifier = linear(root / "cls" / "seq_relationship", h, 2, c);
+        m.next_sentence = Some((pooler, classifier));
+        Ok(m)
+    }
+
+    /// Whether the model has the next-sentence head.
+    pub fn has_next_sentence(&self) -> bool {
+        self.next_sentence.is_some()
     }
 
     /// Activation checkpointing of every k-th encoder layer in training (`None`: off).
@@ -279,12 +307,29 @@ impl MaskedLm {
         positions: &Tensor,
         train: bool,
     ) -> Tensor {
+        self.forward_pretraining(input_ids, attention_mask, token_types, positions, train)
+            .0
+    }
+
+    /// [`MaskedLm::forward_masked`]'s logits and the next-sentence logits (batch, 2) of the
+    /// same pass (`None` without the head).
+    pub fn forward_pretraining(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        token_types: Option<&Tensor>,
+        positions: &Tensor,
+        train: bool,
+    ) -> (Tensor, Option<Tensor>) {
         let x = self
             .encoder
             .forward(input_ids, attention_mask, token_types, train);
         let h = x.size()[2];
         let picked = x.reshape([-1, h]).index_select(0, positions);
-        self.predict(&picked)
+        let next = self.next_sentence.as_ref().map(|(pooler, classifier)| {
+            classifier.forward(&pooler.forward(&x.select(1, 0)).tanh())
+        });
+        (self.predict(&picked), next)
     }
 }
 
