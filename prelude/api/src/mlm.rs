@@ -31,6 +31,11 @@ crate::options! {
         /// From scratch: attention heads (must divide the hidden size).
         #[arg(value_name = "N")]
         heads: usize => usize,
+        /// Also train BERT's next-sentence head on the data's next_sentence_labels (002's
+        /// HDF5 shards), as BertForPreTraining does. Default: on when the data has them and
+        /// the model is a BERT; false trains the masked-LM loss alone.
+        #[arg(value_name = "BOOL")]
+        next_sentence: bool => Option<bool>,
     }
 }
 

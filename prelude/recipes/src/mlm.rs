@@ -118,6 +118,7 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
         layers,
         hidden_size,
         heads,
+        next_sentence: None,
     };
     let hyper = |epochs, batch, lr, data: &str, rows: Option<(usize, usize)>| Hyper {
         data: Some(data.to_string()),
@@ -422,9 +423,25 @@ impl MlmRecipe {
             None => scratch_config(&s, vocab),
         }
         .with_dropout(hyper.dropout);
+        // 002's objective: the next-sentence head, when the data has its labels (HDF5
+        // shards) and the model is a BERT, unless switched off.
+        let labelled = match train.get(0, vocab) {
+            Ok(Sample::Masked(s)) => s.next_sentence_label.is_some(),
+            _ => false,
+        };
+        let next_sentence = match s.mlm.next_sentence {
+            Some(true) if !labelled => bail!("next_sentence needs data with next_sentence_labels (002's HDF5 shards); this data has none: leave next_sentence unset"),
+            Some(on) => on,
+            None => labelled && config.family().model_type == "bert",
+        };
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
-        let mut model = MaskedLm::new(&vs.root(), &config);
+        let mut model = if next_sentence {
+            log("training the next-sentence head on the data's next_sentence_labels too (BertForPreTraining; --next-sentence false: masked-LM alone)".into());
+            MaskedLm::with_next_sentence(&vs.root(), &config)?
+        } else {
+            MaskedLm::new(&vs.root(), &config)
+        };
         model.set_activation_checkpointing(
             hyper
                 .activation_checkpointing
@@ -432,7 +449,7 @@ impl MlmRecipe {
         );
         if let Some(dir) = model_dir.as_ref().filter(|_| !s.text.from_scratch) {
             let report = load_weights(&vs, dir, &config)?;
-            let class = config.family().classes.masked_lm;
+            let class = class_of(&model, &config);
             if let Some(msg) = report.describe(class, &dir.display().to_string()) {
                 msg.lines().for_each(|l| log(l.to_string()));
             }
@@ -461,7 +478,7 @@ impl MlmRecipe {
             Split::Eval => (&self.eval, u64::MAX),
         };
         let (mut input, mut labels) = (Vec::new(), Vec::new());
-        let (mut mask, mut types) = (Vec::new(), Vec::new());
+        let (mut mask, mut types, mut next) = (Vec::new(), Vec::new(), Vec::new());
         for &i in indices {
             match samples.get(i, self.masking.vocab_size)? {
                 Sample::Block(block) => {
@@ -474,6 +491,7 @@ impl MlmRecipe {
                     labels.extend(s.labels);
                     mask.extend(s.input_mask);
                     types.extend(s.segment_ids);
+                    next.extend(s.next_sentence_label);
                 }
             }
         }
@@ -507,31 +525,46 @@ impl MlmRecipe {
             labels: d.pin(Tensor::from_slice(&labels)),
             attention_mask: tensor(&mask),
             token_types: tensor(&types),
+            next_sentence: (self.model.has_next_sentence() && next.len() == indices.len())
+                .then(|| d.pin(Tensor::from_slice(&next))),
         })
     }
 }
 
 impl StagedStep for MlmRecipe {
     /// ids, masked positions, their labels, then the attention mask and segment ids when the
-    /// data brings them (HDF5 shards).
+    /// data brings them (HDF5 shards), then the next-sentence labels when that head trains.
     fn inputs(&self, split: Split, indices: &[usize]) -> Result<Vec<Tensor>> {
         let b = self.batch(split, indices)?;
         let mut v = vec![b.input, b.positions, b.labels];
         v.extend(b.attention_mask.into_iter().chain(b.token_types));
+        v.extend(b.next_sentence);
         Ok(v)
     }
 
     fn compute(&self, inputs: &[Tensor], train: bool) -> Result<Step> {
-        let (input, positions, labels, mask, types) = match inputs {
-            [i, p, l] => (i, p, l, None, None),
-            [i, p, l, m, t] => (i, p, l, Some(m), Some(t)),
-            _ => bail!("a masked-LM step takes 3 or 5 inputs, not {}", inputs.len()),
+        let (input, positions, labels, mask, types, next) = match inputs {
+            [i, p, l] => (i, p, l, None, None, None),
+            [i, p, l, m, t] => (i, p, l, Some(m), Some(t), None),
+            [i, p, l, m, t, n] => (i, p, l, Some(m), Some(t), Some(n)),
+            _ => bail!(
+                "a masked-LM step takes 3, 5 or 6 inputs, not {}",
+                inputs.len()
+            ),
         };
-        let logits = self
+        let (logits, next_logits) = self
             .model
-            .forward_masked(input, mask, types, positions, train)
-            .to_kind(Kind::Float);
-        let loss = logits.cross_entropy_for_logits(labels);
+            .forward_pretraining(input, mask, types, positions, train);
+        let logits = logits.to_kind(Kind::Float);
+        let mut loss = logits.cross_entropy_for_logits(labels);
+        let mut metrics = Vec::new();
+        if let (Some(n), Some(nl)) = (next, next_logits) {
+            // BertForPreTraining's loss: the two cross-entropies summed.
+            let nl = nl.to_kind(Kind::Float);
+            loss = loss + nl.cross_entropy_for_logits(n);
+            let right = nl.argmax(-1, false).eq_tensor(n).to_kind(Kind::Float);
+            metrics.push(("next_sentence_accuracy", right.mean(Kind::Float)));
+        }
         // Padded positions (the ignored label) count in neither the hits nor the total.
         let valid = labels.ne(IGNORE_INDEX);
         let hits = logits
@@ -541,7 +574,19 @@ impl StagedStep for MlmRecipe {
             .to_kind(Kind::Float)
             .sum(Kind::Float);
         let accuracy = hits / valid.to_kind(Kind::Float).sum(Kind::Float);
-        Ok(Step::loss(loss).metric_tensor("masked_accuracy", &accuracy))
+        let step = Step::loss(loss).metric_tensor("masked_accuracy", &accuracy);
+        Ok(metrics
+            .iter()
+            .fold(step, |step, (name, v)| step.metric_tensor(*name, v)))
+    }
+}
+
+/// Transformers' class of the model: `BertForPreTraining` with the next-sentence head.
+fn class_of(model: &MaskedLm, config: &EncoderConfig) -> &'static str {
+    if model.has_next_sentence() {
+        "BertForPreTraining"
+    } else {
+        config.family().classes.masked_lm
     }
 }
 
@@ -553,6 +598,8 @@ struct Batch {
     labels: Tensor,
     attention_mask: Option<Tensor>,
     token_types: Option<Tensor>,
+    /// 002's next-sentence labels, when the head is trained.
+    next_sentence: Option<Tensor>,
 }
 
 impl Recipe for MlmRecipe {
@@ -591,7 +638,7 @@ impl Recipe for MlmRecipe {
     /// A directory the family's `…ForMaskedLM.from_pretrained` loads (the decoder is tied, as
     /// in its own checkpoints), with the tokenizer files.
     fn save_files(&self, dir: &Path) -> Result<()> {
-        let class = self.config.family().classes.masked_lm;
+        let class = class_of(&self.model, &self.config);
         crate::checkpoint::write_encoder_model(dir, &self.config, class, &self.tokenizer_dir)
     }
 }

@@ -103,14 +103,6 @@ impl Masked {
             Masked::Records(r) => r.get(i, vocab),
         }
     }
-
-    /// The directory the sequences were read from (the shards' or the records').
-    fn dir(&self) -> &Path {
-        match self {
-            Masked::Shards(s) => &s.dir,
-            Masked::Records(r) => &r.dir,
-        }
-    }
 }
 
 /// One split's samples.
@@ -263,12 +255,6 @@ pub fn train_and_eval(
                 set.seq_len(),
                 set.seq_len()
             );
-        }
-        if set.has_next_sentence_labels() {
-            log(format!(
-                "{}: next_sentence_labels are read and not trained: bert-mlm has no next-sentence head (BertForPreTraining's second objective), so its masked-LM loss alone is trained",
-                set.dir().display()
-            ));
         }
         Ok(Some(Arc::new(set)))
     };
