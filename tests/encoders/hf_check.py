@@ -25,6 +25,8 @@ random), has unexpected or mismatched-shape tensors, or transformers cannot read
 As a program (torch needs the CUDA stubs on a CPU machine, hence scripts/torch-python.sh):
     scripts/torch-python.sh tests/encoders/hf_check.py --model DIR --task TASK \\
         --inputs IN.safetensors --out OUT.safetensors
+    scripts/torch-python.sh tests/encoders/hf_check.py --batch JOBS.json
+        (a list of {"model", "task", "inputs", "out"}: the same checks in one process)
         reads input_ids, attention_mask and (if present) token_type_ids (int64 [batch, seq]) from IN,
         writes the task's outputs (float32, names as above) to OUT, prints
         {"out": OUT, "architectures": [...from config.json...], "shapes": {name: [...]}} as JSON.
@@ -159,42 +161,57 @@ def outputs(model_dir, task, input_ids, attention_mask, token_type_ids=None, att
     return {name: getattr(out, name).detach().float().contiguous() for name in OUTPUT_NAMES[task]}
 
 
+def run_one(model, task, inputs_path, out_path, attn=ATTN):
+    """One check: the outputs of `model` for the inputs in `inputs_path`, written to `out_path`.
+    Returns (exit status, the JSON line or the error message)."""
+    from safetensors.torch import load_file, save_file
+
+    try:
+        inputs = load_file(inputs_path)
+    except Exception as e:  # noqa: BLE001
+        return 2, f"hf_check.py: error: {inputs_path}: cannot read: {type(e).__name__}: {e}"
+    for name in ("input_ids", "attention_mask"):
+        if name not in inputs:
+            return 2, f"hf_check.py: error: {inputs_path}: no {name} (has {sorted(inputs)})"
+    try:
+        out = outputs(model, task, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"), attn)
+    except (HfCheckError, ValueError) as e:
+        return 2, f"hf_check.py: error: {model}: {e}"
+    save_file(out, out_path)
+    return 0, json.dumps({"out": out_path, "architectures": architectures(model),
+                          "shapes": {k: list(v.shape) for k, v in out.items()}})
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="checkpoint directory (from_pretrained)")
-    p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--inputs", required=True,
-                   help="safetensors with int64 input_ids, attention_mask [, token_type_ids]")
-    p.add_argument("--out", required=True, help="safetensors file to write")
+    p.add_argument("--model", help="checkpoint directory (from_pretrained)")
+    p.add_argument("--task", choices=TASKS)
+    p.add_argument("--inputs", help="safetensors with int64 input_ids, attention_mask [, token_type_ids]")
+    p.add_argument("--out", help="safetensors file to write")
+    p.add_argument("--batch", help="a JSON list of {model, task, inputs, out}: every check in one process "
+                                   "(torch and transformers load once); stops at the first that fails")
     p.add_argument("--attn", default=ATTN, help=f"attention implementation (default {ATTN})")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     a = p.parse_args(argv)
+    if a.batch:
+        with open(a.batch) as f:
+            jobs = [(j["model"], j["task"], j["inputs"], j["out"]) for j in json.load(f)]
+    elif a.model and a.task and a.inputs and a.out:
+        jobs = [(a.model, a.task, a.inputs, a.out)]
+    else:
+        p.error("give --model, --task, --inputs and --out, or --batch")
 
     torch.set_num_threads(a.threads)
     import transformers
-    from safetensors.torch import load_file, save_file
 
     transformers.utils.logging.disable_progress_bar()
     transformers.logging.set_verbosity_error()  # problems are reported from the loading info instead
-    try:
-        inputs = load_file(a.inputs)
-    except Exception as e:  # noqa: BLE001
-        print(f"hf_check.py: error: {a.inputs}: cannot read: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    for name in ("input_ids", "attention_mask"):
-        if name not in inputs:
-            print(f"hf_check.py: error: {a.inputs}: no {name} (has {sorted(inputs)})", file=sys.stderr)
-            return 2
-    try:
-        out = outputs(a.model, a.task, inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids"),
-                      a.attn)
-    except (HfCheckError, ValueError) as e:
-        print(f"hf_check.py: error: {e}", file=sys.stderr)
-        return 2
-    save_file(out, a.out)
-    print(json.dumps({"out": a.out, "architectures": architectures(a.model),
-                      "shapes": {k: list(v.shape) for k, v in out.items()}}))
+    for job in jobs:
+        rc, line = run_one(*job, a.attn)
+        print(line, file=sys.stderr if rc else sys.stdout)
+        if rc:
+            return rc
     return 0
 
 

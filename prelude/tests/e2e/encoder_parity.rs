@@ -73,6 +73,60 @@ pub fn outputs(
     (out, report)
 }
 
+/// What transformers computes for directories trainbook wrote (tests/encoders/hf_check.py,
+/// one process for all): per (directory, task, inputs), the task's outputs.
+pub fn hf_outputs_many(
+    checks: &[(&Path, &str, &HashMap<String, Tensor>)],
+) -> Vec<HashMap<String, Tensor>> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // A directory per call: tests running at once must not read each other's files.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let scratch = crate::common::scratch(&format!("encoder-hf-{call}"));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let mut jobs = Vec::new();
+    for (k, (dir, task, inputs)) in checks.iter().enumerate() {
+        let (inp, out) = (
+            scratch.join(format!("in-{k}.safetensors")),
+            scratch.join(format!("out-{k}.safetensors")),
+        );
+        let named: Vec<(&str, &Tensor)> = inputs
+            .iter()
+            .filter(|(k, _)| {
+                ["input_ids", "attention_mask", "token_type_ids"].contains(&k.as_str())
+            })
+            .map(|(k, v)| (k.as_str(), v))
+            .collect();
+        Tensor::write_safetensors(&named, &inp).unwrap();
+        jobs.push(serde_json::json!({"model": dir, "task": task, "inputs": inp, "out": out}));
+    }
+    let batch = scratch.join("jobs.json");
+    std::fs::write(&batch, serde_json::to_vec(&jobs).unwrap()).unwrap();
+    let done = std::process::Command::new(repo.join("scripts/torch-python.sh"))
+        .arg(repo.join("tests/encoders/hf_check.py"))
+        .arg("--batch")
+        .arg(&batch)
+        .output()
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "hf_check.py: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    jobs.iter()
+        .map(|j| read(Path::new(j["out"].as_str().unwrap())))
+        .collect()
+}
+
+/// [`hf_outputs_many`] for one directory.
+pub fn hf_outputs(
+    dir: &Path,
+    task: &str,
+    inputs: &HashMap<String, Tensor>,
+) -> HashMap<String, Tensor> {
+    hf_outputs_many(&[(dir, task, inputs)]).remove(0)
+}
+
 pub fn read(path: &Path) -> HashMap<String, Tensor> {
     Tensor::read_safetensors(path)
         .unwrap()

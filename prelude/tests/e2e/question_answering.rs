@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use trainbook::prelude::*;
 
-use crate::encoder_parity::{fixture, outputs, read};
-use crate::token_classification::hf_outputs;
+use crate::encoder_parity::{fixture, hf_outputs, outputs, read};
 
 fn runs() -> PathBuf {
     crate::common::scratch("qa-runs")

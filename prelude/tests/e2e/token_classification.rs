@@ -4,12 +4,9 @@
 //! and the errors bad data gets before any worker starts.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use tch::Tensor;
 use trainbook::prelude::*;
 
-use crate::encoder_parity::{fixture, outputs};
+use crate::encoder_parity::{fixture, hf_outputs, outputs};
 
 fn runs() -> PathBuf {
     crate::common::scratch("tagging-runs")
@@ -124,42 +121,6 @@ fn entities_train_alike_on_one_and_two_workers_and_export_to_transformers() {
             .collect();
         assert_eq!(chars, span.text, "{span}");
     }
-}
-
-/// What transformers computes for a directory trainbook wrote: tests/encoders/hf_check.py.
-pub fn hf_outputs(
-    dir: &Path,
-    task: &str,
-    inputs: &std::collections::HashMap<String, Tensor>,
-) -> std::collections::HashMap<String, Tensor> {
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let scratch = crate::common::scratch("encoder-hf");
-    let (inp, out) = (
-        scratch.join(format!("in-{task}.safetensors")),
-        scratch.join(format!("out-{task}.safetensors")),
-    );
-    let named: Vec<(&str, &Tensor)> = inputs
-        .iter()
-        .filter(|(k, _)| ["input_ids", "attention_mask", "token_type_ids"].contains(&k.as_str()))
-        .map(|(k, v)| (k.as_str(), v))
-        .collect();
-    Tensor::write_safetensors(&named, &inp).unwrap();
-    let done = Command::new(repo.join("scripts/torch-python.sh"))
-        .arg(repo.join("tests/encoders/hf_check.py"))
-        .args(["--task", task, "--model"])
-        .arg(dir)
-        .arg("--inputs")
-        .arg(&inp)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        done.status.success(),
-        "hf_check.py: {}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    crate::encoder_parity::read(&out)
 }
 
 #[test]
