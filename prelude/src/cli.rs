@@ -46,9 +46,10 @@ pub enum Command {
     /// early (ASHA), one live table.
     Sweep(Box<SweepArgs>),
     /// Prepare a pre-training corpus once: tokenised on every core into token shards that
-    /// `train bert-mlm --data DIR` memory-maps (bounded memory; a stopped run continues).
+    /// `train bert-mlm --data DIR` memory-maps (bounded memory; a stopped run continues); HDF5
+    /// pre-training shards become fixed-size records, mapped the same way.
     #[command(
-        after_help = "Examples:\n  trainbook prepare --data wiki.jsonl --out wiki-prepared\n  trainbook prepare --data corpus/ --tokenizer my-tokenizer --out corpus-prepared\n  trainbook train bert-mlm --data corpus-prepared --tokenizer my-tokenizer --workers 2\n\nStopped midway (Ctrl-C, a lost machine), the same command continues after the last finished\nshard. A job given raw text prepares it itself, into the data directory's cache."
+        after_help = "Examples:\n  trainbook prepare --data wiki.jsonl --out wiki-prepared\n  trainbook prepare --data corpus/ --tokenizer my-tokenizer --out corpus-prepared\n  trainbook train bert-mlm --data corpus-prepared --tokenizer my-tokenizer --workers 2\n  trainbook prepare --data books_wiki/   # HDF5 shards: records in the cache, where jobs\n                                         # given --data books_wiki/ find them\n\nStopped midway (Ctrl-C, a lost machine), the same command continues after the last finished\nshard. A job given raw text prepares it itself, into the data directory's cache."
     )]
     Prepare(PrepareArgs),
     /// Generate text with a causal LM (a model directory, an adapter over it, or a causal-lm
@@ -157,12 +158,14 @@ fn train_tokenizer(args: &TokenizerArgs) -> i32 {
 pub struct PrepareArgs {
     /// The corpus: a .txt file (a text per non-empty line), a table (.parquet, .csv, .tsv,
     /// .jsonl, .arrow), a directory of them (read in name order), a directory Hugging Face
-    /// datasets' save_to_disk wrote (a DatasetDict: its train split), or a directory of those.
+    /// datasets' save_to_disk wrote (a DatasetDict: its train split), or a directory of those;
+    /// or a directory of HDF5 pre-training shards (NVIDIA's layout), converted to records.
     #[arg(long)]
     pub data: PathBuf,
-    /// Directory to write the prepared corpus into (created).
+    /// Directory to write the prepared corpus into (created). Optional for HDF5 shards: their
+    /// records then go to the prepared-corpus cache, where a job given the shards finds them.
     #[arg(long)]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
     /// The text column of tables.
     #[arg(long, default_value = "text")]
     pub text_column: String,
@@ -188,6 +191,18 @@ pub struct PrepareArgs {
 }
 
 fn prepare(args: &PrepareArgs) -> Result<i32> {
+    let hdf5 = trainbook_recipes::text::hdf5_shards::is_hdf5_dir(&args.data);
+    let out = match (&args.out, hdf5) {
+        (Some(out), _) => out.clone(),
+        (None, true) => trainbook_recipes::text::corpus::records::cache_path(&args.data)?,
+        (None, false) => anyhow::bail!(
+            "{} holds no HDF5 pre-training shards (.hdf5, .h5), which alone are prepared without --out (into the cache): give --out DIR, the directory to write the prepared corpus into",
+            args.data.display()
+        ),
+    };
+    if hdf5 && args.tokenizer.is_some() {
+        eprintln!("note: HDF5 shards are tokenised already: --tokenizer is not used (give the shards' vocabulary to the job)");
+    }
     let mut spec = trainbook_api::CorpusPreparer::new(&args.data)
         .text_column(&args.text_column)
         .eval_fraction(args.eval_fraction)
@@ -207,10 +222,13 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
         "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
     )?);
     let mut last = std::time::Instant::now();
-    let result = trainbook_recipes::text::corpus::prepare_spec(&spec, &args.out, &mut |p| {
+    let result = trainbook_recipes::text::corpus::prepare_spec(&spec, &out, &mut |p| {
         bar.set_length(p.total_bytes);
         bar.set_position(p.bytes);
-        bar.set_message(format!("{} texts, {} tokens", p.texts, p.tokens));
+        bar.set_message(match hdf5 {
+            true => format!("{} sequences", p.texts),
+            false => format!("{} texts, {} tokens", p.texts, p.tokens),
+        });
         if !terminal && last.elapsed().as_secs() >= 10 {
             last = std::time::Instant::now();
             eprintln!("{}", p.line());
@@ -219,6 +237,9 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
     });
     bar.finish_and_clear();
     let r = result?;
+    if hdf5 {
+        return prepared_records(args, &r);
+    }
     if !r.is_complete() {
         let (index, count) = spec.slice.unwrap_or((0, 1));
         let pending: Vec<String> = r
@@ -238,20 +259,12 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
         return Ok(0);
     }
     println!(
-        "prepared {}: {} texts, {} train + {} eval tokens in {} shard{} ({:.1} MB on disk from {:.1} MB of text){}",
+        "prepared {}: {} texts, {} train + {} eval tokens in {}",
         r.dir.display(),
         r.texts,
         r.train_tokens,
         r.eval_tokens,
-        r.shards,
-        if r.shards == 1 { "" } else { "s" },
-        r.disk_bytes as f64 / 1e6,
-        r.text_bytes as f64 / 1e6,
-        if r.seconds >= 0.05 {
-            format!(", {:.1} s ({:.1} MB/s)", r.seconds, r.text_bytes as f64 / 1e6 / r.seconds)
-        } else {
-            String::new()
-        }
+        footprint(&r, "shard", "text")
     );
     println!(
         "train on it: trainbook train bert-mlm --data {}{}",
@@ -263,6 +276,54 @@ fn prepare(args: &PrepareArgs) -> Result<i32> {
     );
     if args.json {
         println!("{}", serde_json::to_string(&r)?);
+    }
+    Ok(0)
+}
+
+/// `3 shards (907.0 MB on disk from 2000.0 MB of text), 327.9 s (6.1 MB/s)`: what a
+/// preparation wrote of how much input, in how long (when it took any time).
+fn footprint(r: &trainbook_api::PreparedCorpus, noun: &str, input: &str) -> String {
+    let timing = if r.seconds >= 0.05 {
+        format!(
+            ", {:.1} s ({:.1} MB/s)",
+            r.seconds,
+            r.text_bytes as f64 / 1e6 / r.seconds
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{} {noun}{} ({:.1} MB on disk from {:.1} MB of {input}){timing}",
+        r.shards,
+        if r.shards == 1 { "" } else { "s" },
+        r.disk_bytes as f64 / 1e6,
+        r.text_bytes as f64 / 1e6
+    )
+}
+
+/// What `prepare` says of HDF5 shards prepared into records.
+fn prepared_records(args: &PrepareArgs, r: &trainbook_api::PreparedCorpus) -> Result<i32> {
+    let index = trainbook_recipes::text::corpus::records::read_index(&r.dir)?;
+    let m = &index.manifest;
+    println!(
+        "prepared {}: {} sequences of {} tokens (up to {} predictions each) as records of {}",
+        r.dir.display(),
+        r.texts,
+        m.seq_len,
+        m.max_pred,
+        footprint(r, "HDF5 shard", "shards")
+    );
+    // Given the shards, a job finds the records in the cache only.
+    let data = match &args.out {
+        Some(_) => r.dir.display().to_string(),
+        None => args.data.display().to_string(),
+    };
+    println!(
+        "train on it: trainbook train bert-mlm --data {data} --max-length {} (with --tokenizer DIR when the shards' vocabulary is not the default uncased BERT one)",
+        m.seq_len
+    );
+    if args.json {
+        println!("{}", serde_json::to_string(r)?);
     }
     Ok(0)
 }

@@ -57,6 +57,31 @@ fn losses(run_dir: &str) -> Vec<f64> {
     rows.into_iter().map(|r| r.1).collect()
 }
 
+/// `d/runs` and `d/cache` as the job's runs and prepared-corpus cache.
+fn job_env(d: &Path) -> [(&'static str, PathBuf); 2] {
+    [
+        ("TRAINBOOK_RUNS", d.join("runs")),
+        ("TRAINBOOK_CACHE", d.join("cache")),
+    ]
+}
+
+/// 20 steps of tiny bert-mlm on 2 CPU workers on `data` (and `extra` options), which must
+/// succeed: rank 0's losses and the run directory.
+fn train_20_steps(data: &Path, extra: &[&str], env: &[(&str, PathBuf)]) -> (Vec<f64>, PathBuf) {
+    let mut args: Vec<&str> =
+        "train bert-mlm --preset tiny --workers 2 --device cpu --max-steps 20 --json"
+            .split(' ')
+            .collect();
+    args.extend(["--data", data.to_str().unwrap()]);
+    args.extend(extra);
+    let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+    let s = last_json(&trainbook(&args, &env));
+    assert_eq!(s["status"], "succeeded", "{s}");
+    assert_eq!(s["steps"], 20, "{s}");
+    let run_dir = s["run_dir"].as_str().unwrap();
+    (losses(run_dir), PathBuf::from(run_dir))
+}
+
 /// The first 3,000 lines of the Brown corpus in `d/corpus.txt`, prepared into `d/prepared`
 /// by `trainbook prepare --json`, whose output is returned too.
 fn prepared_brown(d: &Path) -> (PathBuf, PathBuf, Output) {
@@ -87,37 +112,8 @@ fn a_prepared_corpus_trains_like_its_raw_text() {
     assert!(summary["texts"].as_u64().unwrap() > 2500, "{summary}");
     assert_eq!(summary["shards"], 1);
 
-    let env = [
-        ("TRAINBOOK_RUNS", d.join("runs")),
-        ("TRAINBOOK_CACHE", d.join("cache")),
-    ];
-    let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
-    let train = |data: &Path| {
-        let out = trainbook(
-            &[
-                "train",
-                "bert-mlm",
-                "--preset",
-                "tiny",
-                "--workers",
-                "2",
-                "--device",
-                "cpu",
-                "--data",
-                data.to_str().unwrap(),
-                "--epochs",
-                "2",
-                "--max-steps",
-                "20",
-                "--json",
-            ],
-            &env,
-        );
-        let s = last_json(&out);
-        assert_eq!(s["status"], "succeeded", "{s}");
-        assert_eq!(s["steps"], 20, "{s}");
-        losses(s["run_dir"].as_str().unwrap())
-    };
+    let env = job_env(&d);
+    let train = |data: &Path| train_20_steps(data, &["--epochs", "2"], &env).0;
     let (from_prepared, from_raw) = (train(&prepared), train(&corpus));
     assert_eq!(from_prepared.len(), 20);
     for (step, (a, b)) in from_prepared.iter().zip(&from_raw).enumerate() {
@@ -128,6 +124,92 @@ fn a_prepared_corpus_trains_like_its_raw_text() {
         std::fs::read_dir(d.join("cache/prepared")).unwrap().count(),
         1
     );
+    std::fs::remove_dir_all(d).ok();
+}
+
+/// Two HDF5 pre-training shards of 200 sequences of 32 tokens in `d/books_wiki`, in NVIDIA's
+/// layout (int32, gzip); `leave_out` drops a dataset of the second, `seq` is the second's
+/// length.
+fn hdf5_shards(d: &Path, name: &str, second_seq: usize, leave_out: Option<&str>) -> PathBuf {
+    use trainbook::recipes::text::hdf5_shards::write_example_shard;
+    let dir = d.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    write_example_shard(&dir.join("train_0.hdf5"), 200, 32, 5, 0, None).unwrap();
+    write_example_shard(&dir.join("train_1.hdf5"), 200, second_seq, 5, 1, leave_out).unwrap();
+    dir
+}
+
+/// HDF5 shards prepared into records train exactly like the shards themselves: 20 steps of
+/// tiny bert-mlm on 2 workers give the same losses from the shards, from the records
+/// `trainbook prepare` put in the cache (where a job given the shards finds them) and from
+/// records prepared into --out. That the records hold the shards' every array is
+/// text::corpus::records' unit test.
+#[test]
+fn hdf5_records_train_like_the_shards() {
+    let d = temp("hdf5");
+    let shards = hdf5_shards(&d, "books_wiki", 32, None);
+    let env = job_env(&d);
+    let train = |data: &Path| {
+        let (losses, run_dir) = train_20_steps(
+            data,
+            &["--max-length", "32", "--train-rows", "100000"],
+            &env,
+        );
+        let log = std::fs::read_to_string(run_dir.join("logs/rank0.log")).unwrap();
+        assert!(
+            log.contains("380 train / 20 eval samples of 32 tokens"),
+            "{log}"
+        );
+        (losses, log)
+    };
+    let prepare = |extra: &[&str]| {
+        let mut args = vec!["prepare", "--data", shards.to_str().unwrap(), "--json"];
+        args.extend(extra);
+        let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+        let out = trainbook(&args, &env);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("400 sequences of 32 tokens"), "{stdout}");
+        let s = last_json(&out);
+        assert_eq!(
+            (s["texts"].as_u64(), s["shards"].as_u64()),
+            (Some(400), Some(2))
+        );
+        // Each sequence's arrays and its checksum, 4 bytes a value.
+        assert_eq!(
+            s["disk_bytes"].as_u64(),
+            Some(400 * (3 * 32 + 2 * 5 + 2) * 4)
+        );
+        PathBuf::from(s["dir"].as_str().unwrap())
+    };
+
+    let (direct, log) = train(&shards);
+    assert!(log.contains("reading the HDF5 shards themselves"), "{log}");
+    assert!(log.contains("HDF5 shards in"), "{log}");
+    // Into the cache: a job given the shards reads the records.
+    let cached = prepare(&[]);
+    assert!(
+        cached.starts_with(d.join("cache/prepared")),
+        "{}",
+        cached.display()
+    );
+    let (from_cache, log) = train(&shards);
+    assert!(log.contains("records of the HDF5 shards in"), "{log}");
+    assert!(!log.contains("reading the HDF5 shards themselves"), "{log}");
+    // Into --out: a job given the records.
+    let out = d.join("records");
+    assert_eq!(prepare(&["--out", out.to_str().unwrap()]), out);
+    let (from_out, _) = train(&out);
+    assert_eq!(direct.len(), 20);
+    for (name, losses) in [("cache", &from_cache), ("--out", &from_out)] {
+        for (step, (a, b)) in direct.iter().zip(losses).enumerate() {
+            assert!((a - b).abs() <= 1e-6, "{name}, step {step}: {a} vs {b}");
+        }
+    }
     std::fs::remove_dir_all(d).ok();
 }
 
@@ -174,6 +256,33 @@ fn bad_input_to_prepare_and_to_a_job_is_one_clear_error() {
             &[("TRAINBOOK_RUNS", &d)],
         ),
         &["holds no text file"],
+    );
+    // HDF5 shards: a directory without any, a shard missing an array, shards of two lengths.
+    std::fs::write(empty.join("notes.md"), "no shards").unwrap();
+    let prepare = |data: &Path| trainbook(&["prepare", "--data", data.to_str().unwrap()], &[]);
+    expect(
+        prepare(&empty),
+        &["empty holds no HDF5 pre-training shards", "give --out DIR"],
+    );
+    let e = empty.to_str().unwrap();
+    expect(
+        trainbook(&["prepare", "--data", e, "--out", o], &[]),
+        &[
+            "holds no text file",
+            "no HDF5 pre-training shards (.hdf5, .h5)",
+        ],
+    );
+    expect(
+        prepare(&hdf5_shards(&d, "missing", 32, Some("masked_lm_ids"))),
+        &["train_1.hdf5", "no dataset 'masked_lm_ids'", "input_ids"],
+    );
+    expect(
+        prepare(&hdf5_shards(&d, "lengths", 64, None)),
+        &[
+            "train_1.hdf5 holds 64-token sequences",
+            "train_0.hdf5 holds 32",
+            "one set of shards",
+        ],
     );
     std::fs::remove_dir_all(d).ok();
 }

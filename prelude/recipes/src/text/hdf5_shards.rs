@@ -5,8 +5,10 @@
 //! Each file holds, for N sequences of `seq` tokens with up to `max_pred` predictions:
 //! `input_ids`, `input_mask`, `segment_ids` (N × seq), `masked_lm_positions`, `masked_lm_ids`
 //! (N × max_pred; position 0 marks an unused slot, [CLS] is never predicted) and
-//! `next_sentence_labels` (N). Sequences are read one at a time when a batch needs them: the
-//! files are never loaded whole.
+//! `next_sentence_labels` (N). A job reads sequences one at a time when a batch needs them (the
+//! files are never loaded whole; a sequence's gzip chunks are decompressed at each read);
+//! `trainbook prepare` reads each shard once, a slab of whole chunks at a time, into records
+//! (`text::corpus::records`) that read faster.
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +32,7 @@ pub const FIELDS: [&str; 6] = [
 const LAYOUT: &str = "the BERT pre-training layout is input_ids, input_mask, segment_ids [N, seq]; masked_lm_positions, masked_lm_ids [N, max_pred]; next_sentence_labels [N]";
 
 /// One sequence, ready for the model.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Sequence {
     pub input_ids: Vec<i64>,
     pub input_mask: Vec<i64>,
@@ -313,4 +316,85 @@ impl Hdf5Shards {
             &shard.path,
         )
     }
+}
+
+/// A shard for tests and benchmarks, in the pre-training layout as `create_pretraining_data.py`
+/// writes it (int32 datasets, gzip): `n` sequences of `seq` tokens ([CLS] ... [SEP], ids from a
+/// 30,522-token vocabulary) with 2 to `max_pred` masked positions each (unused slots hold
+/// position 0), drawn from `seed`. Chunks of 16 × 8, 24 × `max_pred` and 40 values, so that
+/// datasets' chunks end at different rows. `leave_out` drops a dataset.
+#[doc(hidden)]
+pub fn write_example_shard(
+    path: &Path,
+    n: usize,
+    seq: usize,
+    max_pred: usize,
+    seed: u64,
+    leave_out: Option<&str>,
+) -> Result<()> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = |below: usize| -> usize {
+        // splitmix64
+        state = state.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        ((z ^ (z >> 31)) % below as u64) as usize
+    };
+    let mut ids = vec![0i32; n * seq];
+    let (mut positions, mut labels) = (vec![0i32; n * max_pred], vec![0i32; n * max_pred]);
+    for r in 0..n {
+        let row = &mut ids[r * seq..(r + 1) * seq];
+        for t in row.iter_mut() {
+            *t = 1000 + next(30522 - 1000) as i32;
+        }
+        (row[0], row[seq - 1]) = (101, 102);
+        let k = 2 + next(max_pred - 1);
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < k.min(seq - 2) {
+            let p = 1 + next(seq - 2);
+            if !chosen.contains(&p) {
+                chosen.push(p);
+            }
+        }
+        chosen.sort();
+        for (j, &p) in chosen.iter().enumerate() {
+            positions[r * max_pred + j] = p as i32;
+            labels[r * max_pred + j] = row[p];
+            row[p] = 103; // [MASK]
+        }
+    }
+    let segments: Vec<i32> = (0..n * seq)
+        .map(|i| i32::from(i % seq >= seq / 2))
+        .collect();
+    let nsp: Vec<i32> = (0..n).map(|_| next(2) as i32).collect();
+    let file = hdf5::File::create(path)?;
+    let write = |name: &str, values: &[i32], cols: usize, chunk: (usize, usize)| {
+        if leave_out == Some(name) {
+            return Ok(());
+        }
+        let ds = if cols == 0 {
+            file.new_dataset::<i32>()
+                .shape([n])
+                .chunk([chunk.0.min(n)])
+                .deflate(4)
+                .create(name)?
+        } else {
+            file.new_dataset::<i32>()
+                .shape([n, cols])
+                .chunk([chunk.0.min(n), chunk.1.min(cols)])
+                .deflate(4)
+                .create(name)?
+        };
+        ds.write_raw(values)
+    };
+    write("input_ids", &ids, seq, (16, 8))?;
+    write("input_mask", &vec![1; n * seq], seq, (16, 8))?;
+    write("segment_ids", &segments, seq, (16, 8))?;
+    write("masked_lm_positions", &positions, max_pred, (24, max_pred))?;
+    write("masked_lm_ids", &labels, max_pred, (24, max_pred))?;
+    write("next_sentence_labels", &nsp, 0, (40, 0))?;
+    Ok(())
 }

@@ -152,26 +152,43 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 
 /// Whether `dir` is (or is becoming) a prepared corpus rather than raw text.
 pub fn is_prepared(dir: &Path) -> bool {
-    dir.join(INDEX).is_file() || dir.join(MANIFEST).is_file()
+    is_set(dir, INDEX, MANIFEST)
+}
+
+/// Whether `dir` holds a prepared set's `index` or (while it is prepared) its `manifest`.
+pub(crate) fn is_set(dir: &Path, index: &str, manifest: &str) -> bool {
+    dir.join(index).is_file() || dir.join(manifest).is_file()
+}
+
+/// The `index` of the complete prepared set in `dir`: else the error `unfinished` when only its
+/// `manifest` is there (its preparation was stopped), `missing` when neither is.
+pub(crate) fn read_complete<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    (index, manifest): (&str, &str),
+    unfinished: &str,
+    missing: &str,
+) -> Result<T> {
+    let path = dir.join(index);
+    if !path.is_file() {
+        if dir.join(manifest).is_file() {
+            bail!("{} {unfinished}", dir.display());
+        }
+        bail!("{} {missing}", dir.display());
+    }
+    read_json(&path)
 }
 
 /// The index of the complete prepared corpus in `dir`.
 pub fn read_index(dir: &Path) -> Result<Index> {
-    let path = dir.join(INDEX);
-    if !path.is_file() {
-        if dir.join(MANIFEST).is_file() {
-            bail!(
-                "{} is an unfinished prepared corpus (its preparation was stopped): run the same `trainbook prepare` again to finish it",
-                dir.display()
-            );
-        }
-        bail!(
-            "{} is not a prepared corpus (no {INDEX}): make one with `trainbook prepare --data <corpus> --out {}`",
-            dir.display(),
+    let index: Index = read_complete(
+        dir,
+        (INDEX, MANIFEST),
+        "is an unfinished prepared corpus (its preparation was stopped): run the same `trainbook prepare` again to finish it",
+        &format!(
+            "is not a prepared corpus (no {INDEX}): make one with `trainbook prepare --data <corpus> --out {}`",
             dir.display()
-        );
-    }
-    let index: Index = read_json(&path)?;
+        ),
+    )?;
     if index.manifest.format != FORMAT {
         bail!(
             "{} was prepared in format {} but this trainbook reads format {FORMAT}: prepare it again",

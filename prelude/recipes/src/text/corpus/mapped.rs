@@ -58,12 +58,13 @@ impl PreparedCorpus {
     }
 }
 
-/// A file of a prepared set, mapped read-only; its CRC-32C is verified the first time it is
-/// read. A file's size is checked when it is opened.
+/// A file of a prepared set, mapped read-only; its CRC-32C, when its index has one, is verified
+/// the first time it is read. A file's size is checked when it is opened.
 pub(crate) struct MappedPart {
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     map: Option<Mmap>,
-    crc32c: u32,
+    /// `None`: the file's records carry their own checksums, checked by its reader.
+    crc32c: Option<u32>,
     checked: OnceLock<std::result::Result<(), String>>,
     /// The set's index file, named in errors.
     index: &'static str,
@@ -71,7 +72,12 @@ pub(crate) struct MappedPart {
 
 impl MappedPart {
     /// `path`, which `index` says holds `len` bytes with checksum `crc32c`.
-    pub(crate) fn open(path: PathBuf, len: u64, crc32c: u32, index: &'static str) -> Result<Self> {
+    pub(crate) fn open(
+        path: PathBuf,
+        len: u64,
+        crc32c: Option<u32>,
+        index: &'static str,
+    ) -> Result<Self> {
         let got = std::fs::metadata(&path)
             .map_err(|e| {
                 anyhow!(
@@ -89,8 +95,8 @@ impl MappedPart {
         let map = if len == 0 {
             None
         } else {
-            let f =
-                std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            let f = std::fs::File::open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
             // SAFETY: the file is only ever replaced by rename, never written in place, so
             // the mapped bytes do not change under the reader.
             let map =
@@ -109,18 +115,17 @@ impl MappedPart {
         })
     }
 
-    /// The file's bytes, its checksum verified on the first call.
+    /// The file's bytes, its checksum (if any) verified on the first call.
     pub(crate) fn bytes(&self) -> Result<&[u8]> {
         self.checked
-            .get_or_init(|| match file_crc32c(&self.path) {
-                Ok(crc) if crc == self.crc32c => Ok(()),
-                Ok(crc) => Err(format!(
-                    "{} is damaged: its checksum is {crc:08x} where {} says {:08x}; prepare it again (`trainbook prepare`)",
+            .get_or_init(|| match (self.crc32c, self.crc32c.map(|_| file_crc32c(&self.path))) {
+                (Some(want), Some(Ok(crc))) if crc != want => Err(format!(
+                    "{} is damaged: its checksum is {crc:08x} where {} says {want:08x}; prepare it again (`trainbook prepare`)",
                     self.path.display(),
                     self.index,
-                    self.crc32c
                 )),
-                Err(e) => Err(format!("{e:#}")),
+                (_, Some(Err(e))) => Err(format!("{e:#}")),
+                _ => Ok(()),
             })
             .clone()
             .map_err(|e| anyhow!(e))?;
@@ -147,7 +152,7 @@ impl Stream {
             let len = part.tokens * width.bytes();
             starts.push(tokens);
             tokens += part.tokens;
-            parts.push(MappedPart::open(path, len, part.crc32c, INDEX)?);
+            parts.push(MappedPart::open(path, len, Some(part.crc32c), INDEX)?);
         }
         Ok(Stream {
             parts,

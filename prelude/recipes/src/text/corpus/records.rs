@@ -6,15 +6,18 @@
 //! <dir>/records-prepare.json  what is being prepared (the shards' names, sizes, modification
 //!                             times and shapes; the record layout): written first
 //! <dir>/records-00000.bin     shard 0's sequences (shards in name order), one record each
-//! <dir>/records.json          written last: the same header, each file's sequences and CRC-32C
+//! <dir>/records.json          written last: the same header and each file's sequences
 //! ```
 //!
 //! A record holds its sequence's arrays as the shard does, one after the other, every value a
 //! little-endian i32: `input_ids`, `input_mask`, `segment_ids` (`seq_len` each),
 //! `masked_lm_positions`, `masked_lm_ids` (`max_pred` each) and `next_sentence_labels` (1; 0
-//! for a shard without them, whose entry says so). The header gives each array's offset and
-//! shape. The masked positions and labels are the shards' own (the data is masked once, when the
-//! shards are made): a job reads exactly the sequences it reads from the shards.
+//! for a shard without them, whose entry says so); then `crc32c`, the CRC-32C of the record's
+//! bytes before it (a u32), checked at every read: a record is verified as it is read, where a
+//! checksum of the whole file would make a job's first reads read every file whole. The header
+//! gives each array's offset, shape and type. The masked positions and labels are the shards'
+//! own (the data is masked once, when the shards are made): a job reads exactly the sequences
+//! it reads from the shards.
 //!
 //! Every file is written under a temporary name and renamed when whole, `records.json` last: a
 //! job never reads a half-written set, and a stopped preparation continues after its last whole
@@ -27,13 +30,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::layout::read_json;
+use super::layout::{is_set, read_complete, read_json};
 use super::mapped::MappedPart;
-use super::prepare::{file_crc32c, remove_temporaries, source_fingerprint, DirLock, Progress};
+use super::prepare::{remove_temporaries, source_fingerprint, DirLock, Progress};
 use crate::text::hdf5_shards::{self, Hdf5Shards, Sequence, SequenceArrays, FIELDS};
 
 /// Bumped when the layout changes; a job refuses other versions.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 pub const INDEX: &str = "records.json";
 pub const MANIFEST: &str = "records-prepare.json";
 const KIND: &str = "hdf5-records";
@@ -41,6 +44,8 @@ const KIND: &str = "hdf5-records";
 pub const SLAB_ROWS: usize = 4096;
 /// Bytes of a stored value.
 const WIDTH: usize = 4;
+/// The last field of a record: the CRC-32C of the bytes before it.
+const CHECKSUM: &str = "crc32c";
 
 /// A source shard.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -86,7 +91,6 @@ pub struct Manifest {
 pub struct RecordsFile {
     pub file: String,
     pub sequences: u64,
-    pub crc32c: u32,
 }
 
 /// A complete set of records.
@@ -98,17 +102,20 @@ pub struct Index {
     pub seconds: f64,
 }
 
-/// The arrays of a record of `seq`-token sequences with `max_pred` predictions.
+/// The arrays of a record of `seq`-token sequences with `max_pred` predictions: the shards'
+/// [`FIELDS`], then the checksum of the bytes before it.
 fn record_layout(seq: usize, max_pred: usize) -> Vec<RecordArray> {
     let mut offset = 0;
     FIELDS
         .iter()
         .zip([seq, seq, seq, max_pred, max_pred, 1])
-        .map(|(name, n)| {
+        .map(|(name, n)| (*name, n, "<i4"))
+        .chain([(CHECKSUM, 1, "<u4")])
+        .map(|(name, n, dtype)| {
             let a = RecordArray {
                 name: name.to_string(),
                 shape: vec![n],
-                dtype: "<i4".into(),
+                dtype: dtype.into(),
                 offset,
             };
             offset += n * WIDTH;
@@ -123,26 +130,21 @@ fn records_path(dir: &Path, k: usize) -> PathBuf {
 
 /// Whether `dir` is (or is becoming) a set of records.
 pub fn is_records(dir: &Path) -> bool {
-    dir.join(INDEX).is_file() || dir.join(MANIFEST).is_file()
+    is_set(dir, INDEX, MANIFEST)
 }
 
 /// The index of the complete set of records in `dir`.
 pub fn read_index(dir: &Path) -> Result<Index> {
-    let path = dir.join(INDEX);
-    if !path.is_file() {
-        if dir.join(MANIFEST).is_file() {
-            bail!(
-                "{} holds unfinished records of HDF5 shards (their preparation was stopped): run the same `trainbook prepare` again to finish them",
-                dir.display()
-            );
-        }
-        bail!("{} holds no records ({INDEX})", dir.display());
-    }
-    let index: Index = read_json(&path)?;
+    let index: Index = read_complete(
+        dir,
+        (INDEX, MANIFEST),
+        "holds unfinished records of HDF5 shards (their preparation was stopped): run the same `trainbook prepare` again to finish them",
+        &format!("holds no records ({INDEX})"),
+    )?;
     let m = &index.manifest;
     if m.format != FORMAT || m.kind != KIND || m.arrays != record_layout(m.seq_len, m.max_pred) {
         bail!(
-            "{} holds records in format {} but this trainbook reads format {FORMAT}: prepare the shards again (`trainbook prepare --data {}`)",
+            "{} holds records in format {} but this trainbook reads format {FORMAT}: remove it and prepare the shards again (`trainbook prepare --data {}`)",
             dir.display(),
             m.format,
             m.source_dir.display()
@@ -245,10 +247,9 @@ pub fn prepare(
     for (k, source) in manifest.shards.iter().enumerate() {
         let path = records_path(out, k);
         let len = source.sequences * manifest.record_bytes as u64;
-        let crc32c = if std::fs::metadata(&path).is_ok_and(|m| m.len() == len) {
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == len) {
             // Whole: written, then renamed, by a preparation that stopped later.
             p.resumed_texts += source.sequences;
-            file_crc32c(&path)?
         } else {
             let (bytes_before, texts_before) = (before(&manifest, k), p.texts);
             write_records(&shards, k, &manifest, &path, min_rows, &mut |done| {
@@ -257,8 +258,8 @@ pub fn prepare(
                 p.tokens = p.texts * manifest.seq_len as u64;
                 p.seconds = t0.elapsed().as_secs_f64();
                 progress(&p)
-            })?
-        };
+            })?;
+        }
         p.bytes = before(&manifest, k + 1);
         p.texts = manifest.shards[..=k].iter().map(|s| s.sequences).sum();
         p.tokens = p.texts * manifest.seq_len as u64;
@@ -268,7 +269,6 @@ pub fn prepare(
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
             sequences: source.sequences,
-            crc32c,
         });
     }
     p.seconds = t0.elapsed().as_secs_f64();
@@ -297,7 +297,7 @@ fn other_records(out: &Path, there: &Manifest) -> String {
 }
 
 /// Writes shard `k`'s records to `path` (a temporary name, renamed when whole); `done` is told
-/// the sequences written so far after each slab. Returns the file's CRC-32C.
+/// the sequences written so far after each slab.
 fn write_records(
     shards: &Hdf5Shards,
     k: usize,
@@ -305,17 +305,18 @@ fn write_records(
     path: &Path,
     min_rows: usize,
     done: &mut dyn FnMut(u64) -> Result<()>,
-) -> Result<u32> {
+) -> Result<()> {
     let tmp = PathBuf::from(format!("{}.tmp-{}", path.display(), std::process::id()));
     let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
-    let (mut crc, mut buf) = (0u32, Vec::new());
+    let mut buf = Vec::new();
+    let fields = &m.arrays[..FIELDS.len()];
     let source = shards.shards().nth(k).expect("shard k").0.to_path_buf();
     shards.read_shard(k, min_rows, &mut |slab| {
         let n = slab.rows.len();
         buf.clear();
         buf.reserve(n * m.record_bytes);
-        for (a, array) in m.arrays.iter().enumerate() {
+        for (a, array) in fields.iter().enumerate() {
             let (got, per) = (slab.arrays[a].len(), array.shape[0]);
             if got != n * per && !(a == 5 && got == 0) {
                 bail!(
@@ -325,7 +326,8 @@ fn write_records(
             }
         }
         for r in 0..n {
-            for (a, array) in m.arrays.iter().enumerate() {
+            let start = buf.len();
+            for (a, array) in fields.iter().enumerate() {
                 let per = array.shape[0];
                 let values = &slab.arrays[a];
                 if values.is_empty() {
@@ -345,8 +347,9 @@ fn write_records(
                     buf.extend_from_slice(&v.to_le_bytes());
                 }
             }
+            let crc = crc32c::crc32c(&buf[start..]);
+            buf.extend_from_slice(&crc.to_le_bytes());
         }
-        crc = crc32c::crc32c_append(crc, &buf);
         w.write_all(&buf)
             .with_context(|| format!("writing {}", tmp.display()))?;
         done(slab.rows.end as u64)
@@ -357,8 +360,7 @@ fn write_records(
     f.sync_all()
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(crc)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 /// What `CorpusPreparer::prepare` and `trainbook prepare` do with a directory of HDF5 shards.
@@ -418,7 +420,7 @@ impl Hdf5Records {
         let (mut parts, mut starts, mut rows) = (Vec::new(), Vec::new(), 0u64);
         for f in &index.files {
             let len = f.sequences * m.record_bytes as u64;
-            parts.push(MappedPart::open(dir.join(&f.file), len, f.crc32c, INDEX)?);
+            parts.push(MappedPart::open(dir.join(&f.file), len, None, INDEX)?);
             starts.push(rows);
             rows += f.sequences;
         }
@@ -455,8 +457,19 @@ impl Hdf5Records {
         // does, so it is never the one chosen.
         let k = self.starts.partition_point(|&s| s <= i as u64) - 1;
         let m = &self.index.manifest;
-        let at = (i as u64 - self.starts[k]) as usize * m.record_bytes;
-        let record = &self.parts[k].bytes()?[at..at + m.record_bytes];
+        let row = (i as u64 - self.starts[k]) as usize;
+        let at = row * m.record_bytes;
+        let part = &self.parts[k];
+        let record = &part.bytes()?[at..at + m.record_bytes];
+        let (body, crc) = record.split_at(m.record_bytes - WIDTH);
+        let want = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        if crc32c::crc32c(body) != want {
+            bail!(
+                "{} is damaged: sequence {row}'s record does not match its checksum; prepare the shards again (`trainbook prepare --data {}`, into a new --out)",
+                part.path.display(),
+                m.source_dir.display()
+            );
+        }
         let ints = |a: usize| -> Vec<i64> {
             let (from, n) = (m.arrays[a].offset, m.arrays[a].shape[0]);
             record[from..from + n * WIDTH]
@@ -478,7 +491,7 @@ impl Hdf5Records {
                 },
             },
             vocab,
-            &self.dir.join(&self.index.files[k].file),
+            &part.path,
         )
     }
 }
