@@ -204,3 +204,28 @@ pub(crate) fn load_trained(
     }
     Ok(())
 }
+
+/// Refuses the text options a task recipe does not read (columns, padding are `bert`'s), so
+/// a user who sets one learns it does nothing here.
+pub(crate) fn refuse_table_options(
+    options: &trainbook_api::TextOptions,
+    recipe: &str,
+    reads: &str,
+) -> Result<()> {
+    let set: Vec<&str> = [
+        ("text_column", options.text_column.is_some()),
+        ("text_pair_column", options.text_pair_column.is_some()),
+        ("label_column", options.label_column.is_some()),
+        ("padding", options.padding.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, given)| given.then_some(name))
+    .collect();
+    if !set.is_empty() {
+        bail!(
+            "{recipe} does not take {}: it reads {reads} (and pads each batch to its longest input); drop the option",
+            set.join(", ")
+        );
+    }
+    Ok(())
+}

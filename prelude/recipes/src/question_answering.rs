@@ -81,6 +81,11 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         .unwrap_or_else(|| "default".into());
     let (mut hyper, text, qa) = preset(&name)?;
     let (t, q): (TextOptions, QaOptions) = spec.recipe_options_pair()?;
+    encoder_job::refuse_table_options(
+        &t,
+        "question-answering",
+        "SQuAD questions, contexts and answers",
+    )?;
     let mut text = text.with_overrides(&t);
     let qa = qa.with_overrides(&q);
     text.random_init &= spec.train.model.is_none();

@@ -77,6 +77,11 @@ pub fn resolve(spec: &JobSpec) -> Result<Hyper> {
         .unwrap_or_else(|| "default".into());
     let (mut hyper, text) = preset(&name)?;
     let options: TextOptions = spec.recipe_options()?;
+    encoder_job::refuse_table_options(
+        &options,
+        "token-classification",
+        "CoNLL or jsonl tokens and tags",
+    )?;
     let mut text = text.with_overrides(&options);
     text.random_init &= spec.train.model.is_none();
     encoder_job::check(spec, &text)?;
