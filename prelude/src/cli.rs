@@ -843,7 +843,8 @@ fn say_place(spec: &JobSpec) {
     );
 }
 
-fn train(args: &TrainArgs) -> Result<i32> {
+/// `--export` only for the recipes whose checkpoints it writes.
+fn check_export(args: &TrainArgs) -> Result<()> {
     if args.export.is_some() && !EXPORTS.contains(&args.recipe.as_str()) {
         anyhow::bail!(
             "--export writes the checkpoints of {}; a {} run's checkpoints are read by trainbook (result.last_checkpoint)",
@@ -851,6 +852,11 @@ fn train(args: &TrainArgs) -> Result<i32> {
             args.recipe
         );
     }
+    Ok(())
+}
+
+fn train(args: &TrainArgs) -> Result<i32> {
+    check_export(args)?;
     let spec = args.to_spec()?;
     say_place(&spec);
     // Ctrl-C stops the workers cleanly instead of leaving them to their death signal. The

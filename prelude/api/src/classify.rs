@@ -132,7 +132,7 @@ pub trait Classifiers: Send + Sync {
     /// Loads a token classifier checkpoint on the CPU.
     fn load_tagger(&self, dir: &Path) -> Result<Box<dyn TagModel>>;
     /// Loads a question-answering checkpoint on the CPU.
-    fn load_answerer(&self, dir: &Path) -> Result<Box<dyn crate::qa::AnswerModel>>;
+    fn load_answerer(&self, dir: &Path) -> Result<Box<dyn AnswerModel>>;
 }
 
 /// A loaded image classifier (the recipes implement it).
@@ -218,5 +218,60 @@ mod tests {
             e.to_string().contains("1 probabilities for 2 labels"),
             "{e}"
         );
+    }
+}
+
+/// An answer found in a context.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Answer {
+    /// The answer's text; empty when the question is left unanswered (SQuAD v2).
+    pub text: String,
+    /// Character offsets in the context (Unicode scalar values, as Python counts them).
+    pub start: usize,
+    pub end: usize,
+    /// The span's start logit plus end logit.
+    pub score: f64,
+    /// The no-answer score (the first token's start plus end logit).
+    pub null_score: f64,
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.text.is_empty() {
+            write!(f, "(no answer; null score {:.2})", self.null_score)
+        } else {
+            write!(
+                f,
+                "{:?} [{}..{}] (score {:.2})",
+                self.text, self.start, self.end, self.score
+            )
+        }
+    }
+}
+
+/// A loaded question-answering model (the recipes implement it).
+pub trait AnswerModel {
+    fn checkpoint(&self) -> &Path;
+    fn answer(&self, question: &str, context: &str) -> Result<Answer>;
+}
+
+/// A question-answering model loaded from a checkpoint or an exported directory, on the CPU:
+/// `QuestionAnswerer::load(dir)?.answer("Where was Ada born?", context)?`. Long contexts are
+/// read in overlapping windows, as in training.
+pub struct QuestionAnswerer(Box<dyn AnswerModel>);
+
+impl QuestionAnswerer {
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Ok(QuestionAnswerer(
+            port::<dyn Classifiers>()?.load_answerer(dir.as_ref())?,
+        ))
+    }
+
+    pub fn checkpoint(&self) -> &Path {
+        self.0.checkpoint()
+    }
+
+    pub fn answer(&self, question: &str, context: &str) -> Result<Answer> {
+        self.0.answer(question, context)
     }
 }

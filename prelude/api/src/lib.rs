@@ -76,6 +76,7 @@ mod topology;
 mod view;
 mod vision;
 
+pub use classify::{Answer, QuestionAnswerer};
 pub use classify::{ImageClassifier, Prediction, TaggedSpan, TextClassifier, TokenTagger};
 pub use corpus::{CorpusPreparer, PrepareProgress, PreparedCorpus};
 pub use device::{Backend, DeviceKind, DeviceRequest};
@@ -95,7 +96,7 @@ pub use memory::{Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
 pub use mlm::{BertMlmTrainer, ConfigureMlm, MlmOptions};
 pub use params::{Param, ParamError};
 pub use profile::{OpTime, ProfileSteps, StepProfile};
-pub use qa::{Answer, ConfigureQa, QaOptions, QaTrainer, QuestionAnswerer};
+pub use qa::{ConfigureQa, QaOptions, QaTrainer};
 pub use run::{fit, launch, Train, View};
 pub use spec::{
     Configure, ConfigureTraining, DedupConfig, Hyper, JobSpec, Nodes, OptimizerKind, Plan,
@@ -125,6 +126,7 @@ pub mod notebook {
 /// resolved option structs the recipes read, and helpers shared by the engine's views.
 #[doc(hidden)]
 pub mod plumbing {
+    pub use crate::classify::AnswerModel;
     pub use crate::classify::{Classifiers, ImageModel, TagModel, TextModel};
     pub use crate::corpus::Corpora;
     pub use crate::display::{Bundle, Notebook};
@@ -135,7 +137,7 @@ pub mod plumbing {
     pub use crate::mlm::MlmSettings;
     pub use crate::options::names as option_names;
     pub use crate::params::{__json, rebind};
-    pub use crate::qa::{AnswerModel, QaSettings};
+    pub use crate::qa::QaSettings;
     pub use crate::run::view_options;
     pub use crate::runtime::{
         fingerprint, last_dl_error, port, register, registry, Registry, DYLIB_ENV,
@@ -154,6 +156,7 @@ pub mod plumbing {
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`
 pub mod prelude {
+    pub use crate::classify::{Answer, QuestionAnswerer};
     pub use crate::classify::{
         ImageClassifier, Prediction, TaggedSpan, TextClassifier, TokenTagger,
     };
@@ -168,7 +171,7 @@ pub mod prelude {
     pub use crate::logs::LogLevel;
     pub use crate::mlm::{BertMlmTrainer, ConfigureMlm};
     pub use crate::param;
-    pub use crate::qa::{Answer, ConfigureQa, QaTrainer, QuestionAnswerer};
+    pub use crate::qa::{ConfigureQa, QaTrainer};
     pub use crate::run::{fit, launch, Train, View};
     pub use crate::spec::{
         Configure, ConfigureTraining, Hyper, JobSpec, OptimizerKind, Plan, Precision, Resume,

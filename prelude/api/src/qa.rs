@@ -1,12 +1,7 @@
 //! Extractive question answering (the `question-answering` recipe) as notebooks drive it:
-//! [`QaTrainer`] with its options, and [`QuestionAnswerer`] to answer questions with a trained
-//! checkpoint in a cell.
+//! [`QaTrainer`] with its options; `QuestionAnswerer` (in `classify`, beside the other
+//! checkpoint handles) answers questions with a trained checkpoint in a cell.
 
-use std::path::Path;
-
-use anyhow::Result;
-
-use crate::runtime::port;
 use crate::spec::Configure;
 use crate::text::{ConfigureText, TextOptions};
 
@@ -48,60 +43,5 @@ impl ConfigureText for QaTrainer {
 impl ConfigureQa for QaTrainer {
     fn qa_options(&mut self, edit: impl FnOnce(&mut QaOptions)) {
         self.spec.edit_recipe_options(edit)
-    }
-}
-
-/// An answer found in a context.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Answer {
-    /// The answer's text; empty when the question is left unanswered (SQuAD v2).
-    pub text: String,
-    /// Character offsets in the context (Unicode scalar values, as Python counts them).
-    pub start: usize,
-    pub end: usize,
-    /// The span's start logit plus end logit.
-    pub score: f64,
-    /// The no-answer score (the first token's start plus end logit).
-    pub null_score: f64,
-}
-
-impl std::fmt::Display for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.text.is_empty() {
-            write!(f, "(no answer; null score {:.2})", self.null_score)
-        } else {
-            write!(
-                f,
-                "{:?} [{}..{}] (score {:.2})",
-                self.text, self.start, self.end, self.score
-            )
-        }
-    }
-}
-
-/// A loaded question-answering model (the recipes implement it).
-pub trait AnswerModel {
-    fn checkpoint(&self) -> &Path;
-    fn answer(&self, question: &str, context: &str) -> Result<Answer>;
-}
-
-/// A question-answering model loaded from a checkpoint or an exported directory, on the CPU:
-/// `QuestionAnswerer::load(dir)?.answer("Where was Ada born?", context)?`. Long contexts are
-/// read in overlapping windows, as in training.
-pub struct QuestionAnswerer(Box<dyn AnswerModel>);
-
-impl QuestionAnswerer {
-    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
-        Ok(QuestionAnswerer(
-            port::<dyn crate::classify::Classifiers>()?.load_answerer(dir.as_ref())?,
-        ))
-    }
-
-    pub fn checkpoint(&self) -> &Path {
-        self.0.checkpoint()
-    }
-
-    pub fn answer(&self, question: &str, context: &str) -> Result<Answer> {
-        self.0.answer(question, context)
     }
 }

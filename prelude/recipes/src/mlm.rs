@@ -341,6 +341,52 @@ pub struct MlmRecipe {
     fixed_predictions: Option<usize>,
 }
 
+/// The model's config.json (its vocabulary and positions checked against the tokenizer and
+/// the block), or the from-scratch shape.
+fn model_config(
+    model_dir: Option<&Path>,
+    s: &Settings,
+    vocab: i64,
+    tokenizer_dir: &Path,
+    block: usize,
+) -> Result<EncoderConfig> {
+    Ok(match model_dir {
+        Some(dir) => {
+            let c = EncoderConfig::from_file(&dir.join("config.json"))?;
+            if c.vocab_size != vocab {
+                bail!("{} has a vocabulary of {} but the tokenizer in {} has {vocab}: use the model's own tokenizer", dir.display(), c.vocab_size, tokenizer_dir.display());
+            }
+            if (c.max_tokens() as usize) < block {
+                bail!(
+                    "max_length {block} is longer than the model's {} positions",
+                    c.max_tokens()
+                );
+            }
+            c
+        }
+        None => scratch_config(s, vocab),
+    })
+}
+
+/// 002's objective: the next-sentence head, when the data has its labels (HDF5 shards) and the
+/// model is a BERT, unless switched off.
+fn next_sentence_on(
+    s: &Settings,
+    train: &Samples,
+    vocab: i64,
+    config: &EncoderConfig,
+) -> Result<bool> {
+    let labelled = match train.get(0, vocab) {
+        Ok(Sample::Masked(s)) => s.next_sentence_label.is_some(),
+        _ => false,
+    };
+    Ok(match s.mlm.next_sentence {
+        Some(true) if !labelled => bail!("next_sentence needs data with next_sentence_labels (002's HDF5 shards); this data has none: leave next_sentence unset"),
+        Some(on) => on,
+        None => labelled && config.family().model_type == "bert",
+    })
+}
+
 impl MlmRecipe {
     pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {
         let s: Settings = crate::settings(hyper)?;
@@ -406,34 +452,9 @@ impl MlmRecipe {
             tokenizer_dir.display()
         ));
 
-        let config = match &model_dir {
-            Some(dir) => {
-                let c = EncoderConfig::from_file(&dir.join("config.json"))?;
-                if c.vocab_size != vocab {
-                    bail!("{} has a vocabulary of {} but the tokenizer in {} has {vocab}: use the model's own tokenizer", dir.display(), c.vocab_size, tokenizer_dir.display());
-                }
-                if (c.max_tokens() as usize) < block {
-                    bail!(
-                        "max_length {block} is longer than the model's {} positions",
-                        c.max_tokens()
-                    );
-                }
-                c
-            }
-            None => scratch_config(&s, vocab),
-        }
-        .with_dropout(hyper.dropout);
-        // 002's objective: the next-sentence head, when the data has its labels (HDF5
-        // shards) and the model is a BERT, unless switched off.
-        let labelled = match train.get(0, vocab) {
-            Ok(Sample::Masked(s)) => s.next_sentence_label.is_some(),
-            _ => false,
-        };
-        let next_sentence = match s.mlm.next_sentence {
-            Some(true) if !labelled => bail!("next_sentence needs data with next_sentence_labels (002's HDF5 shards); this data has none: leave next_sentence unset"),
-            Some(on) => on,
-            None => labelled && config.family().model_type == "bert",
-        };
+        let config = model_config(model_dir.as_deref(), &s, vocab, &tokenizer_dir, block)?
+            .with_dropout(hyper.dropout);
+        let next_sentence = next_sentence_on(&s, &train, vocab, &config)?;
         tch::manual_seed(hyper.seed as i64);
         let mut vs = device.var_store();
         let mut model = if next_sentence {

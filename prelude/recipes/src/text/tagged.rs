@@ -619,28 +619,21 @@ fn mark(tag: &str) -> Mark<'_> {
     Mark::Inside(tag)
 }
 
-/// Groups tagged words into entities: `B-X` starts one, `I-X` continues an `X` (and starts
-/// one after anything else, as CoNLL-2003's original IOB1 tags and a model's slips need),
-/// `O` ends it; BIOES/BILOU's `E-`/`L-` end and `S-`/`U-` are one-word entities; a tag with
-/// no prefix is its own type. `words` from [`words_of`], one tag (and score) per word.
-pub fn group<S: AsRef<str>>(
-    text: &str,
-    words: &[TextWord],
-    tags: &[S],
-    scores: Option<&[f32]>,
-) -> Result<Vec<TaggedSpan>> {
-    if tags.len() != words.len() {
+/// The words, tags and scores [`group`] is given belong together: one tag (and score) per
+/// word, every word a byte span of `text` on character boundaries.
+fn check_words(text: &str, words: &[TextWord], tags: usize, scores: Option<usize>) -> Result<()> {
+    if tags != words.len() {
         bail!(
             "{} tags for {} words: pass one tag per word",
-            tags.len(),
+            tags,
             words.len()
         );
     }
     if let Some(s) = scores {
-        if s.len() != words.len() {
+        if s != words.len() {
             bail!(
                 "{} scores for {} words: pass one score per word, or none",
-                s.len(),
+                s,
                 words.len()
             );
         }
@@ -659,6 +652,11 @@ pub fn group<S: AsRef<str>>(
             );
         }
     }
+    Ok(())
+}
+
+/// The entities of a tag sequence: (kind, first word, last word), by [`group`]'s rules.
+fn runs<S: AsRef<str>>(tags: &[S]) -> Vec<(&str, usize, usize)> {
     // (kind, first word, last word)
     let mut runs: Vec<(&str, usize, usize)> = Vec::new();
     let mut open: Option<(&str, usize, usize)> = None;
@@ -693,6 +691,21 @@ pub fn group<S: AsRef<str>>(
         }
     }
     runs.extend(open);
+    runs
+}
+
+/// Groups tagged words into entities: `B-X` starts one, `I-X` continues an `X` (and starts
+/// one after anything else, as CoNLL-2003's original IOB1 tags and a model's slips need),
+/// `O` ends it; BIOES/BILOU's `E-`/`L-` end and `S-`/`U-` are one-word entities; a tag with
+/// no prefix is its own type. `words` from [`words_of`], one tag (and score) per word.
+pub fn group<S: AsRef<str>>(
+    text: &str,
+    words: &[TextWord],
+    tags: &[S],
+    scores: Option<&[f32]>,
+) -> Result<Vec<TaggedSpan>> {
+    check_words(text, words, tags.len(), scores.map(<[f32]>::len))?;
+    let runs = runs(tags);
 
     // Byte offsets to character offsets, walking the text once (spans come in order).
     let mut chars_before = 0usize;
