@@ -66,9 +66,9 @@ pub mod checkpoint {
     pub use crate::driver::metrics::read_parquet as read_metrics;
     pub use crate::shared::checkpoint::{
         latest, save_vars, write_atomic, write_file_atomic, write_json_atomic, write_tensors,
-        RunConfig, RunStatus, TrainerState, CHECKPOINTS, MODEL, OPTIMIZER, RUN_CONFIG, RUN_STATUS,
-        TRAINER_STATE,
+        RunConfig, RunStatus, TrainerState, MODEL, OPTIMIZER, TRAINER_STATE,
     };
+    pub use crate::shared::run_dir::RunDir;
 }
 
 /// C++ helpers' errors as `anyhow` errors: for crates that add helpers of their own (the HPU

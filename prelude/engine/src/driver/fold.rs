@@ -73,13 +73,12 @@ pub(super) struct Fold<'a> {
 impl<'a> Fold<'a> {
     pub(super) fn new(job: &'a JobState, forward: Option<Emitter>) -> Self {
         let world = job.spec.world_size();
-        let logs_dir = job.run_dir.join("logs");
         // Node 0 logs every rank (other nodes forward their output to it); other nodes their own.
         let local = job.spec.local_ranks();
         let log_files = (0..world)
             .map(|r| {
                 (forward.is_none() || local.contains(&r))
-                    .then(|| File::create(logs_dir.join(format!("rank{r}.log"))).ok())
+                    .then(|| File::create(job.run_dir.rank_log(r)).ok())
                     .flatten()
             })
             .collect();
@@ -117,7 +116,7 @@ impl<'a> Fold<'a> {
             self.log_files[rank] = File::options()
                 .append(true)
                 .create(true)
-                .open(self.job.run_dir.join(format!("logs/rank{rank}.log")))
+                .open(self.job.run_dir.rank_log(rank))
                 .ok();
         }
         if let Some(Some(f)) = self.log_files.get_mut(rank) {
@@ -339,13 +338,7 @@ impl<'a> Fold<'a> {
             } else {
                 tail.join("\n")
             },
-            log: self
-                .job
-                .run_dir
-                .join("logs")
-                .join(format!("rank{}.log", rank))
-                .display()
-                .to_string(),
+            log: self.job.run_dir.rank_log(rank).display().to_string(),
         }
     }
 
@@ -365,12 +358,12 @@ impl<'a> Fold<'a> {
                     how: "workers exited without reporting completion".into(),
                     message: String::new(),
                     tail: String::new(),
-                    log: job.run_dir.join("logs").display().to_string(),
+                    log: job.run_dir.logs().display().to_string(),
                 });
             }
             st.metrics.clone()
         };
-        if let Err(e) = metrics::write_parquet(&rows, &job.run_dir.join("metrics.parquet")) {
+        if let Err(e) = metrics::write_parquet(&rows, &job.run_dir.metrics()) {
             eprintln!("trainbook: could not write metrics.parquet: {e:#}");
         }
         if !self.joined {
@@ -386,7 +379,7 @@ impl<'a> Fold<'a> {
                 restarts: st.restarts.len(),
             };
             drop(st);
-            let file = job.run_dir.join(checkpoint::RUN_STATUS);
+            let file = job.run_dir.status();
             if let Err(e) = checkpoint::write_json_atomic(&file, &status) {
                 eprintln!("trainbook: could not write {}: {e:#}", file.display());
             }
@@ -430,6 +423,7 @@ pub(super) mod tests {
     //! sockets or UI.
     use super::*;
     use crate::shared::events::LogStream;
+    use crate::shared::run_dir::RunDir;
     use std::sync::mpsc;
     use trainbook_api::DeviceKind;
     use trainbook_api::{Configure, JobSpec};
@@ -451,7 +445,7 @@ pub(super) mod tests {
         JobState::new(
             spec,
             DeviceKind::Cpu,
-            PathBuf::from("/runs/r1"),
+            RunDir::new("/runs/r1"),
             "tcp://x".into(),
         )
     }

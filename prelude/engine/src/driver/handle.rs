@@ -21,6 +21,7 @@ use trainbook_api::{
 use super::membership::Membership;
 use super::processes::STOP_GRACE;
 use crate::shared::events::WorkerSummary;
+use crate::shared::run_dir::RunDir;
 
 pub(super) struct State {
     pub(super) status: JobStatus,
@@ -59,7 +60,7 @@ pub(super) struct JobState {
     pub(super) id: u64,
     pub(super) spec: JobSpec,
     pub(super) device: DeviceKind,
-    pub(super) run_dir: PathBuf,
+    pub(super) run_dir: RunDir,
     pub(super) events_endpoint: String,
     pub(super) started: Instant,
     pub(super) state: Mutex<State>,
@@ -79,7 +80,7 @@ impl JobState {
     pub(super) fn new(
         spec: JobSpec,
         device: DeviceKind,
-        run_dir: PathBuf,
+        run_dir: RunDir,
         events_endpoint: String,
     ) -> Self {
         let world = spec.world_size();
@@ -369,7 +370,7 @@ impl JobControl for JobHandle {
             metric_rows: st.metrics.clone(),
             last_checkpoint,
             best_checkpoint,
-            run_dir: self.job.run_dir.clone(),
+            run_dir: self.job.run_dir.to_path_buf(),
             error: st.failure.as_ref().map(|f| f.to_string()).or(
                 if st.status == JobStatus::Stopped {
                     Some("stopped".into())
@@ -400,8 +401,8 @@ impl JobControl for JobHandle {
 }
 
 /// Every rank's trace in the run directory's profile/ (rank 0's first), else the ones given.
-fn traces(run_dir: &std::path::Path, given: Vec<std::path::PathBuf>) -> Vec<std::path::PathBuf> {
-    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(run_dir.join("profile"))
+fn traces(run_dir: &RunDir, given: Vec<std::path::PathBuf>) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(run_dir.profile())
         .into_iter()
         .flatten()
         .flatten()

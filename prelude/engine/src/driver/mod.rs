@@ -38,7 +38,7 @@ use trainbook_api::DeviceKind;
 use trainbook_api::JobSpec;
 use trainbook_api::{Job, JobStatus};
 
-use crate::shared::checkpoint::{self, TrainerState};
+use crate::shared::checkpoint::TrainerState;
 use crate::shared::env;
 use crate::worker::jobs::JobKind;
 use crate::worker::recipe::Registry;
@@ -182,7 +182,7 @@ fn worker_commands(
         rendezvous::is_loopback(&spec.master_addr).then(|| spec.master_addr.clone())
     });
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    let config_file = node.run_dir.join(checkpoint::RUN_CONFIG);
+    let config_file = node.run_dir.config();
     spec.local_ranks()
         .enumerate()
         .map(|(local, rank)| {

@@ -10,6 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::shared::run_dir::RunDir;
+
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use trainbook_api::plumbing::DEFAULT_MASTER_PORT;
@@ -125,7 +127,7 @@ pub(super) fn next_start(store: &Store, after: u32, timeout: Duration) -> Option
 pub(super) struct Node {
     pub(super) config: RunConfig,
     pub(super) device: DeviceKind,
-    pub(super) run_dir: PathBuf,
+    pub(super) run_dir: RunDir,
     pub(super) store: Store,
     pub(super) events: String,
     pub(super) token: String,
@@ -180,7 +182,7 @@ pub(super) fn host(
         members: Vec::new(),
     };
     let config = RunConfig { spec, hyper };
-    checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
+    checkpoint::write_json_atomic(&run_dir.config(), &config)?;
     let spec = &config.spec;
     let timeout = Duration::from_secs(spec.collective_timeout_secs);
     let several = spec.nodes > 1;
@@ -276,7 +278,7 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
     config.spec.dedup = spec.dedup;
     config.spec.view = spec.view;
     let run_dir = create_run_dir(&config.spec, Some(format!("{}-node{node}", info.run_name)))?;
-    checkpoint::write_json_atomic(&run_dir.join(checkpoint::RUN_CONFIG), &config)?;
+    checkpoint::write_json_atomic(&run_dir.config(), &config)?;
     let forward = Emitter::connect(&info.events, &info.token, config.spec.local_ranks().start)
         .context("connecting to node 0's event stream")?;
     let start = if config.spec.is_elastic() {
@@ -462,13 +464,13 @@ fn named_run_resume(spec: &JobSpec, run_dir: &Path) -> Result<Option<PathBuf>> {
 
 /// `name`: the run's directory name (another node's run keeps node 0's name); default the
 /// job's `run_name`, else `<recipe>-<time>-<random>`.
-fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<PathBuf> {
+fn create_run_dir(spec: &JobSpec, name: Option<String>) -> Result<RunDir> {
     let name = name.or_else(|| spec.run_name.clone());
     let root = super::runs_root(spec);
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
     let suffix: u16 = rand::random();
     let dir = root.join(name.unwrap_or_else(|| format!("{}-{stamp}-{suffix:04x}", spec.recipe)));
-    std::fs::create_dir_all(dir.join("logs"))
+    std::fs::create_dir_all(RunDir::new(&dir).logs())
         .with_context(|| format!("cannot create the run directory {}: check that its parent is writable, or set TRAINBOOK_RUNS", dir.display()))?;
-    Ok(std::fs::canonicalize(&dir).unwrap_or(dir))
+    Ok(RunDir::new(std::fs::canonicalize(&dir).unwrap_or(dir)))
 }

@@ -2,22 +2,7 @@
 //! readers share, and crash-safe writing (everything is written beside its destination under a
 //! temporary name and renamed into place, so a reader never sees half a checkpoint).
 //!
-//! ```text
-//! trainbook_runs/<run>/
-//!   config.json                 RunConfig: the job as asked, and its resolved hyper-parameters
-//!   status.json                 RunStatus: how the job ended (absent while it runs or if its
-//!                               driver was killed): a finished named run is not trained again
-//!   hangs/                      a hung rank's report: last step, last lines, native stack
-//!   logs/rank<R>.log            every line of each worker
-//!   metrics.parquet             one row per logged metric
-//!   dllogger.json               the same metrics as BERT pre-training scripts log them
-//!   checkpoints/step-<S>/       every `checkpoint_every` steps, the last `keep_checkpoints`
-//!   checkpoints/epoch-<E>/
-//!     trainer_state.json        TrainerState: where training stood, what it ran with
-//!     model.safetensors         the weights (names as the recipe's model defines them)
-//!     optimizer.safetensors     optimizer state (the latest checkpoint, and kept step ones)
-//!     config.json ...           the recipe's model files (see the recipe's `save`)
-//! ```
+//! The layout of a run directory is [`crate::shared::run_dir`]'s.
 //!
 //! Readers accept what older trainbook versions wrote: new fields are optional when reading.
 
@@ -29,18 +14,14 @@ use serde::{Deserialize, Serialize};
 
 use trainbook_api::{Hyper, JobSpec};
 
-/// A run directory's job record.
-pub const RUN_CONFIG: &str = "config.json";
+use super::run_dir::RunDir;
+
 /// A checkpoint's training state.
 pub const TRAINER_STATE: &str = "trainer_state.json";
 /// A checkpoint's weights.
 pub const MODEL: &str = "model.safetensors";
 /// A checkpoint's optimizer state.
 pub const OPTIMIZER: &str = "optimizer.safetensors";
-/// A run directory's record of how its job ended.
-pub const RUN_STATUS: &str = "status.json";
-/// The directory of a run's checkpoints.
-pub const CHECKPOINTS: &str = "checkpoints";
 
 /// A run directory's `status.json`, written when its job ends.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -57,7 +38,7 @@ pub struct RunStatus {
 impl RunStatus {
     /// The run directory's status, if its job ended and recorded it.
     pub fn read(run_dir: &Path) -> Option<Self> {
-        let bytes = std::fs::read(run_dir.join(RUN_STATUS)).ok()?;
+        let bytes = std::fs::read(RunDir::new(run_dir).status()).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 }
@@ -67,7 +48,7 @@ impl RunStatus {
 /// continues from. Only `step-N` and `epoch-N` directories whose trainer state reads count;
 /// a checkpoint being written has another name until it is complete.
 pub fn latest(run_dir: &Path) -> Option<(PathBuf, TrainerState)> {
-    let entries = std::fs::read_dir(run_dir.join(CHECKPOINTS)).ok()?;
+    let entries = std::fs::read_dir(RunDir::new(run_dir).checkpoints()).ok()?;
     entries
         .filter_map(|e| e.ok())
         .filter_map(|e| {
@@ -93,7 +74,7 @@ pub fn latest(run_dir: &Path) -> Option<(PathBuf, TrainerState)> {
 /// while writing leaves its temporary directory (see [`StagedDir`]). Called by the writing rank
 /// before it writes anything.
 pub(crate) fn remove_staged(run_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(run_dir.join(CHECKPOINTS)) else {
+    let Ok(entries) = std::fs::read_dir(RunDir::new(run_dir).checkpoints()) else {
         return;
     };
     for e in entries.filter_map(|e| e.ok()) {
@@ -295,7 +276,7 @@ mod tests {
         std::fs::remove_dir_all(&run).ok();
         assert!(latest(&run).is_none(), "no checkpoints directory");
         let write = |name: &str, step: u64, complete: bool| {
-            let dir = run.join(CHECKPOINTS).join(name);
+            let dir = RunDir::new(&run).checkpoint(name);
             std::fs::create_dir_all(&dir).unwrap();
             let state = TrainerState {
                 epoch: 0,

@@ -45,6 +45,7 @@ use crate::shared::env::{
     HpuProbe, CONFIG, DEVICE, EVENTS, PROBE_HPU, RESUME, RUN_DIR, THREADS, TOKEN,
 };
 use crate::shared::events::{Emitter, Event};
+use crate::shared::run_dir::RunDir;
 use device::Device;
 use dist::{InitOptions, ProcessGroup};
 use jobs::JobKind;
@@ -276,7 +277,7 @@ fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Resu
         device_name: device.name().to_string(),
         pg,
         events: events.clone(),
-        run_dir: env(RUN_DIR)?.into(),
+        run_dir: RunDir::new(env(RUN_DIR)?),
     };
     let trained = train_recipe(&ctx, hyper, kind, bridge);
     if trained.is_err() {

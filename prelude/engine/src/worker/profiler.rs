@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use trainbook_api::{OpTime, ProfileSteps, StepProfile};
 
 use crate::shared::ffi::call_status;
+use crate::shared::run_dir::RunDir;
 
 extern "C" {
     fn tb_profiler_start(with_cuda: c_int, err: *mut c_char, errlen: usize) -> c_int;
@@ -71,13 +72,6 @@ impl Drop for Range {
     }
 }
 
-/// Where a rank's trace is written.
-pub(crate) fn trace_path(run_dir: &Path, rank: usize) -> PathBuf {
-    run_dir
-        .join("profile")
-        .join(format!("rank{rank}.pt.trace.json"))
-}
-
 /// A job's profiling on one rank: starts before `steps.start`, wraps each recorded step in a
 /// range, stops and saves after the last (or when training ends first).
 pub(crate) struct StepProfiler {
@@ -92,7 +86,7 @@ impl StepProfiler {
     pub(crate) fn new(steps: ProfileSteps, run_dir: &Path, rank: usize, with_cuda: bool) -> Self {
         StepProfiler {
             steps,
-            path: trace_path(run_dir, rank),
+            path: RunDir::new(run_dir).rank_trace(rank),
             with_cuda,
             active: false,
             range: None,
@@ -349,7 +343,7 @@ mod tests {
             }
         }
         let path = saved.expect("saved after step 2");
-        assert_eq!(path, trace_path(&dir, 0));
+        assert_eq!(path, RunDir::new(&dir).rank_trace(0));
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let names: Vec<&str> = json["traceEvents"]

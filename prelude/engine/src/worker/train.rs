@@ -16,6 +16,7 @@ use trainbook_api::{Hyper, OptimizerKind, Precision, Schedule};
 
 use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::{Emitter, Event, WorkerSummary};
+use crate::shared::run_dir::RunDir;
 use crate::worker::checkpoint_writer::{CheckpointWriter, Contents, Finished};
 use crate::worker::ddp;
 use crate::worker::device::{Device, Mark};
@@ -225,7 +226,7 @@ pub(crate) struct WorkerContext {
     pub device_name: String,
     pub pg: ProcessGroup,
     pub events: Emitter,
-    pub run_dir: std::path::PathBuf,
+    pub run_dir: RunDir,
 }
 
 /// Progress events are rate-limited: a notebook does not need 1000 updates a second.
@@ -441,13 +442,13 @@ impl Written {
     /// What a start of the job finds of its own run: after a restart, the checkpoint it
     /// resumed from and the step checkpoints up to it (so `keep_checkpoints` still counts
     /// them).
-    fn found(run_dir: &Path, resumed: Option<&Path>, step: u64) -> Written {
+    fn found(run_dir: &RunDir, resumed: Option<&Path>, step: u64) -> Written {
         let mut written = Written {
             latest: None,
             steps: VecDeque::new(),
             at: Instant::now(),
         };
-        let checkpoints = run_dir.join(checkpoint::CHECKPOINTS);
+        let checkpoints = run_dir.checkpoints();
         let Some(resumed) = resumed.filter(|r| r.parent() == Some(checkpoints.as_path())) else {
             return written;
         };
@@ -834,10 +835,7 @@ impl<'a> Trainer<'a> {
         };
         if let (true, Some(l)) = (due, loss) {
             let at = [(metric::TRAIN_LOSS.to_string(), l)].into_iter().collect();
-            let dir = ctx
-                .run_dir
-                .join(checkpoint::CHECKPOINTS)
-                .join(format!("step-{}", self.step));
+            let dir = ctx.run_dir.checkpoint(&format!("step-{}", self.step));
             self.checkpoint(&dir, epoch, at, true)?;
         }
         if let Some(f) = self.writer.poll()? {
@@ -1025,11 +1023,7 @@ impl<'a> Trainer<'a> {
             }
             self.log_epoch(epoch);
         }
-        let dir = self
-            .ctx
-            .run_dir
-            .join(checkpoint::CHECKPOINTS)
-            .join(format!("epoch-{epoch}"));
+        let dir = self.ctx.run_dir.checkpoint(&format!("epoch-{epoch}"));
         self.checkpoint(&dir, epoch, self.final_metrics.clone(), false)
     }
 

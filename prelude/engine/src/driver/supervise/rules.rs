@@ -12,7 +12,7 @@
 //!
 //! Time is a parameter everywhere here, so the rules are tested without waiting.
 
-use std::path::Path;
+use crate::shared::run_dir::RunDir;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -335,24 +335,17 @@ fn run_with_timeout(program: &str, args: &[String], timeout: Duration) -> Result
     }
 }
 
-/// The path of a hung rank's report.
-pub(super) fn report_path(run_dir: &Path, attempt: u32, rank: usize) -> std::path::PathBuf {
-    run_dir
-        .join("hangs")
-        .join(format!("attempt-{attempt}-rank-{rank}.txt"))
-}
-
-/// Writes a hung rank's report ([`report_path`]); returns its path. Written twice: at once
+/// Writes a hung rank's report ([`RunDir::hang_report`]); returns its path. Written twice: at once
 /// with what the driver knows, then again with the native stack, which takes gdb seconds.
 pub(super) fn write_report(
-    run_dir: &Path,
+    run_dir: &RunDir,
     attempt: u32,
     hung: &Hung,
     tail: &[String],
     stack: &str,
 ) -> std::path::PathBuf {
-    let path = report_path(run_dir, attempt, hung.rank);
-    let dir = run_dir.join("hangs");
+    let path = run_dir.hang_report(attempt, hung.rank);
+    let dir = run_dir.hangs();
     let report = format!(
         "rank {} {}\n\nlast lines of rank {}:\n{}\n\nnative stack:\n{stack}\n",
         hung.rank,
@@ -613,7 +606,7 @@ mod tests {
             limit: secs(10),
             silent: true,
         };
-        let path = write_report(&dir, 0, &hung, &["step 25".into()], &stack);
+        let path = write_report(&RunDir::new(&dir), 0, &hung, &["step 25".into()], &stack);
         let report = std::fs::read_to_string(&path).unwrap();
         assert!(
             report.starts_with(

@@ -22,9 +22,6 @@ use trainbook_api::{MetricRow, Restart};
 
 use crate::shared::events::WorkerSummary;
 
-/// The file name in the run directory.
-pub(super) const FILE: &str = "dllogger.json";
-
 pub(super) struct DlLog {
     out: Option<BufWriter<File>>,
     /// The step being collected: (epoch, step) and its metrics so far.
@@ -32,10 +29,10 @@ pub(super) struct DlLog {
 }
 
 impl DlLog {
-    /// Starts `dir/dllogger.json` with a `PARAMETER` line of `parameters`.
-    pub(super) fn create(dir: &Path, parameters: Value) -> Self {
+    /// Starts `file` (a run's `dllogger.json`) with a `PARAMETER` line of `parameters`.
+    pub(super) fn create(file: &Path, parameters: Value) -> Self {
         let mut log = DlLog {
-            out: File::create(dir.join(FILE)).ok().map(BufWriter::new),
+            out: File::create(file).ok().map(BufWriter::new),
             pending: None,
         };
         log.line("PARAMETER", json!("PARAMETER"), parameters, 0.0);
@@ -134,9 +131,10 @@ impl super::Tracker for DlLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::run_dir::RunDir;
 
     fn entries(dir: &Path) -> Vec<Value> {
-        std::fs::read_to_string(dir.join(FILE))
+        std::fs::read_to_string(RunDir::new(dir).dllogger())
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str(l.strip_prefix("DLLL ").expect(l)).unwrap())
@@ -147,7 +145,7 @@ mod tests {
     fn one_line_per_step_then_the_summary() {
         let dir = std::env::temp_dir().join(format!("trainbook-dllog-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut log = DlLog::create(&dir, json!({"lr": 0.1}));
+        let mut log = DlLog::create(&RunDir::new(&dir).dllogger(), json!({"lr": 0.1}));
         log.metric(0, 1, "loss", 2.5, 0.1);
         log.metric(0, 1, "lr", 0.1, 0.1);
         log.metric(0, 2, "loss", 2.0, 0.2);
@@ -180,7 +178,7 @@ mod tests {
     fn a_restart_drops_the_step_being_collected_and_says_where_the_replay_starts() {
         let dir = std::env::temp_dir().join(format!("trainbook-dllog-r-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut log = DlLog::create(&dir, json!({}));
+        let mut log = DlLog::create(&RunDir::new(&dir).dllogger(), json!({}));
         log.metric(0, 20, "loss", 1.0, 0.1);
         log.metric(0, 21, "loss", 0.9, 0.2);
         log.restart(20, "rank 1 killed by signal 9 (SIGKILL)", 0.3);

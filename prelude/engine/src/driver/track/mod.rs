@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use trainbook_api::{JobStatus, MetricRow, Restart};
 
 use super::handle::JobState;
-use crate::shared::checkpoint;
 use crate::shared::events::WorkerSummary;
 
 /// What a tracker is told. Every method has a default that ignores it: each tracker takes the
@@ -50,7 +49,7 @@ impl Trackers {
     pub(super) fn for_job(job: &JobState) -> Trackers {
         let parameters = parameters(job);
         let mut trackers: Vec<Box<dyn Tracker>> = vec![Box::new(dllog::DlLog::create(
-            &job.run_dir,
+            &job.run_dir.dllogger(),
             parameters.clone(),
         ))];
         if job.spec.tensorboard {
@@ -92,7 +91,7 @@ impl Trackers {
 /// The resolved hyper-parameters as config.json records them, plus the recipe, the workers
 /// and the device: what heads the dllogger file, TensorBoard's HParams and MLflow's params.
 fn parameters(job: &JobState) -> serde_json::Value {
-    let mut parameters = std::fs::read(job.run_dir.join(checkpoint::RUN_CONFIG))
+    let mut parameters = std::fs::read(job.run_dir.config())
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .map(|c| c["hyper"].clone())
