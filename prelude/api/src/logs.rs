@@ -4,8 +4,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// Which output stream of a worker a line came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+use serde::{Deserialize, Serialize};
+
+/// Which output stream of a worker a line came from (`"stdout"` / `"stderr"` in JSON: the
+/// workers' log events, the job's log records).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Stream {
     Stdout,
     Stderr,
@@ -155,5 +159,19 @@ mod tests {
         assert_eq!(format_ranks(&[0, 2, 5, 6, 7]), "0,2,5-7");
         assert_eq!(format_ranks(&[1, 3]), "1,3");
         assert_eq!(format_ranks(&[7, 5, 6, 6, 0, 2]), "0,2,5-7");
+    }
+
+    #[test]
+    fn streams_are_lowercase_words_in_json() {
+        assert_eq!(
+            serde_json::to_string(&Stream::Stdout).unwrap(),
+            "\"stdout\""
+        );
+        assert_eq!(
+            serde_json::to_string(&Stream::Stderr).unwrap(),
+            "\"stderr\""
+        );
+        let s: Stream = serde_json::from_str("\"stderr\"").unwrap();
+        assert_eq!(s, Stream::Stderr);
     }
 }

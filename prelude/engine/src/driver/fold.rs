@@ -422,7 +422,7 @@ pub(super) mod tests {
     //! The folding of events into a job, fed synthetic event sequences: no worker processes,
     //! sockets or UI.
     use super::*;
-    use crate::shared::events::LogStream;
+    use crate::shared::events::Stream as LogStream;
     use crate::shared::run_dir::RunDir;
     use std::sync::mpsc;
     use trainbook_api::DeviceKind;

@@ -59,7 +59,7 @@ pub(crate) enum Event {
     },
     Log {
         rank: usize,
-        stream: LogStream,
+        stream: Stream,
         text: String,
     },
     Metric {
@@ -126,32 +126,6 @@ pub(crate) enum Event {
         code: Option<i32>,
         signal: Option<i32>,
     },
-}
-
-/// Serializable twin of [`Stream`].
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogStream {
-    Stdout,
-    Stderr,
-}
-
-impl From<Stream> for LogStream {
-    fn from(s: Stream) -> Self {
-        match s {
-            Stream::Stdout => LogStream::Stdout,
-            Stream::Stderr => LogStream::Stderr,
-        }
-    }
-}
-
-impl From<LogStream> for Stream {
-    fn from(s: LogStream) -> Self {
-        match s {
-            LogStream::Stdout => Stream::Stdout,
-            LogStream::Stderr => Stream::Stderr,
-        }
-    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -367,7 +341,7 @@ impl Emitter {
     pub(crate) fn log(&self, text: impl Into<String>) {
         self.send(Event::Log {
             rank: self.rank,
-            stream: LogStream::Stdout,
+            stream: Stream::Stdout,
             text: text.into(),
         });
     }
