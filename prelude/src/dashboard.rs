@@ -9,7 +9,7 @@ use trainbook_api::plumbing::Shown;
 use trainbook_api::MetricRow;
 use trainbook_api::{Job, JobStatus, JobUpdate, Progress};
 use trainbook_engine::looks_like_error;
-use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView, Status};
+use trainbook_widgets::{Bundle, Dashboard, LogLine, Outcome, ProgressView};
 
 /// A [`Dashboard`] kept up to date from one job.
 pub struct JobDashboard {
@@ -48,16 +48,6 @@ fn title(job: &Job, world: usize) -> String {
     )
 }
 
-pub fn status(s: JobStatus) -> Status {
-    match s {
-        JobStatus::Starting => Status::Starting,
-        JobStatus::Running => Status::Running,
-        JobStatus::Succeeded => Status::Succeeded,
-        JobStatus::Failed => Status::Failed,
-        JobStatus::Stopped => Status::Stopped,
-    }
-}
-
 impl JobDashboard {
     /// An empty dashboard for `job`, with the job's view options.
     pub fn new(job: &Job) -> Result<JobDashboard> {
@@ -70,7 +60,7 @@ impl JobDashboard {
             dashboard_options(&trainbook_api::plumbing::view_options(spec))?,
         );
         d.job = Some(job.clone());
-        d.dash.progress.status = status(job.status());
+        d.dash.progress.status = job.status();
         Ok(d)
     }
 
@@ -118,7 +108,7 @@ impl JobDashboard {
         if let Some(p) = job.progress() {
             d.progress(&p);
         }
-        d.dash.progress.status = status(job.status());
+        d.dash.progress.status = job.status();
         Ok(d)
     }
 
@@ -161,7 +151,7 @@ impl JobDashboard {
                 return self.dash.logs.push(line.clone()).then_some(line);
             }
             JobUpdate::Finished(s) => {
-                self.dash.progress.status = status(*s);
+                self.dash.progress.status = *s;
                 self.dash.curves.flush();
             }
         }
@@ -203,7 +193,7 @@ impl JobDashboard {
     fn progress(&mut self, p: &Progress) {
         let loss = self.dash.progress.loss;
         self.dash.progress = ProgressView {
-            status: Status::Running,
+            status: JobStatus::Running,
             epoch: p.epoch,
             epochs: p.epochs,
             step: p.step,
@@ -219,7 +209,7 @@ impl JobDashboard {
         self.dash.curves.flush();
         let Ok(r) = job.result() else { return };
         let d = &mut self.dash;
-        d.progress.status = status(r.status);
+        d.progress.status = r.status;
         if r.elapsed > 0.0 {
             d.progress.elapsed = r.elapsed;
         }

@@ -2,9 +2,10 @@
 //! Prints one table (median of repeated runs); figures go to docs/benchmarks.md.
 
 use std::time::Instant;
+use trainbook_api::JobStatus;
 use trainbook_widgets::{
     downsample_minmax, loss_svg, svg_to_png, Curves, Dashboard, DashboardOptions, LogLine,
-    PlotOptions, Status,
+    PlotOptions,
 };
 
 /// Median seconds of `f` over `n` runs.
@@ -87,7 +88,7 @@ fn main() {
         DashboardOptions::default(),
     );
     dash.curves = big.clone();
-    dash.progress.status = Status::Running;
+    dash.progress.status = JobStatus::Running;
     for i in 0..20 {
         dash.logs.push(LogLine {
             rank: Some(i % 8),
@@ -104,7 +105,7 @@ fn main() {
     );
     let live_bytes = serde_json::to_vec(&dash.bundle()).unwrap().len();
     println!("| live dashboard bundle size | {} KiB |", live_bytes / 1024);
-    dash.progress.status = Status::Succeeded;
+    dash.progress.status = JobStatus::Succeeded;
     println!(
         "| final dashboard bundle (+ PNG) | {} |",
         ms(median(11, || {

@@ -4,12 +4,13 @@
 use crate::html::{escape, GREY, ORANGE, RED};
 use crate::logs::{LogLevel, LogPanel};
 use crate::plot::{loss_svg, svg_to_png, PlotOptions};
-use crate::progress::{ProgressView, Status};
+use crate::progress::ProgressView;
 use crate::series::Curves;
 use crate::table::MetricsTable;
 use crate::{plot, Bundle};
 use base64::Engine as _;
 use serde_json::Value;
+use trainbook_api::JobStatus;
 
 /// What the dashboard shows.
 #[derive(Clone, Debug)]
@@ -81,7 +82,7 @@ impl Dashboard {
         }
     }
 
-    pub fn status(&self) -> Status {
+    pub fn status(&self) -> JobStatus {
         self.progress.status
     }
 
@@ -221,7 +222,7 @@ impl Dashboard {
         }
         if self.options.logs && !self.logs.is_empty() {
             // A finished, successful run folds its logs away; a failed one keeps them open.
-            if finished && self.status() == Status::Succeeded {
+            if finished && self.status() == JobStatus::Succeeded {
                 h.push_str(&format!(
                     "<details><summary style=\"color:{GREY}\">worker logs</summary>{}</details>",
                     self.logs.html()

@@ -22,7 +22,7 @@ pub use html::escape;
 pub use logs::{LogLevel, LogLine, LogPanel};
 pub use memory::format_bytes;
 pub use plot::{loss_bundle, loss_svg, svg_to_png, PlotOptions};
-pub use progress::{ProgressView, Status};
+pub use progress::ProgressView;
 pub use series::{downsample_minmax, Curves, Series, MAX_PLOT_POINTS};
 pub use sweep::{sweep_svg, SweepView, TrialRow};
 pub use table::{EpochRow, MetricsTable};

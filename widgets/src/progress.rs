@@ -2,54 +2,33 @@
 
 use crate::format::{format_duration, progress_line};
 use crate::html::{escape, BLUE, GREEN, GREY, ORANGE, RED};
+use trainbook_api::JobStatus;
 
-/// Where a run is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Status {
-    #[default]
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Stopped,
+/// The colour of a job's status.
+pub fn status_color(s: JobStatus) -> &'static str {
+    match s {
+        JobStatus::Starting => GREY,
+        JobStatus::Running => BLUE,
+        JobStatus::Succeeded => GREEN,
+        JobStatus::Failed => RED,
+        JobStatus::Stopped => ORANGE,
+    }
 }
 
-impl Status {
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Starting => "starting",
-            Status::Running => "running",
-            Status::Succeeded => "succeeded",
-            Status::Failed => "failed",
-            Status::Stopped => "stopped",
-        }
-    }
-    pub fn is_finished(self) -> bool {
-        matches!(self, Status::Succeeded | Status::Failed | Status::Stopped)
-    }
-    pub fn color(self) -> &'static str {
-        match self {
-            Status::Starting => GREY,
-            Status::Running => BLUE,
-            Status::Succeeded => GREEN,
-            Status::Failed => RED,
-            Status::Stopped => ORANGE,
-        }
-    }
-    fn symbol(self) -> &'static str {
-        match self {
-            Status::Starting | Status::Running => "●",
-            Status::Succeeded => "✓",
-            Status::Failed => "✗",
-            Status::Stopped => "■",
-        }
+/// The symbol before a job's status.
+fn status_symbol(s: JobStatus) -> &'static str {
+    match s {
+        JobStatus::Starting | JobStatus::Running => "●",
+        JobStatus::Succeeded => "✓",
+        JobStatus::Failed => "✗",
+        JobStatus::Stopped => "■",
     }
 }
 
 /// Progress of a run as plain data.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProgressView {
-    pub status: Status,
+    pub status: JobStatus,
     /// Zero-based epoch in progress.
     pub epoch: u64,
     pub epochs: u64,
@@ -64,7 +43,7 @@ pub struct ProgressView {
 impl ProgressView {
     /// Fraction done, if the total is known.
     pub fn fraction(&self) -> Option<f64> {
-        if self.status == Status::Succeeded {
+        if self.status == JobStatus::Succeeded {
             return Some(1.0);
         }
         (self.total_steps > 0).then(|| (self.step as f64 / self.total_steps as f64).clamp(0.0, 1.0))
@@ -104,7 +83,7 @@ impl ProgressView {
         };
         format!(
             "{} {} {bar}{}",
-            self.status.symbol(),
+            status_symbol(self.status),
             self.status.name(),
             self.line()
         )
@@ -114,8 +93,8 @@ impl ProgressView {
         let mut h = format!(
             "<div class=\"trainbook-progress\" style=\"display:flex;gap:8px;align-items:center;flex-wrap:wrap\">\
              <span style=\"color:{};font-weight:bold\">{} {}</span>",
-            self.status.color(),
-            self.status.symbol(),
+            status_color(self.status),
+            status_symbol(self.status),
             self.status.name()
         );
         if let Some(f) = self.fraction() {
@@ -124,7 +103,7 @@ impl ProgressView {
                  <span style=\"display:block;width:{:.1}%;height:100%;background:{}\"></span></span>\
                  <span style=\"font-variant-numeric:tabular-nums\">{:.0}%</span>",
                 f * 100.0,
-                self.status.color(),
+                status_color(self.status),
                 f * 100.0
             ));
         }
@@ -154,7 +133,7 @@ mod tests {
     #[test]
     fn text_and_html_agree_and_finished_runs_have_no_eta() {
         let mut p = ProgressView {
-            status: Status::Running,
+            status: JobStatus::Running,
             epoch: 0,
             epochs: 2,
             step: 30,
@@ -170,9 +149,9 @@ mod tests {
         );
         assert!(t.contains("ETA") && t.contains("elapsed 10.0s"), "{t}");
         assert!(p.html().contains("width:30.0%") && p.html().contains("step 30/100"));
-        p.status = Status::Failed;
+        p.status = JobStatus::Failed;
         assert!(!p.text().contains("ETA"), "{}", p.text());
-        p.status = Status::Succeeded;
+        p.status = JobStatus::Succeeded;
         assert_eq!(p.fraction(), Some(1.0));
         assert_eq!(text_bar(f64::NAN, 4), "[░░░░]");
     }

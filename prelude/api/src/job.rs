@@ -18,9 +18,10 @@ use crate::runtime::port;
 use crate::spec::{JobSpec, Plan};
 use crate::table::{Column, Table};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobStatus {
+    #[default]
     Starting,
     Running,
     Succeeded,
