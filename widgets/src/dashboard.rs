@@ -1,12 +1,13 @@
 //! The dashboard: progress, loss plot, metrics table and log panel in one view, which becomes
 //! the result view (final metrics, checkpoint, run directory, final plot) when the run ends.
 
-use crate::html::{escape, GREY, ORANGE, RED};
+use crate::html::escape;
 use crate::logs::{LogLevel, LogPanel};
 use crate::plot::{loss_svg, svg_to_png, PlotOptions};
 use crate::progress::ProgressView;
 use crate::series::Curves;
 use crate::table::MetricsTable;
+use crate::theme::{GREY, ORANGE, RED};
 use crate::{plot, Bundle};
 use base64::Engine as _;
 use serde_json::Value;

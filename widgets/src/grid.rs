@@ -5,6 +5,7 @@
 //! notebooks; the caller says how many rows and columns there are in all.
 
 use crate::html::escape;
+use crate::theme::GREY;
 use std::ops::Range;
 
 /// Rows a notebook table shows in full; longer ones show `MAX_ROWS / 2` at each end.
@@ -156,7 +157,7 @@ impl Grid {
         let mut h = String::new();
         if let Some(c) = &self.caption {
             h.push_str(&format!(
-                "<div style=\"font-size:11px;color:#757575\">{}</div>",
+                "<div style=\"font-size:11px;color:{GREY}\">{}</div>",
                 escape(c)
             ));
         }
@@ -171,7 +172,7 @@ impl Grid {
             }
             h.push_str("</tr>");
             if let Some(d) = &self.dtypes {
-                h.push_str("<tr style=\"color:#757575;font-size:11px\">");
+                h.push_str(&format!("<tr style=\"color:{GREY};font-size:11px\">"));
                 for (i, c) in d.iter().enumerate() {
                     h.push_str(&cell("td", i, c));
                 }
@@ -192,7 +193,7 @@ impl Grid {
                     h.push_str("</tr>");
                 }
                 Row::Gap(g) => h.push_str(&format!(
-                    "<tr><td colspan=\"{width}\" style=\"padding:2px 10px;color:#757575\">{}</td></tr>",
+                    "<tr><td colspan=\"{width}\" style=\"padding:2px 10px;color:{GREY}\">{}</td></tr>",
                     escape(g)
                 )),
             }

@@ -15,10 +15,3 @@ pub fn escape(s: &str) -> String {
     }
     out
 }
-
-/// Colours shared by the widgets (readable on light and dark notebook themes).
-pub const BLUE: &str = "#1565c0";
-pub const GREEN: &str = "#2e7d32";
-pub const RED: &str = "#c62828";
-pub const ORANGE: &str = "#ef6c00";
-pub const GREY: &str = "#757575";

@@ -14,6 +14,7 @@ pub mod progress;
 pub mod series;
 pub mod sweep;
 pub mod table;
+mod theme;
 
 pub use dashboard::{Dashboard, DashboardOptions, Outcome};
 pub use format::{eta, format_duration, format_metric, format_rate, progress_line};

@@ -1,7 +1,8 @@
 //! The log panel: de-duplicated worker lines with rank prefixes and repeat counters, bounded to
 //! the last N lines, errors highlighted, filtered by a `RUST_LOG`-style level.
 
-use crate::html::{escape, GREY, ORANGE, RED};
+use crate::html::escape;
+use crate::theme::{GREY, ORANGE, RED};
 use std::collections::VecDeque;
 use std::fmt;
 pub use trainbook_api::LogLevel;

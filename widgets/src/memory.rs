@@ -134,7 +134,7 @@ pub fn memory_html(rows: &[MemoryUse]) -> String {
     }
     format!(
         "<details><summary style=\"color:{}\">memory per rank</summary>{}</details>",
-        crate::html::GREY,
+        crate::theme::GREY,
         grid(rows).html()
     )
 }

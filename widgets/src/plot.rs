@@ -4,6 +4,7 @@
 
 use crate::format::format_metric;
 use crate::series::Curves;
+use crate::theme;
 use crate::Bundle;
 use base64::Engine as _;
 use plotters::chart::DualCoordChartContext;
@@ -37,11 +38,11 @@ impl Default for PlotOptions {
     }
 }
 
-const TRAIN: RGBColor = RGBColor(0x15, 0x65, 0xc0);
-const VAL: RGBColor = RGBColor(0xc6, 0x28, 0x28);
-const ACC: RGBColor = RGBColor(0x2e, 0x7d, 0x32);
+const TRAIN: RGBColor = theme::rgb(theme::BLUE);
+const VAL: RGBColor = theme::rgb(theme::RED);
+const ACC: RGBColor = theme::rgb(theme::GREEN);
 /// Restart markers: the orange of a stopped run, drawn faint so they do not hide the curves.
-const RESTART: RGBColor = RGBColor(0xef, 0x6c, 0x00);
+const RESTART: RGBColor = theme::rgb(theme::ORANGE);
 
 /// The plot as an SVG document. Never fails: a drawing error becomes an SVG saying so.
 pub fn loss_svg(curves: &Curves, o: &PlotOptions) -> String {

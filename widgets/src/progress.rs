@@ -1,7 +1,8 @@
 //! The progress widget: status, epoch and step, %, samples/s, elapsed and ETA.
 
 use crate::format::{format_duration, progress_line};
-use crate::html::{escape, BLUE, GREEN, GREY, ORANGE, RED};
+use crate::html::escape;
+use crate::theme::{BLUE, GREEN, GREY, ORANGE, RED};
 use trainbook_api::JobStatus;
 
 /// The colour of a job's status.

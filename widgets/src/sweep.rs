@@ -5,9 +5,10 @@
 
 use crate::format::{format_duration, format_metric};
 use crate::grid::{Align, Grid, Row};
-use crate::html::{escape, BLUE, GREEN, GREY, ORANGE, RED};
+use crate::html::escape;
 use crate::logs::{LogLevel, LogPanel};
 use crate::series::downsample_minmax;
+use crate::theme::{css, rgb, BLUE, GREEN, GREY, LINES, ORANGE, RED};
 use crate::Bundle;
 use plotters::coord::types::{RangedCoordf64, RangedCoordu64};
 use plotters::prelude::*;
@@ -144,31 +145,14 @@ struct Line {
     color: RGBColor,
 }
 
-/// Colours of labelled lines, by trial number (stable while the view is redrawn); no grey,
-/// which is for the unlabelled lines.
-const PALETTE: [RGBColor; 10] = [
-    RGBColor(0x1f, 0x77, 0xb4),
-    RGBColor(0xff, 0x7f, 0x0e),
-    RGBColor(0x2c, 0xa0, 0x2c),
-    RGBColor(0xd6, 0x27, 0x28),
-    RGBColor(0x94, 0x67, 0xbd),
-    RGBColor(0x8c, 0x56, 0x4b),
-    RGBColor(0xe3, 0x77, 0xc2),
-    RGBColor(0x17, 0xbe, 0xcf),
-    RGBColor(0xbc, 0xbd, 0x22),
-    RGBColor(0x39, 0x3b, 0x79),
-];
 /// Pixels a line label takes vertically (plotters draws 11-point text about 9 pixels high).
 const LABEL_HEIGHT: i32 = 11;
-const FAINT: RGBColor = RGBColor(0x75, 0x75, 0x75);
-const FAILED: RGBColor = RGBColor(0xc6, 0x28, 0x28);
+const FAINT: RGBColor = rgb(GREY);
+const FAILED: RGBColor = rgb(RED);
 
+/// A labelled line's colour, by trial number (stable while the view is redrawn).
 fn palette(id: usize) -> RGBColor {
-    PALETTE[id.saturating_sub(1) % PALETTE.len()]
-}
-
-fn css(c: RGBColor) -> String {
-    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
+    LINES[id.saturating_sub(1) % LINES.len()]
 }
 
 impl SweepView {
@@ -1122,7 +1106,7 @@ mod tests {
         let svg = sweep_svg(&v, 720, 320);
         let lines: Vec<_> = polylines(&svg)
             .into_iter()
-            .filter(|(stroke, ..)| PALETTE.iter().any(|c| css(*c).eq_ignore_ascii_case(stroke)))
+            .filter(|(stroke, ..)| LINES.iter().any(|c| css(*c).eq_ignore_ascii_case(stroke)))
             .collect();
         // Trials 1–3 have points; the pending ones do not.
         assert_eq!(lines.len(), 3, "{svg}");
@@ -1256,7 +1240,7 @@ mod tests {
         let all = polylines(&svg);
         let coloured = all
             .iter()
-            .filter(|(s, ..)| PALETTE.iter().any(|c| css(*c).eq_ignore_ascii_case(s)))
+            .filter(|(s, ..)| LINES.iter().any(|c| css(*c).eq_ignore_ascii_case(s)))
             .count();
         let faint = all
             .iter()
