@@ -8,8 +8,8 @@
 //! the runtime that answers the API's operations (the engine with the recipes injected and the
 //! notebook view subscribed), the CLI and the notebook view.
 
-/// The `trainbook` command line (the `trainbook` binary's entry point).
-pub mod cli;
+/// The `trainbook` command line: one module per command (the `trainbook` binary's entry point).
+pub mod commands;
 /// Your own model and training step ([`custom::Task`]), trained like the built-in recipes.
 pub mod custom;
 pub use custom::worker_hook;

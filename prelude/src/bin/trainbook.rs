@@ -1,4 +1,4 @@
 //! The `trainbook` command line.
 fn main() {
-    std::process::exit(trainbook::cli::main());
+    std::process::exit(trainbook::commands::main());
 }
