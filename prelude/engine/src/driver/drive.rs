@@ -9,7 +9,8 @@ use super::fold::Fold;
 use super::handle::JobState;
 use super::incoming::Incoming;
 use super::processes::Workers;
-use super::supervise::{Recovery, Start};
+use super::spawner::Spawner;
+use super::supervise::Recovery;
 use crate::shared::events::{Collector, Emitter};
 
 /// Runs a job’s event loop on the driver thread until every worker is gone (restarting them
@@ -20,11 +21,11 @@ pub(super) fn drive(
     rx: mpsc::Receiver<Incoming>,
     collector: Option<Collector>,
     forward: Option<Emitter>,
-    start: Start,
+    spawner: Spawner,
     attempt: u32,
 ) {
     let mut fold = Fold::new(job, forward);
-    let mut recovery = Recovery::new(job, attempt, rx, start);
+    let mut recovery = Recovery::new(job, attempt, rx, spawner);
     let stopped_by_user = loop {
         let stopped = recovery.watch(&mut fold, &mut workers);
         if stopped || !recovery.restart(&mut fold, &mut workers) {

@@ -352,8 +352,8 @@ impl<'a> Fold<'a> {
             // Other nodes see their own workers’ clean exits; node 0 every rank’s `done`.
             let every_rank_done = self.joined || st.every_rank_done();
             st.status = final_status(st.failure.is_some(), stopped_by_user, every_rank_done);
-            if st.status == JobStatus::Failed && st.failure.is_none() {
-                st.failure = Some(TrainError::WorkerFailed {
+            if st.status == JobStatus::Failed {
+                st.fail_once(TrainError::WorkerFailed {
                     rank: 0,
                     how: "workers exited without reporting completion".into(),
                     message: String::new(),

@@ -48,6 +48,16 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Records `failure` as the job's error unless one is recorded already: the first failure
+    /// is the cause, the others its consequences. Returns whether it was recorded.
+    pub(super) fn fail_once(&mut self, failure: TrainError) -> bool {
+        if self.failure.is_some() {
+            return false;
+        }
+        self.failure = Some(failure);
+        true
+    }
+
     /// Every rank of the current start reported `done`.
     pub(super) fn every_rank_done(&self) -> bool {
         let world = self.membership.world().min(self.summaries.len());

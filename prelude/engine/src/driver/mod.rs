@@ -7,6 +7,7 @@
 //! - [`rendezvous`]: how a node joins its job (node 0 hosts, the others fetch its job).
 //! - [`membership`]: the nodes of each start and the ranks they get (elastic jobs).
 //! - [`processes`]: worker processes (exec, process groups, raw output, stop).
+//! - [`spawner`]: this node's workers for each start: their environment, built in one place.
 //! - [`drive`]: the event loop on the driver thread, of two parts:
 //!   - [`fold`]: events and output into the job's state, logs, subscribers and trackers;
 //!   - [`supervise`]: watching the workers, failures, hangs and restarts (its rules apart).
@@ -26,6 +27,7 @@ pub(crate) mod metrics;
 pub(crate) mod placement;
 pub(crate) mod processes;
 mod rendezvous;
+mod spawner;
 mod supervise;
 mod track;
 
@@ -34,19 +36,16 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 
 use anyhow::{anyhow, Context, Result};
-use trainbook_api::DeviceKind;
 use trainbook_api::JobSpec;
 use trainbook_api::{Job, JobStatus};
 
 use crate::shared::checkpoint::TrainerState;
-use crate::shared::env;
 use crate::worker::jobs::JobKind;
 use crate::worker::recipe::Registry;
 use handle::{JobHandle, JobState};
 use incoming::Incoming;
-use processes::WorkerCommand;
 use rendezvous::Node;
-use supervise::Start;
+use spawner::{Spawner, WorkerEnv};
 
 pub use handle::running_jobs;
 pub(crate) use handle::stop_all;
@@ -87,7 +86,8 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     } else {
         rendezvous::join(spec)?
     };
-    let cmds = worker_commands(&node, program);
+    let (program, program_env) = program;
+    let env = WorkerEnv::new(&node, program_env);
     let Node {
         config,
         device,
@@ -111,8 +111,8 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     thread::Builder::new()
         .name(format!("trainbook-job-{}", job.id))
         .spawn(move || {
-            let start = Start::new(cmds, tx, store, &job.spec);
-            match start.spawn(&first) {
+            let spawner = Spawner::new(&job.spec, program, env, tx, store);
+            match spawner.spawn(&first) {
                 Ok(w) => {
                     {
                         let mut st = job.lock();
@@ -121,10 +121,10 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
                     }
                     let _ = spawned_tx.send(Ok(()));
                     if job.spec.nodes > 1 {
-                        rendezvous::mark_started(&start.store, first.attempt, job.spec.node_rank)
+                        rendezvous::mark_started(&spawner.store, first.attempt, job.spec.node_rank)
                             .ok();
                     }
-                    drive::drive(&job, w, rx, collector, forward, start, first.attempt);
+                    drive::drive(&job, w, rx, collector, forward, spawner, first.attempt);
                 }
                 Err(e) => {
                     job.lock().status = JobStatus::Failed;
@@ -147,101 +147,4 @@ pub(crate) fn runs_root(spec: &JobSpec) -> PathBuf {
         .clone()
         .or_else(|| std::env::var_os("TRAINBOOK_RUNS").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("trainbook_runs"))
-}
-
-/// The variable that gives a job's workers their devices (see `JobSpec::visible_devices`):
-/// local rank i then uses the i-th listed id, as CUDA and the Gaudi bridge number them.
-fn visible_devices_env(device: DeviceKind, ids: Option<&[usize]>) -> Option<(String, String)> {
-    let var = match device {
-        DeviceKind::Cuda => "CUDA_VISIBLE_DEVICES",
-        DeviceKind::Hpu => "HABANA_VISIBLE_MODULES",
-        DeviceKind::Cpu => return None,
-    };
-    let list: Vec<String> = ids?.iter().map(ToString::to_string).collect();
-    Some((var.into(), list.join(",")))
-}
-
-/// One command per local rank: the program (with its own environment) and the environment
-/// through which a worker receives its place in the job (torch's env:// variables and
-/// trainbook's, [`env`]). Its global rank and the world's size come with each start
-/// ([`Start::spawn`]): an elastic job's differ from start to start.
-fn worker_commands(
-    node: &Node,
-    (program, program_env): (PathBuf, Vec<(String, String)>),
-) -> Vec<WorkerCommand> {
-    let spec = &node.config.spec;
-    let threads = match node.device {
-        DeviceKind::Cpu => spec
-            .threads_per_worker
-            .unwrap_or_else(|| placement::cpu_threads_per_worker(spec.workers)),
-        _ => spec.threads_per_worker.unwrap_or(4),
-    };
-    let node_addr = spec.node_addr.clone().or_else(|| {
-        // Several nodes on one machine (tests, trials) share loopback: each binds the address
-        // it was given, else the master's.
-        rendezvous::is_loopback(&spec.master_addr).then(|| spec.master_addr.clone())
-    });
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    let config_file = node.run_dir.config();
-    spec.local_ranks()
-        .enumerate()
-        .map(|(local, rank)| {
-            let mut vars: Vec<(String, String)> = vec![
-                ("LOCAL_RANK".into(), local.to_string()),
-                ("LOCAL_WORLD_SIZE".into(), spec.workers.to_string()),
-                ("MASTER_ADDR".into(), spec.master_addr.clone()),
-                ("MASTER_PORT".into(), node.store.port().to_string()),
-                (env::AGENT_STORE.into(), "1".into()),
-                (env::EVENTS.into(), node.events.clone()),
-                (env::TOKEN.into(), node.token.clone()),
-                (env::RUN_DIR.into(), node.run_dir.display().to_string()),
-                (env::CONFIG.into(), config_file.display().to_string()),
-                (env::DEVICE.into(), node.device.name().into()),
-                (env::THREADS.into(), threads.to_string()),
-                ("OMP_NUM_THREADS".into(), threads.to_string()),
-                ("MKL_NUM_THREADS".into(), threads.to_string()),
-            ];
-            if let Some(a) = &node_addr {
-                vars.push((env::NODE_ADDR.into(), a.clone()));
-            }
-            // The step profiler's Kineto logs its own start, stop and (on a machine without a
-            // GPU) a failed GPU count as errors to stderr: kept out of the job's log unless
-            // the user asks for them.
-            if std::env::var_os("KINETO_LOG_LEVEL").is_none() {
-                vars.push(("KINETO_LOG_LEVEL".into(), "6".into()));
-            }
-            vars.extend(visible_devices_env(
-                node.device,
-                spec.visible_devices.as_deref(),
-            ));
-            vars.extend(program_env.iter().cloned());
-            vars.extend(spec.env.iter().cloned());
-            WorkerCommand {
-                rank,
-                program: program.clone(),
-                env: vars,
-                cwd: cwd.clone(),
-            }
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn visible_devices_go_to_the_variable_of_the_device() {
-        let ids = [2, 3];
-        assert_eq!(
-            visible_devices_env(DeviceKind::Cuda, Some(&ids)),
-            Some(("CUDA_VISIBLE_DEVICES".into(), "2,3".into()))
-        );
-        assert_eq!(
-            visible_devices_env(DeviceKind::Hpu, Some(&ids)),
-            Some(("HABANA_VISIBLE_MODULES".into(), "2,3".into()))
-        );
-        assert_eq!(visible_devices_env(DeviceKind::Cpu, Some(&ids)), None);
-        assert_eq!(visible_devices_env(DeviceKind::Cuda, None), None);
-    }
 }

@@ -2,7 +2,7 @@
 //! rendezvous store and the event stream; nodes 1..N fetch node 0's resolved job from that
 //! store, so every node runs exactly the same hyper-parameters and reports to one place.
 //!
-//! The store also carries which *start* of the workers is current ([`StartInfo`]): node 0
+//! The store also carries which *start* of the workers is current ([`Start`]): node 0
 //! publishes each restart there, the other nodes' drivers start their workers for it and mark
 //! that they did, and a node's driver that was lost and runs again joins the next start rather
 //! than the one its predecessor was part of.
@@ -40,7 +40,7 @@ struct JobInfo {
 
 /// The store key of [`JobInfo`].
 const JOB_KEY: &str = "trainbook/job";
-/// The store key of the current [`StartInfo`].
+/// The store key of the current [`Start`].
 const START_KEY: &str = "trainbook/start";
 /// Set by node 0 when the job has ended: nodes waiting for a restart give up.
 const END_KEY: &str = "trainbook/end";
@@ -56,7 +56,7 @@ const ALIVE_EVERY: Duration = Duration::from_secs(1);
 /// A start of the job's workers: the first (attempt 0) or a restart, the checkpoint it
 /// continues from, and the nodes it runs on.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-pub(super) struct StartInfo {
+pub(super) struct Start {
     pub(super) attempt: u32,
     pub(super) resume: Option<PathBuf>,
     /// The nodes of this start in rank order (an elastic job's choice); empty: every node.
@@ -64,7 +64,7 @@ pub(super) struct StartInfo {
     pub(super) members: Vec<usize>,
 }
 
-impl StartInfo {
+impl Start {
     pub(super) fn membership(&self, spec: &JobSpec) -> Membership {
         Membership::new(&self.members, spec.nodes, spec.workers)
     }
@@ -75,12 +75,12 @@ fn started_key(attempt: u32, node: usize) -> String {
 }
 
 /// Node 0: makes `start` the job's current start.
-pub(super) fn publish_start(store: &Store, start: &StartInfo) -> Result<()> {
+pub(super) fn publish_start(store: &Store, start: &Start) -> Result<()> {
     store.set(START_KEY, &serde_json::to_vec(start)?)
 }
 
 /// The job's current start, if node 0 published one.
-pub(super) fn current_start(store: &Store) -> Result<Option<StartInfo>> {
+pub(super) fn current_start(store: &Store) -> Result<Option<Start>> {
     store
         .try_get(START_KEY)?
         .map(|b| {
@@ -110,7 +110,7 @@ pub(super) fn ended(store: &Store) -> bool {
 }
 
 /// Nodes 1..N: waits up to `timeout` for a start newer than `after` (or the job's end: `None`).
-pub(super) fn next_start(store: &Store, after: u32, timeout: Duration) -> Option<StartInfo> {
+pub(super) fn next_start(store: &Store, after: u32, timeout: Duration) -> Option<Start> {
     let deadline = std::time::Instant::now() + timeout;
     while std::time::Instant::now() < deadline {
         match current_start(store) {
@@ -136,7 +136,7 @@ pub(super) struct Node {
     /// Other nodes forward their workers' output and failures to node 0.
     pub(super) forward: Option<Emitter>,
     /// The start this node's workers begin with.
-    pub(super) start: StartInfo,
+    pub(super) start: Start,
 }
 
 /// Node 0 (and a job of one node): resolve the job, host the rendezvous and the event stream.
@@ -176,7 +176,7 @@ pub(super) fn host(
         crate::worker::memory::check(entry, &smallest, h, device)?;
     }
     let run_dir = create_run_dir(&spec, None)?;
-    let mut start = StartInfo {
+    let mut start = Start {
         attempt: 0,
         resume: named_run_resume(&spec, &run_dir)?,
         members: Vec::new(),
@@ -302,7 +302,7 @@ pub(super) fn join(spec: JobSpec) -> Result<Node> {
 
 /// Nodes 1..N of a job of fixed size: the current start, or, for a driver that replaces one
 /// lost from this node, the next, which node 0 publishes once it has noticed the loss.
-fn rejoin_start(store: &Store, node: usize, timeout: Duration) -> Result<StartInfo> {
+fn rejoin_start(store: &Store, node: usize, timeout: Duration) -> Result<Start> {
     let start = current_start(store)?.unwrap_or_default();
     if !has_started(store, start.attempt, node) {
         return Ok(start);
@@ -397,7 +397,7 @@ fn gather(
 /// Nodes 1..N of an elastic job: waits for a start that runs on this node and that its
 /// workers have not started yet (a node the job does not need now waits for a later one, as
 /// long as the job runs), saying it is alive so that node 0 knows it can grow.
-fn await_turn(store: &Store, spec: &JobSpec, forward: &Emitter) -> Result<StartInfo> {
+fn await_turn(store: &Store, spec: &JobSpec, forward: &Emitter) -> Result<Start> {
     let node = spec.node_rank;
     let mut said = None;
     let mut alive_at: Option<std::time::Instant> = None;

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use trainbook_api::{JobUpdate, Resize, Restart, TrainError};
 
+use super::nodes::{NODE_ALIVE_EVERY, NODE_LOST_AFTER};
 use super::recovery::Recovery;
 use super::rules::Decision;
 use crate::driver::fold::Fold;
 use crate::driver::handle::JobState;
 use crate::driver::membership;
 use crate::driver::processes::{Workers, STOP_GRACE};
-use crate::driver::rendezvous::{self, StartInfo};
+use crate::driver::rendezvous::{self, Start};
 use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::Event;
 use crate::worker::dist::Store;
@@ -26,17 +27,17 @@ impl Recovery {
         if fold.joined {
             return self.follow(fold, workers);
         }
-        if let Some(nodes) = self.growing.take() {
+        if let Some(nodes) = self.growth.take_ready() {
             return self.grow(fold, workers, nodes);
         }
         if fold.job.lock().failure.is_none() {
             return false;
         }
-        let Some((signature, mut reason)) = self.cause.take() else {
+        let Some((signature, mut reason)) = self.failures.take_cause() else {
             return false;
         };
         let rank = signature.rank;
-        let reported_step = self.error_steps.get(rank).copied().flatten();
+        let reported_step = self.failures.error_step(rank);
         match self.policy.decide(signature) {
             Decision::GiveUp(why) => {
                 self.explain_give_up(fold, &why);
@@ -80,7 +81,7 @@ impl Recovery {
                 fold.trackers.restart(resumed_step, &restart);
                 job.lock().restarts.push(restart.clone());
                 fold.job.publish(JobUpdate::Restart(restart));
-                let next = StartInfo {
+                let next = Start {
                     attempt: self.attempt,
                     resume: checkpoint,
                     members: nodes,
@@ -88,6 +89,32 @@ impl Recovery {
                 self.begin(fold, workers, next, &reason, resumed_step)
             }
         }
+    }
+
+    /// Node 0 of an elastic job, after a failure: the nodes the next start runs on, from
+    /// those still heard from; empty (every node) for a job of fixed size. Fewer than the job
+    /// needs: the nodes of the start that failed, so that it waits for the lost ones to come
+    /// back as a job of fixed size does.
+    fn nodes_after_failure(&mut self, fold: &mut Fold) -> Vec<usize> {
+        let job = fold.job;
+        if !job.spec.is_elastic() {
+            return Vec::new();
+        }
+        let alive = self.alive_nodes(fold);
+        membership::choose(&alive, &job.node_counts)
+            .unwrap_or_else(|| job.lock().membership.nodes().to_vec())
+    }
+
+    /// Node 0 and the nodes heard from since now: waits until every node heard before has
+    /// either spoken again (they say so every [`NODE_ALIVE_EVERY`]) or been silent for
+    /// [`NODE_LOST_AFTER`].
+    fn alive_nodes(&mut self, fold: &mut Fold) -> Vec<usize> {
+        let since = Instant::now();
+        let deadline = since + NODE_LOST_AFTER + NODE_ALIVE_EVERY;
+        while self.nodes.undecided(since, Instant::now()) && Instant::now() < deadline {
+            self.receive(fold, Duration::from_millis(50));
+        }
+        self.nodes.alive_since(since)
     }
 
     /// Takes in whatever the stopped workers still had in flight: it belongs to this start.
@@ -115,7 +142,7 @@ impl Recovery {
             .collect();
         self.attempt += 1;
         self.forget_attempt(fold, resumed_step);
-        let next = StartInfo {
+        let next = Start {
             attempt: self.attempt,
             resume: checkpoint,
             members: nodes,
@@ -130,7 +157,7 @@ impl Recovery {
         &mut self,
         fold: &mut Fold,
         workers: &mut Workers,
-        next: StartInfo,
+        next: Start,
         why: &str,
         resumed_step: u64,
     ) -> bool {
@@ -152,24 +179,24 @@ impl Recovery {
         }
         let several = job.spec.nodes > 1;
         let started = (if several {
-            rendezvous::publish_start(&self.start.store, &next)
+            rendezvous::publish_start(&self.spawner.store, &next)
         } else {
             Ok(())
         })
-        .and_then(|_| self.start.spawn(&next));
+        .and_then(|_| self.spawner.spawn(&next));
         match started {
             Ok(w) => {
                 *workers = w;
                 job.lock().pids = workers.pids();
                 if several {
-                    rendezvous::mark_started(&self.start.store, next.attempt, 0).ok();
+                    rendezvous::mark_started(&self.spawner.store, next.attempt, 0).ok();
                     return self.await_nodes(fold, workers);
                 }
                 true
             }
             Err(e) => {
                 let failure = fold.failure_of(0, format!("could not be started again: {e:#}"));
-                job.lock().failure = Some(failure);
+                job.lock().fail_once(failure);
                 false
             }
         }
@@ -190,14 +217,14 @@ impl Recovery {
                 .filter(|&k| k != 0)
                 .find(|&k| !rendezvous::has_started(store, attempt, k))
         };
-        while let Some(node) = missing(&self.start.store, self.attempt) {
+        while let Some(node) = missing(&self.spawner.store, self.attempt) {
             // A node that cannot start (it said why) fails this start like a dead worker.
-            if fold.job.stop_requested.load(Ordering::Relaxed) || !self.remote_exits.is_empty() {
+            if fold.job.stop_requested.load(Ordering::Relaxed) || self.failures.has_remote() {
                 return true;
             }
             if Instant::now() >= deadline {
                 workers.stop(STOP_GRACE);
-                fold.job.lock().failure = Some(TrainError::NodeLost {
+                fold.job.lock().fail_once(TrainError::NodeLost {
                     node,
                     how: format!(
                         "it did not rejoin the restarted job within {} s: run its command again (the same --nnodes, --node-rank, --master-addr and --name) and resume the run",
@@ -224,9 +251,11 @@ impl Recovery {
         }
         let node = spec.node_rank;
         let next = loop {
-            let next = match self.pending.take() {
+            let next = match self.following.pending.take() {
                 Some(s) => s,
-                None if fold.job.lock().failure.is_none() && !self.waiting => return false,
+                None if fold.job.lock().failure.is_none() && !self.following.waiting => {
+                    return false
+                }
                 None => match self.next_start(fold) {
                     Some(s) => s,
                     None => return false,
@@ -236,12 +265,12 @@ impl Recovery {
             let members = next.membership(&fold.job.spec);
             if members.contains(node) {
                 fold.job.lock().membership = members;
-                self.waiting = false;
+                self.following.waiting = false;
                 break next;
             }
             // Not needed at this size: a failure of the start before is not this node's.
             fold.job.lock().failure = None;
-            self.waiting = true;
+            self.following.waiting = true;
             eprintln!(
                 "trainbook: node {node} waits: the job goes on with nodes {}, and takes this node again at a checkpoint",
                 membership::list(members.nodes())
@@ -252,11 +281,11 @@ impl Recovery {
             self.cannot_follow(fold, &next, dir);
             return false;
         }
-        match self.start.spawn(&next) {
+        match self.spawner.spawn(&next) {
             Ok(w) => {
                 *workers = w;
                 fold.job.lock().pids = workers.pids();
-                rendezvous::mark_started(&self.start.store, next.attempt, node).ok();
+                rendezvous::mark_started(&self.spawner.store, next.attempt, node).ok();
                 true
             }
             Err(e) => {
@@ -265,7 +294,7 @@ impl Recovery {
                     rank,
                     format!("could not be started again for node 0's restart: {e:#}"),
                 );
-                fold.job.lock().failure = Some(failure);
+                fold.job.lock().fail_once(failure);
                 false
             }
         }
@@ -273,17 +302,17 @@ impl Recovery {
 
     /// Nodes 1..N: waits for a start newer than this node’s, while node 0 answers: up to the
     /// collective timeout, or for as long as the job runs while this node waits to be taken.
-    fn next_start(&mut self, fold: &mut Fold) -> Option<StartInfo> {
+    fn next_start(&mut self, fold: &mut Fold) -> Option<Start> {
         let timeout = Duration::from_secs(fold.job.spec.collective_timeout_secs);
         let deadline = Instant::now() + timeout;
         loop {
-            match rendezvous::current_start(&self.start.store) {
+            match rendezvous::current_start(&self.spawner.store) {
                 Ok(Some(s)) if s.attempt > self.attempt => return Some(s),
                 Err(_) => return None,
-                _ if rendezvous::ended(&self.start.store) => return None,
+                _ if rendezvous::ended(&self.spawner.store) => return None,
                 _ => {}
             }
-            if (!self.waiting && Instant::now() >= deadline)
+            if (!self.following.waiting && Instant::now() >= deadline)
                 || fold.job.stop_requested.load(Ordering::Relaxed)
             {
                 return None;
@@ -295,7 +324,7 @@ impl Recovery {
 
     /// Nodes 1..N: the checkpoint of node 0’s start is not on this node. Says why, here and to
     /// node 0 (which waits for this node’s start).
-    fn cannot_follow(&mut self, fold: &mut Fold, next: &StartInfo, dir: &std::path::Path) {
+    fn cannot_follow(&mut self, fold: &mut Fold, next: &Start, dir: &std::path::Path) {
         let node = fold.job.spec.node_rank;
         let rank = first_own_rank(fold);
         let message = format!(
@@ -318,17 +347,14 @@ impl Recovery {
             fwd.flush(Duration::from_secs(2));
         }
         let failure = fold.failure_of(rank, message);
-        fold.job.lock().failure = Some(failure);
+        fold.job.lock().fail_once(failure);
     }
 
     /// A new start of the workers: its failure, errors, pulses and progress start empty, and
     /// the metric rows of the steps it will redo are dropped (the replayed rows replace them).
     pub(super) fn forget_attempt(&mut self, fold: &Fold, resumed_step: u64) {
         self.hangs.reset();
-        self.done_at.iter_mut().for_each(|d| *d = None);
-        self.error_steps.iter_mut().for_each(|s| *s = None);
-        self.error_order.clear();
-        self.remote_exits.clear();
+        self.failures.forget();
         let mut st = fold.job.lock();
         st.failure = None;
         st.errors.iter_mut().for_each(|e| *e = None);

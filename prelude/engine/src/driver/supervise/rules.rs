@@ -42,9 +42,9 @@ struct Pulse {
     /// is not declared hung at the second step.
     first_heard: Option<Instant>,
     first_step: Duration,
-    /// The rank reported `done`: its teardown is the driver's exit deadline's business, not a
-    /// hang of the training.
-    done: bool,
+    /// When the rank reported `done`: its teardown is not a hang of the training, but a
+    /// process that has not exited `hang_timeout` later is stuck in it.
+    done: Option<Instant>,
 }
 
 impl Pulse {
@@ -129,11 +129,34 @@ impl Hangs {
         p.work = p.work.max(work);
     }
 
-    /// `rank` reported `done`: no longer watched for hangs.
-    pub(super) fn finished(&mut self, rank: usize) {
+    /// `rank` reported `done` at `now`: no longer watched for hangs.
+    pub(super) fn finished(&mut self, rank: usize, now: Instant) {
         if let Some(p) = self.ranks.get_mut(rank) {
-            p.done = true;
+            p.done.get_or_insert(now);
         }
+    }
+
+    /// The ranks that reported `done` at least `hang_timeout` before `now` (none when hang
+    /// detection is off): a process still running then is stuck in its teardown (on Gaudi,
+    /// the hccl process group's untimed destructor barrier).
+    pub(super) fn stuck_after_done(&self, now: Instant) -> Vec<usize> {
+        let Some(timeout) = self.timeout else {
+            return Vec::new();
+        };
+        self.ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.done
+                    .is_some_and(|t| now.saturating_duration_since(t) >= timeout)
+            })
+            .map(|(rank, _)| rank)
+            .collect()
+    }
+
+    /// The hang limit in whole seconds (0: off), for messages.
+    pub(super) fn timeout_secs(&self) -> u64 {
+        self.timeout.map_or(0, |t| t.as_secs())
     }
 
     /// The steps `rank` had taken when last heard.
@@ -168,7 +191,7 @@ impl Hangs {
             .ranks
             .iter()
             .enumerate()
-            .filter(|(_, p)| !p.done)
+            .filter(|(_, p)| p.done.is_none())
             .filter_map(|(rank, p)| {
                 let heard = p.heard?;
                 let h = Hung {
@@ -510,6 +533,34 @@ mod tests {
         h.reset();
         assert_eq!(h.hung(t0 + secs(100)), None);
         assert_eq!(h.step_of(1), None);
+    }
+
+    #[test]
+    fn a_rank_done_and_not_gone_a_hang_limit_later_is_stuck_in_its_teardown() {
+        let t0 = Instant::now();
+        let mut h = Hangs::new(3, 10);
+        h.beat(0, 5, 5, false, t0);
+        h.finished(0, t0);
+        h.finished(2, t0 + secs(4));
+        h.finished(0, t0 + secs(8));
+        assert!(h.stuck_after_done(t0 + secs(9)).is_empty());
+        assert_eq!(
+            h.stuck_after_done(t0 + secs(10)),
+            vec![0],
+            "the first `done` counts"
+        );
+        assert_eq!(h.stuck_after_done(t0 + secs(14)), vec![0, 2]);
+        assert_eq!(
+            h.hung(t0 + secs(60)),
+            None,
+            "a rank that is done is not hung"
+        );
+        h.reset();
+        assert!(h.stuck_after_done(t0 + secs(60)).is_empty());
+        assert!(
+            Hangs::new(1, 0).stuck_after_done(t0).is_empty(),
+            "off with hang detection"
+        );
     }
 
     #[test]
