@@ -60,7 +60,7 @@ impl SweepDashboard {
         let mut view = SweepView::new(
             title,
             spec.metric.clone(),
-            spec.goal == Goal::Min,
+            spec.goal,
             spec.space.iter().map(|(k, _)| k.clone()).collect(),
             options.log_level,
         );

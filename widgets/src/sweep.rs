@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::error::Error;
-use trainbook_api::TrialStatus;
+use trainbook_api::{Goal, TrialStatus};
 
 /// Lines the plot labels and colours (the best trial, the running ones, then the best of the
 /// rest); the others are drawn faint and unlabelled.
@@ -97,14 +97,13 @@ impl TrialRow {
     }
 
     /// The best value the trial reached: `best`, or else the best point of its curve.
-    fn best_value(&self, minimize: bool) -> Option<f64> {
+    fn best_value(&self, goal: Goal) -> Option<f64> {
         self.best.filter(|v| v.is_finite()).or_else(|| {
-            let finite = self.curve.iter().map(|p| p.1).filter(|v| v.is_finite());
-            if minimize {
-                finite.reduce(f64::min)
-            } else {
-                finite.reduce(f64::max)
-            }
+            self.curve
+                .iter()
+                .map(|p| p.1)
+                .filter(|v| v.is_finite())
+                .reduce(|a, b| if goal.better(b, a) { b } else { a })
         })
     }
 }
@@ -116,8 +115,8 @@ pub struct SweepView {
     pub title: String,
     /// The metric's name, e.g. "eval_loss".
     pub metric: String,
-    /// true: lower is better.
-    pub minimize: bool,
+    /// Whether lower or higher values of the metric are better.
+    pub goal: Goal,
     /// Parameter names, the table's parameter columns.
     pub params: Vec<String>,
     pub trials: Vec<TrialRow>,
@@ -159,14 +158,14 @@ impl SweepView {
     pub fn new(
         title: String,
         metric: String,
-        minimize: bool,
+        goal: Goal,
         params: Vec<String>,
         log_level: LogLevel,
     ) -> SweepView {
         SweepView {
             title,
             metric,
-            minimize,
+            goal,
             params,
             trials: Vec::new(),
             best: None,
@@ -222,8 +221,8 @@ impl SweepView {
         // A finished trial is ranked by its last value (what `best()` uses); a running one by
         // its best so far.
         let value = match t.state {
-            TrialStatus::Done => t.latest.or(t.best_value(self.minimize))?,
-            _ => t.best_value(self.minimize).or(t.latest)?,
+            TrialStatus::Done => t.latest.or(t.best_value(self.goal))?,
+            _ => t.best_value(self.goal).or(t.latest)?,
         };
         let params: Vec<String> = self
             .params
@@ -528,10 +527,10 @@ fn svg_body(svg: &str) -> &str {
 }
 
 /// `a` before `b` when `a` is the better value; values missing or not finite come last.
-fn better(a: Option<f64>, b: Option<f64>, minimize: bool) -> Ordering {
+fn better(a: Option<f64>, b: Option<f64>, goal: Goal) -> Ordering {
     let key = |v: Option<f64>| v.filter(|v| v.is_finite());
     match (key(a), key(b)) {
-        (Some(a), Some(b)) if minimize => a.total_cmp(&b),
+        (Some(a), Some(b)) if goal == Goal::Min => a.total_cmp(&b),
         (Some(a), Some(b)) => b.total_cmp(&a),
         (Some(_), None) => Ordering::Less,
         (None, Some(_)) => Ordering::Greater,
@@ -582,9 +581,9 @@ fn plot_lines(view: &SweepView) -> Vec<Line> {
     with_points.sort_by(|(a, _), (b, _)| {
         rank(*a).cmp(&rank(*b)).then_with(|| {
             better(
-                view.trials[*a].best_value(view.minimize),
-                view.trials[*b].best_value(view.minimize),
-                view.minimize,
+                view.trials[*a].best_value(view.goal),
+                view.trials[*b].best_value(view.goal),
+                view.goal,
             )
         })
     });
@@ -612,7 +611,7 @@ fn plot_lines(view: &SweepView) -> Vec<Line> {
 /// The y range of the plot: every value, unless some trials diverged far past the rest (above
 /// for a minimised metric) — then the range ends 3 interquartile ranges past the quartile, so
 /// one exploding trial does not flatten the others; its line runs into the plot's edge.
-fn y_range(values: &[f64], minimize: bool) -> Option<(f64, f64)> {
+fn y_range(values: &[f64], goal: Goal) -> Option<(f64, f64)> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(f64::total_cmp);
     let q = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
@@ -621,12 +620,9 @@ fn y_range(values: &[f64], minimize: bool) -> Option<(f64, f64)> {
     }
     let (q1, q3) = (q(0.25), q(0.75));
     let reach = 3.0 * (q3 - q1).max(q3.abs().max(q1.abs()) * 0.05);
-    let kept = v.iter().copied().filter(|x| {
-        if minimize {
-            *x <= q3 + reach
-        } else {
-            *x >= q1 - reach
-        }
+    let kept = v.iter().copied().filter(|x| match goal {
+        Goal::Min => *x <= q3 + reach,
+        Goal::Max => *x >= q1 - reach,
     });
     crate::plot::span(kept)
 }
@@ -653,7 +649,10 @@ fn caption(view: &SweepView, lines: &[Line], (y0, y1): (f64, f64)) -> String {
     let mut parts = vec![format!(
         "{} per trial ({} is better)",
         view.metric,
-        if view.minimize { "lower" } else { "higher" }
+        match view.goal {
+            Goal::Min => "lower",
+            Goal::Max => "higher",
+        }
     )];
     let drawn = |s: TrialStatus| lines.iter().any(|l| view.trials[l.index].state == s);
     if let Some(b) = lines.iter().find(|l| view.is_best(l.index)) {
@@ -695,7 +694,7 @@ fn draw(out: &mut String, view: &SweepView, width: u32, height: u32) -> Result<(
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .collect();
-    let (y0, y1) = y_range(&values, view.minimize).unwrap_or((0.0, 1.0));
+    let (y0, y1) = y_range(&values, view.goal).unwrap_or((0.0, 1.0));
 
     let root = SVGBackend::with_string(out, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -877,7 +876,7 @@ mod tests {
         let mut v = SweepView::new(
             "sweep · bert · 6 trials, 2 at a time".into(),
             "eval_loss".into(),
-            true,
+            Goal::Min,
             vec!["lr".into(), "batch".into()],
             LogLevel::Info,
         );
@@ -1144,7 +1143,7 @@ mod tests {
         let v = SweepView::new(
             "sweep · mlp".into(),
             "val_accuracy".into(),
-            false,
+            Goal::Max,
             vec![],
             LogLevel::Info,
         );
@@ -1194,7 +1193,7 @@ mod tests {
         let mut v = SweepView::new(
             "sweep · big".into(),
             "eval_loss".into(),
-            true,
+            Goal::Min,
             vec!["lr".into(), "batch".into()],
             LogLevel::Info,
         );
@@ -1264,14 +1263,14 @@ mod tests {
     #[test]
     fn a_diverged_trial_does_not_flatten_the_plot() {
         let values = [0.60, 0.62, 0.65, 0.66, 0.70, 0.69, 68.0, 299.0];
-        let (lo, hi) = y_range(&values, true).unwrap();
+        let (lo, hi) = y_range(&values, Goal::Min).unwrap();
         assert!(lo < 0.6 && hi > 0.7 && hi < 1.0, "{lo}..{hi}");
         // For a maximised metric the outliers are the low ones.
         let acc = [0.80, 0.82, 0.85, 0.86, 0.84, 0.83, 0.0, 0.01];
-        let (lo, hi) = y_range(&acc, false).unwrap();
+        let (lo, hi) = y_range(&acc, Goal::Max).unwrap();
         assert!(lo > 0.5 && hi > 0.86, "{lo}..{hi}");
         // Without outliers every value is in range.
-        let (lo, hi) = y_range(&[0.1, 0.5, 0.9, 1.3], true).unwrap();
+        let (lo, hi) = y_range(&[0.1, 0.5, 0.9, 1.3], Goal::Min).unwrap();
         assert!(lo < 0.1 && hi > 1.3);
     }
 }
