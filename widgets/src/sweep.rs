@@ -15,6 +15,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::error::Error;
+use trainbook_api::plumbing::{count_by_status, counts_line};
 use trainbook_api::{Goal, TrialStatus};
 
 /// Lines the plot labels and colours (the best trial, the running ones, then the best of the
@@ -27,16 +28,6 @@ pub const PLOT_WIDTH: u32 = 720;
 pub const PLOT_HEIGHT: u32 = 320;
 /// Log lines a new view keeps.
 pub const LOG_LINES: usize = 10;
-
-/// Every trial status, in the order the summary counts them.
-pub const STATUS_ORDER: [TrialStatus; 6] = [
-    TrialStatus::Running,
-    TrialStatus::Done,
-    TrialStatus::Pruned,
-    TrialStatus::Stopped,
-    TrialStatus::Failed,
-    TrialStatus::Pending,
-];
 
 /// The HTML status cell's symbol (`×` is also the plot's pruned marker).
 fn status_symbol(s: TrialStatus) -> &'static str {
@@ -182,14 +173,10 @@ impl SweepView {
         self.best.and_then(|i| self.trials.get(i))
     }
 
-    /// How many trials are in each state, in [`STATUS_ORDER`] order, states without
-    /// trials left out.
+    /// How many trials are in each state, in the order summaries count them (running first,
+    /// pending last), states without trials left out.
     pub fn counts(&self) -> Vec<(TrialStatus, usize)> {
-        STATUS_ORDER
-            .iter()
-            .map(|&s| (s, self.trials.iter().filter(|t| t.state == s).count()))
-            .filter(|&(_, n)| n > 0)
-            .collect()
+        count_by_status(self.trials.iter().map(|t| t.state))
     }
 
     /// Counts per state, e.g. "2 running · 1 pruned · 3 pending"; "no trials yet".
@@ -198,11 +185,7 @@ impl SweepView {
         if counts.is_empty() {
             return "no trials yet".into();
         }
-        counts
-            .iter()
-            .map(|(s, n)| format!("{n} {}", s.name()))
-            .collect::<Vec<_>>()
-            .join(" · ")
+        counts_line(&counts)
     }
 
     /// ` · elapsed 1m 05s` while running, ` · finished after 1m 05s` once ended.

@@ -145,7 +145,8 @@ pub mod plumbing {
     };
     pub use crate::spec::{check_mlflow_uri, DEFAULT_HANG_TIMEOUT_SECS};
     pub use crate::sweep::{
-        best_finished, status_counts, trial_json, trial_params, trials_table, SweepControl, Sweeps,
+        best_finished, count_by_status, counts_line, status_counts, trial_json, trial_params,
+        trials_table, SweepControl, Sweeps,
     };
     pub use crate::text::{TextData, TextSettings};
     pub use crate::tokenizer::Tokenizers;

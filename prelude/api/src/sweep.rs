@@ -758,20 +758,46 @@ pub fn best_finished(trials: &[Trial], goal: Goal) -> Option<&Trial> {
         .map(|(t, _)| t)
 }
 
-/// "3 done · 2 pruned · 1 failed".
-pub fn status_counts(trials: &[Trial]) -> String {
-    let mut counts: Vec<(TrialStatus, usize)> = Vec::new();
-    for t in trials {
-        match counts.iter_mut().find(|(s, _)| *s == t.status) {
-            Some(c) => c.1 += 1,
-            None => counts.push((t.status, 1)),
+/// Every trial status, in the order summaries count them.
+const SUMMARY_ORDER: [TrialStatus; 6] = [
+    TrialStatus::Running,
+    TrialStatus::Done,
+    TrialStatus::Pruned,
+    TrialStatus::Stopped,
+    TrialStatus::Failed,
+    TrialStatus::Pending,
+];
+
+/// How many of `statuses` are in each status, in the order summaries count them (running
+/// first, pending last); statuses none is in are left out.
+pub fn count_by_status(
+    statuses: impl IntoIterator<Item = TrialStatus>,
+) -> Vec<(TrialStatus, usize)> {
+    let mut n = [0usize; SUMMARY_ORDER.len()];
+    for s in statuses {
+        if let Some(i) = SUMMARY_ORDER.iter().position(|&o| o == s) {
+            n[i] += 1;
         }
     }
+    SUMMARY_ORDER
+        .into_iter()
+        .zip(n)
+        .filter(|&(_, n)| n > 0)
+        .collect()
+}
+
+/// Counts as a line: "2 running · 3 done · 1 pruned" ("" for none).
+pub fn counts_line(counts: &[(TrialStatus, usize)]) -> String {
     counts
         .iter()
         .map(|(s, n)| format!("{n} {s}"))
         .collect::<Vec<_>>()
         .join(" · ")
+}
+
+/// The trials counted per status: "3 done · 2 pruned · 1 failed".
+pub fn status_counts(trials: &[Trial]) -> String {
+    counts_line(&count_by_status(trials.iter().map(|t| t.status)))
 }
 
 /// Trials as a table (see [`SweepResult::trials`]).
