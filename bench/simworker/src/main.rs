@@ -114,11 +114,6 @@ async fn run() -> Result<()> {
         .map_err(|_| anyhow!("connecting to the driver at {endpoint}: timed out"))?
         .map_err(|e| anyhow!("connecting to the driver at {endpoint}: {e}"))?;
     let mut ev = Events { socket, token };
-    ev.send(
-        json!({"type": "started", "rank": rank, "pid": std::process::id(),
-                   "device": "cpu", "threads": 1}),
-    )
-    .await?;
 
     barrier(rank, world).await?;
     let start = Instant::now();

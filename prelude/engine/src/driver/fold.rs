@@ -169,6 +169,16 @@ impl<'a> Fold<'a> {
         self.job.publish(JobUpdate::Metric(row));
     }
 
+    fn progress(&mut self, p: Progress) {
+        self.job.lock().progress = Some(p.clone());
+        self.job.publish(JobUpdate::Progress(p));
+    }
+
+    fn checkpoint(&mut self, epoch: u64, path: PathBuf) {
+        self.job.lock().checkpoints.push((epoch, path.clone()));
+        self.job.publish(JobUpdate::Checkpoint { epoch, path });
+    }
+
     /// Folds one event into the job; what the supervision needs to know comes back.
     pub(super) fn event(&mut self, ev: Event) -> Option<Signal> {
         let elapsed = self.elapsed();
@@ -197,24 +207,16 @@ impl<'a> Fold<'a> {
                 samples,
                 samples_per_second,
                 ..
-            } => {
-                let p = Progress {
-                    step,
-                    total_steps,
-                    epoch,
-                    epochs,
-                    samples,
-                    samples_per_second,
-                    elapsed,
-                };
-                self.job.lock().progress = Some(p.clone());
-                self.job.publish(JobUpdate::Progress(p));
-            }
-            Event::Checkpoint { epoch, path, .. } => {
-                let path = PathBuf::from(path);
-                self.job.lock().checkpoints.push((epoch, path.clone()));
-                self.job.publish(JobUpdate::Checkpoint { epoch, path });
-            }
+            } => self.progress(Progress {
+                step,
+                total_steps,
+                epoch,
+                epochs,
+                samples,
+                samples_per_second,
+                elapsed,
+            }),
+            Event::Checkpoint { epoch, path, .. } => self.checkpoint(epoch, PathBuf::from(path)),
             Event::Error {
                 rank,
                 message,
@@ -248,14 +250,6 @@ impl<'a> Fold<'a> {
                     work,
                     busy,
                 })
-            }
-            Event::Started {
-                rank,
-                pid,
-                device,
-                threads,
-            } => {
-                let _ = (rank, pid, device, threads);
             }
             Event::Exited {
                 attempt,

@@ -51,12 +51,6 @@ pub(crate) struct WorkerSummary {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(crate) enum Event {
-    Started {
-        rank: usize,
-        pid: u32,
-        device: String,
-        threads: usize,
-    },
     Log {
         rank: usize,
         stream: Stream,

@@ -241,13 +241,6 @@ fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Resu
         }
         _ => None,
     };
-    events.send(Event::Started {
-        rank,
-        pid: std::process::id(),
-        device: tdev.to_string(),
-        threads,
-    });
-
     let init = InitOptions::from_env(
         device.backend(),
         Duration::from_secs(spec.collective_timeout_secs),
