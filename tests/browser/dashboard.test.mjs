@@ -2,7 +2,7 @@
 // Runs notebooks/bert.ipynb (tiny parameters) with "Run All Cells" and checks from the DOM that
 // the training cell holds exactly one dashboard that redraws in place, then the final view; then
 // runs notebooks/sweep.ipynb the same way and checks that the sweep cell holds one view whose
-// trial table changes in place (trials going from pending/running to done/pruned).
+// trial table changes in place (trials going from pending/running to succeeded/pruned).
 // Entry point: scripts/test-browser.sh (checks prerequisites, installs node_modules).
 // Environment: TRAINBOOK_ARTIFACTS (screenshots, logs; default target/test-artifacts/browser),
 // CHROMIUM (default /usr/bin/chromium), TRAINBOOK_BROWSER_TIMEOUT (seconds, default 900),
@@ -496,7 +496,7 @@ function sweepSnapshotInPage(needle) {
           id: Number(/(\d+)\s*$/.exec(first)?.[1] ?? NaN),
           starred: first.includes('★'),
           lr: tr.children[1]?.textContent.trim() ?? '',
-          // "✓ done": the status without its symbol.
+          // "✓ succeeded": the status without its symbol.
           status: (tr.children[col]?.textContent ?? '').trim().replace(/^\S+\s+/, ''),
         };
       }) : [];
@@ -532,7 +532,7 @@ function sweepSnapshotInPage(needle) {
 }
 
 /** notebooks/sweep.ipynb in a page of its own: one view in the sweep cell whose trial table
- *  changes in place until every trial is done or pruned. */
+ *  changes in place until every trial has succeeded or was pruned. */
 async function runSweep(nbdir, runsRoot) {
   // The BERT notebook's kernel is done: shut it down so that the sweep's trials have the cores.
   const old = await notebookSession(NB_NAME);
@@ -582,7 +582,7 @@ async function runSweep(nbdir, runsRoot) {
       }
       if (!v.summary.includes('finished after')) {
         running.push(s);
-        const finished = v.rows.filter((r) => r.status === 'done' || r.status === 'pruned').length;
+        const finished = v.rows.filter((r) => r.status === 'succeeded' || r.status === 'pruned').length;
         if (!shotTaken && finished > 0 && v.rows.some((r) => r.status === 'running')) {
           shotTaken = true;
           await shot('sweep-running.png');
@@ -606,8 +606,8 @@ async function runSweep(nbdir, runsRoot) {
   // ---- the table changed in place while the sweep ran ----
   const summaries = new Set(running.map((x) => x.view.summary.replace(/ · elapsed .*/, '')));
   check(running.length >= 4 && summaries.size >= 3, `the sweep was seen running in ${running.length} samples with ${summaries.size} distinct summaries (want >= 4 and >= 3)`, samples);
-  const moved = [...history].filter(([, h]) => h.some((x) => x === 'pending' || x === 'running') && ['done', 'pruned'].includes(h.at(-1)));
-  check(moved.length >= 2, `fewer than 2 trials were seen going from pending/running to done/pruned: ${JSON.stringify([...history])}`, samples);
+  const moved = [...history].filter(([, h]) => h.some((x) => x === 'pending' || x === 'running') && ['succeeded', 'pruned'].includes(h.at(-1)));
+  check(moved.length >= 2, `fewer than 2 trials were seen going from pending/running to succeeded/pruned: ${JSON.stringify([...history])}`, samples);
   const story = moved.map(([id, h]) => `trial ${id}: ${h.join(' → ')}`);
   log(`in place, one output throughout: ${story.slice(0, 3).join('; ')}${story.length > 3 ? `; ... (${story.length} trials)` : ''}`);
   log(`summaries while running: ${[...summaries].join(' | ')}`);
@@ -615,13 +615,13 @@ async function runSweep(nbdir, runsRoot) {
 
   // ---- the final view ----
   const v = s.view;
-  check(/^\d+ done · \d+ pruned · finished after /.test(v.summary), `final summary: ${v.summary}`, s);
-  check(v.rows.every((r) => r.status === 'done' || r.status === 'pruned'), `final statuses: ${v.rows.map((r) => r.status).join(', ')}`, s);
+  check(/^\d+ succeeded · \d+ pruned · finished after /.test(v.summary), `final summary: ${v.summary}`, s);
+  check(v.rows.every((r) => r.status === 'succeeded' || r.status === 'pruned'), `final statuses: ${v.rows.map((r) => r.status).join(', ')}`, s);
   for (const r of v.rows.filter((r) => r.lr === '1')) check(r.status === 'pruned', `trial ${r.id} (lr=1, diverging) is ${r.status}, expected pruned`, s);
   const best = /^best: trial (\d+) \(lr=\S+, warmup_ratio=\S+\) eval_loss \d\.\d{4}$/.exec(v.best ?? '');
   check(best, `the final view names no best trial: ${v.best}`, s);
   const starred = v.rows.filter((r) => r.starred);
-  check(starred.length === 1 && starred[0].id === Number(best[1]) && starred[0].status === 'done', `starred rows ${JSON.stringify(starred)}, best line ${v.best}`, s);
+  check(starred.length === 1 && starred[0].id === Number(best[1]) && starred[0].status === 'succeeded', `starred rows ${JSON.stringify(starred)}, best line ${v.best}`, s);
   check(v.footer?.startsWith(`succeeded · results in ${runsRoot}`), `final footer: ${v.footer}`, s);
   check(v.plot && v.plot !== first.view.plot, 'the final view has no plot, or the first one', s);
   check(v.foldedLogs, 'a sweep without failed trials should fold its worker logs into <details>', s);

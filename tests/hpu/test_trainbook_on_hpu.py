@@ -286,7 +286,7 @@ def test_a_sweep_gives_concurrent_trials_disjoint_hpus(hpu):
     out, err = cli.communicate(timeout=60)
     assert cli.returncode == 0, err[-3000:]
     r = json.loads(out.strip().splitlines()[-1])
-    assert [t["status"] for t in r["trials"]] == ["done"] * 3, r
+    assert [t["status"] for t in r["trials"]] == ["succeeded"] * 3, r
     assert ["0", "1"] in seen, seen  # two trials at once, one module each
     assert all(len(set(m)) == len(m) and None not in m for m in seen), seen
     assert all(len(m) <= 2 for m in seen), "more trials than HPUs at once"

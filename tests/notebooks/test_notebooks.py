@@ -271,7 +271,7 @@ def test_tasks_notebook_tags_words_and_answers_questions(tmp_path):
 
 def test_sweep_notebook_prunes_with_asha_and_predicts_with_the_best_trial(tmp_path):
     """notebooks/sweep.ipynb with the tiny BERT: 8 trials (4 learning rates × 2 warm-ups drawn at
-    random), 2 at a time, ASHA. The launch cell holds one view that ends with every trial done or
+    random), 2 at a time, ASHA. The launch cell holds one view that ends with every trial succeeded or
     pruned (the diverging lr=1 trials pruned at their first report), the best trial starred and
     where the results are; then the trials table, the best trial's checkpoint predicting, and one
     trial's own dashboard."""
@@ -304,7 +304,7 @@ def test_sweep_notebook_prunes_with_asha_and_predicts_with_the_best_trial(tmp_pa
     text, html = views[0].data["text/plain"], views[0].data["text/html"]
     lines = text.splitlines()
     assert lines[0] == "sweep · bert · 8 trials · 2 at a time · ASHA (grace 1, factor 2) on eval_loss (min)", text
-    summary = re.fullmatch(r"(\d+) done · (\d+) pruned · finished after .+", lines[1])
+    summary = re.fullmatch(r"(\d+) succeeded · (\d+) pruned · finished after .+", lines[1])
     assert summary and int(summary.group(1)) + int(summary.group(2)) == 8, text
     # The table: columns two or more spaces apart (a time reads "1m 05s", a note is a sentence).
     header = lines.index(next(l for l in lines if l.startswith("trial ")))
@@ -313,23 +313,23 @@ def test_sweep_notebook_prunes_with_asha_and_predicts_with_the_best_trial(tmp_pa
     rows = [dict(zip(columns, re.split(r" {2,}", l.strip()))) for l in lines[header + 1 : header + 9]]
     assert [r["trial"].lstrip("★ ") for r in rows] == [str(i) for i in range(1, 9)], text
     assert [r["lr"] for r in rows] == ["0.001", "0.01", "0.1", "1"] * 2, text
-    assert {r["status"] for r in rows} == {"done", "pruned"}, text
+    assert {r["status"] for r in rows} == {"succeeded", "pruned"}, text
     for r in rows[3], rows[7]:  # lr=1 diverges within its first epoch: pruned at report 1
         assert r["status"] == "pruned" and float(r["latest eval_loss"]) > 1.0, r
         assert r["step"].endswith("/24") and int(r["step"].split("/")[0]) < 16, r
         assert re.match(r"eval_loss \S+ at report 1 is outside the best 1/2 of \d trials at rung 1 \(cutoff 0\.\d+\)$", r["note"]), r
     for r in rows:
-        if r["status"] == "done":
+        if r["status"] == "succeeded":
             assert r["step"] == "24/24" and "note" not in r, r  # 3 epochs of 8 steps
-    # The best trial: starred, done, named with its parameters.
+    # The best trial: starred, succeeded, named with its parameters.
     best = re.search(r"^best: trial (\d+) \(lr=(\S+), warmup_ratio=(\S+)\) eval_loss (\d\.\d{4})$", text, re.M)
     assert best, text
     best_id = int(best.group(1))
-    assert rows[best_id - 1]["trial"] == f"★ {best_id}" and rows[best_id - 1]["status"] == "done", text
+    assert rows[best_id - 1]["trial"] == f"★ {best_id}" and rows[best_id - 1]["status"] == "succeeded", text
     assert text.count("★") == 1
     assert re.search(rf"^succeeded · results in {re.escape(str(runs))}/sweep-bert-\S+$", text, re.M), text
     assert 'class="trainbook-sweep-table"' in html and "<svg" in html and html.count("<tr") == 9
-    assert "× pruned" in html and "✓ done" in html and "● running" not in html and "○ pending" not in html
+    assert "× pruned" in html and "✓ succeeded" in html and "● running" not in html and "○ pending" not in html
 
     # The trials table: one row per trial, every column.
     trials = cell_with(nb, "result.trials()")

@@ -35,7 +35,7 @@ fn status_symbol(s: TrialStatus) -> &'static str {
         TrialStatus::Pending => "○",
         TrialStatus::Running => "●",
         TrialStatus::Pruned => "×",
-        TrialStatus::Done => "✓",
+        TrialStatus::Succeeded => "✓",
         TrialStatus::Failed => "✗",
         TrialStatus::Stopped => "■",
     }
@@ -46,7 +46,7 @@ pub fn status_color(s: TrialStatus) -> &'static str {
     match s {
         TrialStatus::Pending | TrialStatus::Pruned => GREY,
         TrialStatus::Running => BLUE,
-        TrialStatus::Done => GREEN,
+        TrialStatus::Succeeded => GREEN,
         TrialStatus::Failed => RED,
         TrialStatus::Stopped => ORANGE,
     }
@@ -204,7 +204,7 @@ impl SweepView {
         // A finished trial is ranked by its last value (what `best()` uses); a running one by
         // its best so far.
         let value = match t.state {
-            TrialStatus::Done => t.latest.or(t.best_value(self.goal))?,
+            TrialStatus::Succeeded => t.latest.or(t.best_value(self.goal))?,
             _ => t.best_value(self.goal).or(t.latest)?,
         };
         let params: Vec<String> = self
@@ -928,7 +928,7 @@ mod tests {
             TrialStatus::Pending,
             TrialStatus::Running,
             TrialStatus::Pruned,
-            TrialStatus::Done,
+            TrialStatus::Succeeded,
             TrialStatus::Failed,
             TrialStatus::Stopped,
         ]
@@ -937,16 +937,23 @@ mod tests {
         .collect();
         assert_eq!(
             names,
-            ["pending", "running", "pruned", "done", "failed", "stopped"]
+            [
+                "pending",
+                "running",
+                "pruned",
+                "succeeded",
+                "failed",
+                "stopped"
+            ]
         );
         assert!(!TrialStatus::Pending.is_finished());
         assert!(!TrialStatus::Running.is_finished());
         assert!(TrialStatus::Pruned.is_finished());
-        assert!(TrialStatus::Done.is_finished());
+        assert!(TrialStatus::Succeeded.is_finished());
         assert!(TrialStatus::Failed.is_finished());
         assert!(TrialStatus::Stopped.is_finished());
         assert_eq!(status_color(TrialStatus::Running), BLUE);
-        assert_eq!(status_color(TrialStatus::Done), GREEN);
+        assert_eq!(status_color(TrialStatus::Succeeded), GREEN);
         assert_eq!(status_color(TrialStatus::Failed), RED);
     }
 
@@ -954,11 +961,11 @@ mod tests {
     fn summary_counts_each_state_once() {
         let mut v = sweep();
         assert_eq!(v.summary(), "2 running · 1 pruned · 3 pending");
-        v.trials[1].state = TrialStatus::Done;
+        v.trials[1].state = TrialStatus::Succeeded;
         v.trials[3].state = TrialStatus::Failed;
         assert_eq!(
             v.summary(),
-            "1 running · 1 done · 1 pruned · 1 failed · 2 pending"
+            "1 running · 1 succeeded · 1 pruned · 1 failed · 2 pending"
         );
         v.trials.clear();
         assert_eq!(v.summary(), "no trials yet");
@@ -1183,7 +1190,7 @@ mod tests {
         for id in 1..=100usize {
             let state = match id {
                 1..=70 => TrialStatus::Pruned,
-                71..=90 => TrialStatus::Done,
+                71..=90 => TrialStatus::Succeeded,
                 91..=94 => TrialStatus::Running,
                 _ => TrialStatus::Pending,
             };
@@ -1209,9 +1216,12 @@ mod tests {
             3 + 1 + 100,
             "title, summary, best, header, rows"
         );
-        assert!(t.contains("\n ★ 85  9e-4     32  done     480/480"), "{t}");
+        assert!(
+            t.contains("\n ★ 85  9e-4     32  succeeded  480/480"),
+            "{t}"
+        );
         assert!(t.lines().last().unwrap().starts_with("  100 "));
-        assert!(t.contains("4 running · 20 done · 70 pruned · 6 pending"));
+        assert!(t.contains("4 running · 20 succeeded · 70 pruned · 6 pending"));
 
         let h = v.html();
         let doc = parse_html(&h);

@@ -555,8 +555,10 @@ pub enum TrialStatus {
     Running,
     /// Stopped early by the scheduler; its metrics and checkpoints are kept.
     Pruned,
-    /// Ran to its end.
-    Done,
+    /// Ran to its end (`"succeeded"`, the word of jobs and sweeps; sweep files written before
+    /// it said `"done"`).
+    #[serde(alias = "done")]
+    Succeeded,
     Failed,
     /// Stopped by the user (or never started because the sweep was stopped).
     Stopped,
@@ -568,7 +570,7 @@ impl TrialStatus {
             TrialStatus::Pending => "pending",
             TrialStatus::Running => "running",
             TrialStatus::Pruned => "pruned",
-            TrialStatus::Done => "done",
+            TrialStatus::Succeeded => "succeeded",
             TrialStatus::Failed => "failed",
             TrialStatus::Stopped => "stopped",
         }
@@ -752,7 +754,7 @@ pub fn trial_json(t: &Trial, goal: Goal) -> serde_json::Value {
 pub fn best_finished(trials: &[Trial], goal: Goal) -> Option<&Trial> {
     trials
         .iter()
-        .filter(|t| t.status == TrialStatus::Done)
+        .filter(|t| t.status == TrialStatus::Succeeded)
         .filter_map(|t| t.last().filter(|v| v.is_finite()).map(|v| (t, v)))
         .reduce(|a, b| if goal.better(b.1, a.1) { b } else { a })
         .map(|(t, _)| t)
@@ -761,7 +763,7 @@ pub fn best_finished(trials: &[Trial], goal: Goal) -> Option<&Trial> {
 /// Every trial status, in the order summaries count them.
 const SUMMARY_ORDER: [TrialStatus; 6] = [
     TrialStatus::Running,
-    TrialStatus::Done,
+    TrialStatus::Succeeded,
     TrialStatus::Pruned,
     TrialStatus::Stopped,
     TrialStatus::Failed,
@@ -786,7 +788,7 @@ pub fn count_by_status(
         .collect()
 }
 
-/// Counts as a line: "2 running · 3 done · 1 pruned" ("" for none).
+/// Counts as a line: "2 running · 3 succeeded · 1 pruned" ("" for none).
 pub fn counts_line(counts: &[(TrialStatus, usize)]) -> String {
     counts
         .iter()
@@ -795,7 +797,7 @@ pub fn counts_line(counts: &[(TrialStatus, usize)]) -> String {
         .join(" · ")
 }
 
-/// The trials counted per status: "3 done · 2 pruned · 1 failed".
+/// The trials counted per status: "3 succeeded · 2 pruned · 1 failed".
 pub fn status_counts(trials: &[Trial]) -> String {
     counts_line(&count_by_status(trials.iter().map(|t| t.status)))
 }
@@ -1105,6 +1107,16 @@ mod tests {
             .contains("eval_loss:min"));
     }
 
+    #[test]
+    fn a_trial_that_ran_to_its_end_succeeded_as_jobs_do() {
+        let s = TrialStatus::Succeeded;
+        assert_eq!(s.name(), crate::JobStatus::Succeeded.name());
+        assert_eq!(serde_json::to_value(s).unwrap(), "succeeded");
+        // Sweep files written when it was called "done" still read.
+        let old: TrialStatus = serde_json::from_str("\"done\"").unwrap();
+        assert_eq!(old, s);
+    }
+
     fn trial(id: usize, status: TrialStatus, reports: &[f64]) -> Trial {
         Trial {
             id,
@@ -1128,15 +1140,15 @@ mod tests {
     #[test]
     fn the_best_trial_is_a_finished_one_by_its_last_value() {
         let trials = vec![
-            trial(1, TrialStatus::Done, &[0.9, 0.6]),
+            trial(1, TrialStatus::Succeeded, &[0.9, 0.6]),
             // Pruned with a better early value: not a candidate.
             trial(2, TrialStatus::Pruned, &[0.5]),
-            trial(3, TrialStatus::Done, &[0.8, 0.55]),
+            trial(3, TrialStatus::Succeeded, &[0.8, 0.55]),
             trial(4, TrialStatus::Failed, &[]),
         ];
         assert_eq!(best_finished(&trials, Goal::Min).unwrap().id, 3);
         assert_eq!(best_finished(&trials, Goal::Max).unwrap().id, 1);
-        assert_eq!(status_counts(&trials), "2 done · 1 pruned · 1 failed");
+        assert_eq!(status_counts(&trials), "2 succeeded · 1 pruned · 1 failed");
         let t = trials_table(&trials, "eval_loss", Goal::Min);
         assert_eq!(
             t.column_names(),

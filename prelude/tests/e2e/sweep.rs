@@ -126,7 +126,7 @@ fn asha_prunes_trials_runs_two_at_a_time_and_picks_the_best_finished_one() {
     // The best: the lowest final eval_loss among trials that ran to their end.
     let done: Vec<_> = trials
         .iter()
-        .filter(|t| t.status == TrialStatus::Done)
+        .filter(|t| t.status == TrialStatus::Succeeded)
         .collect();
     assert!(!done.is_empty());
     let lowest = done
@@ -154,7 +154,10 @@ fn asha_prunes_trials_runs_two_at_a_time_and_picks_the_best_finished_one() {
         table.column("lr").unwrap().f64s()[row],
         best.params[0].1.as_f64()
     );
-    assert_eq!(table.column("status").unwrap().get(row).to_string(), "done");
+    assert_eq!(
+        table.column("status").unwrap().get(row).to_string(),
+        "succeeded"
+    );
     // sweep.json names the same best trial and holds every trial's run directory.
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(result.dir.join("sweep.json")).unwrap()).unwrap();

@@ -468,7 +468,7 @@ impl Run {
         self.state.update_trial(id, |t| {
             t.status = match status {
                 _ if pruned && status != JobStatus::Failed => TrialStatus::Pruned,
-                JobStatus::Succeeded => TrialStatus::Done,
+                JobStatus::Succeeded => TrialStatus::Succeeded,
                 JobStatus::Failed => TrialStatus::Failed,
                 _ => TrialStatus::Stopped,
             };
@@ -495,7 +495,7 @@ impl Run {
             let any_ok = inner
                 .trials
                 .iter()
-                .any(|t| matches!(t.status, TrialStatus::Done | TrialStatus::Pruned));
+                .any(|t| matches!(t.status, TrialStatus::Succeeded | TrialStatus::Pruned));
             inner.status = if stopped {
                 SweepStatus::Stopped
             } else if any_ok {
