@@ -8,12 +8,12 @@
 
 use crate::cell_libs::CellLibs;
 use crate::channel::ChannelServer;
-use crate::engine::{ChildSetup, Engine, Outcome};
+use crate::evaluator::{ChildSetup, Evaluator, Outcome};
 use crate::history::{self, History};
 use crate::iopub::Publisher;
 use crate::toolchain::Toolchain;
 use crate::wire::{self, Replies, Requests};
-use crate::{complete, completion, procs};
+use crate::{completion, is_complete, procs};
 use anyhow::{Context, Result};
 use jupyter_protocol::{
     CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ErrorOutput, ExecuteInput,
@@ -43,7 +43,7 @@ pub struct KernelConfig {
 
 struct Kernel {
     publisher: Publisher,
-    engine: Engine,
+    evaluator: Evaluator,
     channel: ChannelServer,
     history: Mutex<History>,
     run_dir: PathBuf,
@@ -85,7 +85,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
     }
     let (publisher, mut outbox) = Publisher::new();
     let channel = ChannelServer::start(&config.run_dir, publisher.clone())?;
-    let engine = Engine::start(
+    let evaluator = Evaluator::start(
         ChildSetup {
             prelude: config.prelude.clone(),
             toolchain: config.toolchain.clone(),
@@ -96,7 +96,7 @@ pub async fn serve(config: KernelConfig) -> Result<()> {
     );
     let kernel = Arc::new(Kernel {
         publisher: publisher.clone(),
-        engine,
+        evaluator,
         channel,
         history: Mutex::new(history),
         run_dir: config.run_dir.clone(),
@@ -203,7 +203,7 @@ async fn shell_loop(k: &Arc<Kernel>, requests: &mut Requests, replies: &mut Repl
             }
             JupyterMessageContent::KernelInfoRequest(_) => Some(k.kernel_info().into()),
             JupyterMessageContent::IsCompleteRequest(r) => {
-                Some(complete::is_complete(&r.code).into())
+                Some(is_complete::is_complete(&r.code).into())
             }
             JupyterMessageContent::CompleteRequest(r) => {
                 Some(k.complete(&r.code, r.cursor_pos).await.into())
@@ -316,7 +316,7 @@ impl Kernel {
             );
         }
         self.publisher.begin_cell(req);
-        let outcome = self.engine.execute(r.code).await;
+        let outcome = self.evaluator.execute(r.code).await;
         let reply = match outcome {
             Outcome::Ok { data } => {
                 if stored && let Some(text) = data.get("text/plain").and_then(|t| t.as_str()) {
@@ -345,21 +345,15 @@ impl Kernel {
                     ..Default::default()
                 }
             }
-            Outcome::Error {
-                ename,
-                evalue,
-                traceback,
-            } => {
+            Outcome::Error(error) => {
                 if !r.silent {
-                    self.publisher.send(
-                        ErrorOutput {
-                            ename: ename.clone(),
-                            evalue: evalue.clone(),
-                            traceback: traceback.clone(),
-                        },
-                        Some(req),
-                    );
+                    self.publisher.send(error.clone(), Some(req));
                 }
+                let ErrorOutput {
+                    ename,
+                    evalue,
+                    traceback,
+                } = error;
                 ExecuteReply {
                     status: ReplyStatus::Error,
                     execution_count: *count,
@@ -397,12 +391,12 @@ impl Kernel {
     }
 
     async fn complete(&self, code: &str, cursor: usize) -> CompleteReply {
-        let byte = complete::char_to_byte(code, cursor);
-        match self.engine.complete(code.to_string(), byte).await {
+        let byte = is_complete::char_to_byte(code, cursor);
+        match self.evaluator.complete(code.to_string(), byte).await {
             Some(c) => {
                 let (start, end) = (
-                    complete::byte_to_char(code, c.start),
-                    complete::byte_to_char(code, c.end),
+                    is_complete::byte_to_char(code, c.start),
+                    is_complete::byte_to_char(code, c.end),
                 );
                 CompleteReply {
                     metadata: completion::reply_metadata(&c.matches, start, end),
@@ -421,8 +415,8 @@ impl Kernel {
     }
 
     async fn inspect(&self, code: &str, cursor: usize) -> InspectReply {
-        let byte = complete::char_to_byte(code, cursor);
-        match self.engine.inspect(code.to_string(), byte).await {
+        let byte = is_complete::char_to_byte(code, cursor);
+        match self.evaluator.inspect(code.to_string(), byte).await {
             Some((plain, html)) if !plain.trim().is_empty() => {
                 let mut bundle = serde_json::Map::new();
                 bundle.insert("text/plain".into(), plain.into());
@@ -443,23 +437,23 @@ impl Kernel {
     /// kills the cell process only if the cell does not return within [`INTERRUPT_GRACE`].
     fn interrupt(&self) {
         self.channel.send(&ToNotebook::Interrupt);
-        let state = self.engine.state.clone();
-        let id = state.executing.load(Ordering::SeqCst);
+        let cell_process = self.evaluator.cell_process.clone();
+        let id = cell_process.executing.load(Ordering::SeqCst);
         if id == 0 {
             return;
         }
-        state.interrupted.store(id, Ordering::SeqCst);
+        cell_process.interrupted.store(id, Ordering::SeqCst);
         let publisher = self.publisher.clone();
         tokio::spawn(async move {
             tokio::time::sleep(INTERRUPT_GRACE).await;
-            if state.executing.load(Ordering::SeqCst) == id {
+            if cell_process.executing.load(Ordering::SeqCst) == id {
                 publisher.kernel_note(&format!(
                     "trainbook: the cell did not stop within {} s of the interrupt; restarting \
                      its Rust process (all variables are lost)\n",
                     INTERRUPT_GRACE.as_secs()
                 ));
-                state.killed.store(id, Ordering::SeqCst);
-                state.kill_child();
+                cell_process.killed.store(id, Ordering::SeqCst);
+                cell_process.kill_child();
             }
         });
     }
@@ -467,13 +461,13 @@ impl Kernel {
     /// Stops every job (workers get SIGTERM, then SIGKILL), then the cell process, then exits.
     async fn shutdown(&self) {
         self.channel.send(&ToNotebook::Shutdown);
-        if let Some(pid) = self.engine.state.child_pid() {
+        if let Some(pid) = self.evaluator.cell_process.child_pid() {
             let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
             while !procs::descendants(pid).is_empty() && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        self.engine.state.kill_child();
+        self.evaluator.cell_process.kill_child();
         let _ = std::fs::remove_dir_all(&self.run_dir);
         // Let the reply and the last IOPub messages leave before the sockets close.
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -4,13 +4,13 @@
 mod analysis;
 mod cell_libs;
 mod channel;
-mod complete;
 mod completion;
-mod engine;
+mod evaluator;
 mod history;
 mod infer;
 mod install;
 mod iopub;
+mod is_complete;
 mod kernel;
 mod procs;
 mod scan;
@@ -172,7 +172,7 @@ fn prepare_env(prelude: Option<&cell_libs::CellLibs>) -> Option<toolchain::Toolc
     let flags = prelude.map(|p| p.encoded_rustflags());
     let found = toolchain::Toolchain::find().and_then(|t| {
         // SAFETY: called from `run` and `check` before they start the async runtime or the
-        // engine thread; this process has one thread here.
+        // evaluator thread; this process has one thread here.
         unsafe { t.apply(flags.as_deref())? };
         Ok(t)
     });
@@ -205,7 +205,7 @@ fn install(args: InstallArgs) -> Result<()> {
 // No `let`: a variable would make the check wait for rust-analyzer's first analysis (~3 s).
 const CHECK_CELL: &str = "1 + trainbook::running_jobs().len()";
 
-/// Starts the engine as a kernel would, runs `code` (which must evaluate to 1), and returns the
+/// Starts the evaluator as a kernel would, runs `code` (which must evaluate to 1), and returns the
 /// seconds it took.
 fn check(code: &str) -> Result<f64> {
     let prelude = cell_libs::CellLibs::locate()?;
@@ -215,8 +215,8 @@ fn check(code: &str) -> Result<f64> {
     let result = runtime()?.block_on(async {
         let (publisher, mut outbox) = iopub::Publisher::new();
         let channel = channel::ChannelServer::start(&run_dir, publisher.clone())?;
-        let engine = engine::Engine::start(
-            engine::ChildSetup {
+        let evaluator = evaluator::Evaluator::start(
+            evaluator::ChildSetup {
                 prelude: Some(prelude),
                 toolchain,
                 channel_socket: channel.path().to_path_buf(),
@@ -229,7 +229,7 @@ fn check(code: &str) -> Result<f64> {
             None,
         );
         publisher.begin_cell(&cell);
-        let outcome = engine.execute(code.to_string()).await;
+        let outcome = evaluator.execute(code.to_string()).await;
         publisher.end_cell();
         let mut printed = String::new();
         while let Ok(m) = outbox.try_recv() {
@@ -237,9 +237,9 @@ fn check(code: &str) -> Result<f64> {
                 printed.push_str(&s.text);
             }
         }
-        engine.state.kill_child();
+        evaluator.cell_process.kill_child();
         match outcome {
-            engine::Outcome::Ok { data }
+            evaluator::Outcome::Ok { data }
                 if data.get("text/plain").and_then(|v| v.as_str()) == Some("1") =>
             {
                 if printed.contains("trainbook:") {
@@ -247,14 +247,13 @@ fn check(code: &str) -> Result<f64> {
                 }
                 Ok(())
             }
-            engine::Outcome::Ok { data } => {
+            evaluator::Outcome::Ok { data } => {
                 anyhow::bail!("a test cell returned {data:?} instead of 1\n{printed}")
             }
-            engine::Outcome::Error {
-                evalue, traceback, ..
-            } => anyhow::bail!(
-                "the prelude does not load into a cell: {evalue}\n{}\n{printed}",
-                traceback.join("\n")
+            evaluator::Outcome::Error(e) => anyhow::bail!(
+                "the prelude does not load into a cell: {}\n{}\n{printed}",
+                e.evalue,
+                e.traceback.join("\n")
             ),
         }
     });

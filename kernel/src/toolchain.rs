@@ -11,8 +11,8 @@
 //!   built from scratch a second time. With the cell flags already in the kernel's environment
 //!   the first compile uses them, and the prelude's cell is an incremental one.
 //!
-//! The cell process gets the user's `PATH` and no cell flags back (see `engine.rs`), so code in
-//! a cell that runs `cargo +nightly` or `cargo build` behaves as in a terminal.
+//! The cell process gets the user's `PATH` and no cell flags back (see `evaluator/context.rs`), so
+//! code in a cell that runs `cargo +nightly` or `cargo build` behaves as in a terminal.
 
 use anyhow::{Context, Result, bail};
 use std::ffi::OsString;

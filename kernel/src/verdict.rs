@@ -7,7 +7,7 @@
 //! executable, so before it enters evcxr's runtime it routes its stdout and stderr through one
 //! relay thread that watches for the markers and, before the cell's end-of-cell line, emits one
 //! extra content block ([`MIME`]) with the verdict. evcxr hands that block back with the cell's
-//! outputs, so the verdict reaches the engine in order with the result: no second channel, no
+//! outputs, so the verdict reaches the evaluator in order with the result: no second channel, no
 //! race. Everything the cell prints still reaches evcxr unchanged.
 //!
 //! One thread reads both pipes and drains stderr before it looks at a stdout line: the cell
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 /// Set by the kernel on the cell process it starts, so only that process installs the relay.
 pub const CELL_PROCESS_ENV: &str = "TRAINBOOK_CELL_PROCESS";
-/// The content type of the verdict block; the engine removes it from the cell's outputs.
+/// The content type of the verdict block; the evaluator removes it from the cell's outputs.
 pub const MIME: &str = "application/vnd.trainbook.cell-failure+json";
 
 // evcxr's own lines (crate-private constants in evcxr 0.22; the kernel tests pin them).
