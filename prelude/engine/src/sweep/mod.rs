@@ -4,16 +4,16 @@
 //! workers, rendezvous, run directory, restarts) launched by [`crate::driver::launch`] into the
 //! sweep's directory. The sweep's driver thread starts trials as slots free ([`slots`]:
 //! whole devices per trial, or a share of the cores), follows each trial's updates, feeds the
-//! metric's reports to the early-stopping rule ([`schedule`]) and stops a trial it rules out
+//! metric's reports to the sweep's scheduler ([`scheduler`]) and stops a trial it prunes
 //! once that epoch's checkpoint is written, so a pruned trial keeps its checkpoint and metrics.
 //! Views subscribe to [`SweepUpdate`]s, as they do to a job's updates.
 //!
 //! - [`params`]: the trials' jobs, checked before the first one starts.
-//! - [`schedule`]: ASHA, the median rule, none.
+//! - [`scheduler`]: the early-stopping rules (ASHA, the median rule, none).
 //! - [`slots`]: which devices or cores a trial gets.
 
 mod params;
-mod schedule;
+mod scheduler;
 mod slots;
 
 use std::collections::BTreeMap;
@@ -34,7 +34,7 @@ use trainbook_api::{
 
 use crate::shared::checkpoint::write_json_atomic;
 use crate::worker::recipe::Registry;
-use schedule::{Decision, Rule};
+use scheduler::{SchedulerState, TrialVerdict};
 use slots::Slots;
 
 /// The file in a sweep's directory that describes it: the spec, every trial's parameters,
@@ -89,7 +89,7 @@ pub fn launch(spec: SweepSpec, recipes: &'static Registry) -> Result<SweepJob> {
         state: state.clone(),
         plans: trials,
         slots,
-        rule: Rule::new(
+        scheduler: SchedulerState::new(
             &state.spec.scheduler,
             state.spec.goal,
             &state.spec.metric,
@@ -274,7 +274,7 @@ pub(crate) fn stop_sweeps() -> usize {
 struct Running {
     job: Job,
     started: Instant,
-    /// Set once the rule stopped it: the report's epoch and when; the trial is stopped once
+    /// Set once the scheduler pruned it: the report's epoch and when; the trial is stopped once
     /// that epoch's checkpoint is written (or after [`PRUNE_GRACE`]).
     pruning: Option<(u64, Instant)>,
     stop_sent: bool,
@@ -288,7 +288,7 @@ struct Run {
     state: Arc<SweepState>,
     plans: Vec<TrialPlan>,
     slots: Slots,
-    rule: Rule,
+    scheduler: SchedulerState,
     recipes: &'static Registry,
     running: BTreeMap<usize, Running>,
 }
@@ -409,7 +409,7 @@ impl Run {
                     t_now = t.reports.len() as u64;
                 });
                 if run.pruning.is_none() {
-                    if let Decision::Stop(why) = self.rule.report(id, t_now, row.value) {
+                    if let TrialVerdict::Prune(why) = self.scheduler.report(id, t_now, row.value) {
                         run.pruning = Some((row.epoch, Instant::now()));
                         self.state.update_trial(id, |t| t.note = Some(why));
                     }

@@ -1,6 +1,7 @@
-//! The early-stopping rules: after each report of the sweep's metric by one trial, go on or
-//! stop. Pure bookkeeping over (trial, report number, value), so every rule is tested here
-//! without a process; the sweep driver feeds it reports and acts on its answers.
+//! The sweep's [`Scheduler`] at work: after each report of the sweep's metric by one trial, its
+//! early-stopping rule (ASHA, the median rule, none) gives a [`TrialVerdict`]: go on, or prune
+//! the trial. Pure bookkeeping over (trial, report number, value), so every rule is tested here
+//! without a process; the sweep driver feeds it reports and acts on its verdicts.
 //!
 //! Scores are "higher is better" inside ([`Goal::Min`] values are negated on the way in), so
 //! each rule is written once for both goals.
@@ -9,16 +10,16 @@ use std::collections::BTreeMap;
 
 use trainbook_api::{Asha, Goal, MedianStopping, Scheduler};
 
-/// What a rule answers to a report.
+/// What the scheduler answers to a trial's report.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Decision {
+pub(crate) enum TrialVerdict {
     Continue,
-    /// Stop the trial, with why (for the trial's note).
-    Stop(String),
+    /// Prune the trial (stop it early, keeping what it has), with why (for the trial's note).
+    Prune(String),
 }
 
-/// One early-stopping rule with the reports it has seen.
-pub(crate) struct Rule {
+/// A sweep's [`Scheduler`] with the reports it has seen.
+pub(crate) struct SchedulerState {
     goal: Goal,
     metric: String,
     kind: Kind,
@@ -66,10 +67,15 @@ fn quantile(xs: &[f64], q: f64) -> Option<f64> {
     Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
 }
 
-impl Rule {
-    /// A rule for `scheduler`; `max_t` is the last report a trial can reach (ASHA's rungs stay
+impl SchedulerState {
+    /// The state of `scheduler` before any report; `max_t` is the last report a trial can reach (ASHA's rungs stay
     /// below it).
-    pub(crate) fn new(scheduler: &Scheduler, goal: Goal, metric: &str, max_t: u64) -> Rule {
+    pub(crate) fn new(
+        scheduler: &Scheduler,
+        goal: Goal,
+        metric: &str,
+        max_t: u64,
+    ) -> SchedulerState {
         let kind = match scheduler {
             Scheduler::None => Kind::None,
             Scheduler::Asha(a) => Kind::Asha {
@@ -85,7 +91,7 @@ impl Rule {
                 history: BTreeMap::new(),
             },
         };
-        Rule {
+        SchedulerState {
             goal,
             metric: metric.to_string(),
             kind,
@@ -105,22 +111,22 @@ impl Rule {
     }
 
     /// Trial `trial` reported `value` as its `t`-th report (1 for the first).
-    pub(crate) fn report(&mut self, trial: usize, t: u64, value: f64) -> Decision {
+    pub(crate) fn report(&mut self, trial: usize, t: u64, value: f64) -> TrialVerdict {
         if value.is_nan() {
-            return Decision::Stop(format!("{} is NaN at report {t}", self.metric));
+            return TrialVerdict::Prune(format!("{} is NaN at report {t}", self.metric));
         }
         let score = self.score(value);
         let metric = self.metric.clone();
         let goal = self.goal;
         match &mut self.kind {
-            Kind::None => Decision::Continue,
+            Kind::None => TrialVerdict::Continue,
             Kind::Asha { factor, rungs } => {
                 // The highest rung this trial has reached and not yet been judged at.
                 let Some((milestone, recorded)) = rungs
                     .iter_mut()
                     .find(|(m, rec)| t >= *m && !rec.contains_key(&trial))
                 else {
-                    return Decision::Continue;
+                    return TrialVerdict::Continue;
                 };
                 let others: Vec<f64> = recorded.values().copied().collect();
                 let cutoff = quantile(&others, 1.0 - 1.0 / *factor);
@@ -131,7 +137,7 @@ impl Rule {
                             Goal::Min => -c,
                             Goal::Max => c,
                         };
-                        Decision::Stop(format!(
+                        TrialVerdict::Prune(format!(
                             "{metric} {} at report {t} is outside the best 1/{} of {} trials at rung {milestone} (cutoff {})",
                             short(value),
                             factor,
@@ -139,7 +145,7 @@ impl Rule {
                             short(c_value)
                         ))
                     }
-                    _ => Decision::Continue,
+                    _ => TrialVerdict::Continue,
                 }
             }
             Kind::Median { rule, history } => {
@@ -147,7 +153,7 @@ impl Rule {
                 mine.push(score);
                 let best = mine.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 if t < rule.grace_period {
-                    return Decision::Continue;
+                    return TrialVerdict::Continue;
                 }
                 let t = t as usize;
                 let means: Vec<f64> = history
@@ -156,7 +162,7 @@ impl Rule {
                     .map(|(_, h)| h[..t].iter().sum::<f64>() / t as f64)
                     .collect();
                 if means.len() < rule.min_samples {
-                    return Decision::Continue;
+                    return TrialVerdict::Continue;
                 }
                 let median = quantile(&means, 0.5).unwrap_or(f64::NEG_INFINITY);
                 if best < median {
@@ -164,7 +170,7 @@ impl Rule {
                         Goal::Min => -median,
                         Goal::Max => median,
                     };
-                    Decision::Stop(format!(
+                    TrialVerdict::Prune(format!(
                         "best {metric} {} by report {t} is worse than the median {} of {} other trials' running means",
                         short(match goal {
                             Goal::Min => -best,
@@ -174,7 +180,7 @@ impl Rule {
                         means.len()
                     ))
                 } else {
-                    Decision::Continue
+                    TrialVerdict::Continue
                 }
             }
         }
@@ -233,13 +239,13 @@ mod tests {
 
     #[test]
     fn asha_keeps_the_first_trial_and_stops_a_worse_one_at_the_same_rung() {
-        let mut r = Rule::new(&asha(1, 2.0), Goal::Min, "eval_loss", 4);
+        let mut r = SchedulerState::new(&asha(1, 2.0), Goal::Min, "eval_loss", 4);
         assert_eq!(
             r.report(1, 1, 0.60),
-            Decision::Continue,
+            TrialVerdict::Continue,
             "nothing to compare with"
         );
-        let Decision::Stop(why) = r.report(2, 1, 0.70) else {
+        let TrialVerdict::Prune(why) = r.report(2, 1, 0.70) else {
             panic!("a worse value than the only other one at rung 1 stops")
         };
         assert!(
@@ -248,17 +254,17 @@ mod tests {
         );
         assert_eq!(
             r.report(3, 1, 0.50),
-            Decision::Continue,
+            TrialVerdict::Continue,
             "a better one goes on"
         );
         // Trial 1 reaches rung 2 first: continues; its second report is not judged at rung 1.
-        assert_eq!(r.report(1, 2, 0.55), Decision::Continue);
+        assert_eq!(r.report(1, 2, 0.55), TrialVerdict::Continue);
         assert_eq!(
             r.report(1, 3, 0.54),
-            Decision::Continue,
+            TrialVerdict::Continue,
             "3 is no rung below max_t 4"
         );
-        assert!(matches!(r.report(3, 2, 0.58), Decision::Stop(_)));
+        assert!(matches!(r.report(3, 2, 0.58), TrialVerdict::Prune(_)));
         assert_eq!(
             r.rung_values(),
             [(2, vec![0.55, 0.58]), (1, vec![0.60, 0.70, 0.50])]
@@ -267,11 +273,15 @@ mod tests {
 
     #[test]
     fn asha_maximises_too_and_a_late_report_is_judged_at_its_highest_rung_only() {
-        let mut r = Rule::new(&asha(1, 2.0), Goal::Max, "eval_accuracy", 8);
-        assert_eq!(r.report(1, 1, 0.8), Decision::Continue);
-        assert!(matches!(r.report(2, 1, 0.7), Decision::Stop(_)));
+        let mut r = SchedulerState::new(&asha(1, 2.0), Goal::Max, "eval_accuracy", 8);
+        assert_eq!(r.report(1, 1, 0.8), TrialVerdict::Continue);
+        assert!(matches!(r.report(2, 1, 0.7), TrialVerdict::Prune(_)));
         // A trial whose first report comes at t=4 (reports skipped) is judged at rung 4.
-        assert_eq!(r.report(3, 4, 0.1), Decision::Continue, "rung 4 was empty");
+        assert_eq!(
+            r.report(3, 4, 0.1),
+            TrialVerdict::Continue,
+            "rung 4 was empty"
+        );
         assert_eq!(
             r.rung_values()
                 .iter()
@@ -283,24 +293,24 @@ mod tests {
 
     #[test]
     fn asha_with_factor_four_keeps_the_top_quarter() {
-        let mut r = Rule::new(&asha(1, 4.0), Goal::Min, "eval_loss", 4);
+        let mut r = SchedulerState::new(&asha(1, 4.0), Goal::Min, "eval_loss", 4);
         for (i, v) in [0.4, 0.5, 0.6, 0.7].iter().enumerate() {
             r.report(i + 1, 1, *v);
         }
         // The 75th percentile of scores (-0.4,-0.5,-0.6,-0.7) is -0.475: 0.45 passes, 0.48 not.
-        assert_eq!(r.report(5, 1, 0.45), Decision::Continue);
-        assert!(matches!(r.report(6, 1, 0.48), Decision::Stop(_)));
+        assert_eq!(r.report(5, 1, 0.45), TrialVerdict::Continue);
+        assert!(matches!(r.report(6, 1, 0.48), TrialVerdict::Prune(_)));
     }
 
     #[test]
     fn no_scheduler_never_stops_but_nan_always_does() {
-        let mut r = Rule::new(&Scheduler::None, Goal::Min, "eval_loss", 4);
+        let mut r = SchedulerState::new(&Scheduler::None, Goal::Min, "eval_loss", 4);
         for t in 1..=4 {
-            assert_eq!(r.report(1, t, 10.0 * t as f64), Decision::Continue);
+            assert_eq!(r.report(1, t, 10.0 * t as f64), TrialVerdict::Continue);
         }
         assert_eq!(
             r.report(2, 1, f64::NAN),
-            Decision::Stop("eval_loss is NaN at report 1".into())
+            TrialVerdict::Prune("eval_loss is NaN at report 1".into())
         );
     }
 
@@ -310,30 +320,30 @@ mod tests {
             grace_period: 2,
             min_samples: 2,
         };
-        let mut r = Rule::new(&Scheduler::Median(rule), Goal::Min, "eval_loss", 10);
+        let mut r = SchedulerState::new(&Scheduler::Median(rule), Goal::Min, "eval_loss", 10);
         // Trials 1 and 2: means at report 2 are 0.55 and 0.65 (median 0.6).
         for (t, v) in [(1, 0.6), (2, 0.5)] {
-            assert_eq!(r.report(1, t, v), Decision::Continue);
+            assert_eq!(r.report(1, t, v), TrialVerdict::Continue);
         }
-        assert_eq!(r.report(2, 1, 0.7), Decision::Continue);
+        assert_eq!(r.report(2, 1, 0.7), TrialVerdict::Continue);
         assert_eq!(
             r.report(2, 2, 0.6),
-            Decision::Continue,
+            TrialVerdict::Continue,
             "only one other trial"
         );
         assert_eq!(
             r.report(3, 1, 0.9),
-            Decision::Continue,
+            TrialVerdict::Continue,
             "within the grace period"
         );
-        let Decision::Stop(why) = r.report(3, 2, 0.61) else {
+        let TrialVerdict::Prune(why) = r.report(3, 2, 0.61) else {
             panic!("best 0.61 is worse than the median running mean 0.6")
         };
         assert!(why.contains("median 0.6000 of 2 other trials"), "{why}");
-        assert_eq!(r.report(4, 1, 0.9), Decision::Continue);
+        assert_eq!(r.report(4, 1, 0.9), TrialVerdict::Continue);
         assert_eq!(
             r.report(4, 2, 0.59),
-            Decision::Continue,
+            TrialVerdict::Continue,
             "best 0.59 beats 0.6"
         );
     }
