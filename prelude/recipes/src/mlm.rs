@@ -97,10 +97,9 @@ struct Settings {
     mlm: MlmSettings,
 }
 
-fn preset(name: &str) -> Result<(Hyper, Settings)> {
-    let rt = crate::assets::rotten_tomatoes_csv().display().to_string();
-    let brown = crate::assets::brown_txt().display().to_string();
-    let text = |block| TextSettings {
+/// A preset's text options: blocks of `block` tokens, a model initialised at random.
+fn preset_text(block: usize) -> TextSettings {
+    TextSettings {
         max_length: block,
         padding: Padding::MaxLength,
         text_column: "text".into(),
@@ -110,8 +109,12 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
         text_pair_column: None,
         from_scratch: false,
         random_init: true,
-    };
-    let mlm = |layers, hidden_size, heads| MlmSettings {
+    }
+}
+
+/// A preset's masked-LM options: 15% masked, a model of that shape.
+fn preset_mlm(layers: usize, hidden_size: usize, heads: usize) -> MlmSettings {
+    MlmSettings {
         mlm_probability: 0.15,
         max_predictions_per_seq: None,
         tokenizer: None,
@@ -119,7 +122,33 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
         hidden_size,
         heads,
         next_sentence: None,
-    };
+    }
+}
+
+/// Habana's BERT-1.5B pre-training (002; Model-References, DeepSpeedExamples/deepspeed-bert:
+/// bert_1.5b_config.json, deepspeed_config_bert_1.5b.json, run_bert_1.5b_8x.sh): phase 1 at
+/// 128 tokens with 20 predictions per sequence; LANS, lr 0.0015 with 5% warm-up and 25%
+/// constant, poly decay of degree 1; bf16; ZeRO-1; gradient clipping 1.0; 32 sequences per
+/// card and 12,288 per step (48 accumulations on 8 cards).
+fn habana_bert_1_5b(h: &mut Hyper) {
+    h.optimizer = OptimizerKind::Lans;
+    h.schedule = Schedule::Poly;
+    h.warmup_ratio = 0.05;
+    h.constant_ratio = 0.25;
+    h.poly_power = 1.0;
+    h.weight_decay = 0.01;
+    h.grad_clip = Some(1.0);
+    h.grad_accum = 48;
+    h.zero = 1;
+    h.precision = trainbook_api::Precision::Bf16;
+    h.max_steps = Some(155_000);
+    h.seed = 12439;
+}
+
+fn preset(name: &str) -> Result<(Hyper, Settings)> {
+    let rt = crate::assets::rotten_tomatoes_csv().display().to_string();
+    let brown = crate::assets::brown_txt().display().to_string();
+    let (text, mlm) = (preset_text, preset_mlm);
     let hyper = |epochs, batch, lr, data: &str, rows: Option<(usize, usize)>| Hyper {
         data: Some(data.to_string()),
         train_rows: rows.map(|r| r.0),
@@ -177,26 +206,9 @@ fn preset(name: &str) -> Result<(Hyper, Settings)> {
             )
         }
         "bert-1.5b" => {
-            // Habana's BERT-1.5B pre-training (002; Model-References, DeepSpeedExamples/
-            // deepspeed-bert: bert_1.5b_config.json, deepspeed_config_bert_1.5b.json,
-            // run_bert_1.5b_8x.sh): 48 layers, hidden 1600, 25 heads, feed-forward 6400;
-            // phase 1 at 128 tokens with 20 predictions per sequence; LANS, lr 0.0015 with
-            // 5% warm-up and 25% constant, poly decay of degree 1; bf16; ZeRO-1; gradient
-            // clipping 1.0; 32 sequences per card and 12,288 per step (48 accumulations on 8
-            // cards).
+            // 48 layers, hidden 1600, 25 heads, feed-forward 6400: see habana_bert_1_5b.
             let mut h = hyper(1, 12_288, 1.5e-3, &large_corpus(&brown), None);
-            h.optimizer = OptimizerKind::Lans;
-            h.schedule = Schedule::Poly;
-            h.warmup_ratio = 0.05;
-            h.constant_ratio = 0.25;
-            h.poly_power = 1.0;
-            h.weight_decay = 0.01;
-            h.grad_clip = Some(1.0);
-            h.grad_accum = 48;
-            h.zero = 1;
-            h.precision = trainbook_api::Precision::Bf16;
-            h.max_steps = Some(155_000);
-            h.seed = 12439;
+            habana_bert_1_5b(&mut h);
             let mut m = mlm(48, 1600, 25);
             m.max_predictions_per_seq = Some(20);
             (
@@ -387,6 +399,38 @@ fn next_sentence_on(
     })
 }
 
+/// How blocks are masked: `s`'s probability and limit, the tokenizer's mask token, and never
+/// a special token (BERT's, and whatever the tokenizer marks special: RoBERTa's <s>, </s>,
+/// <pad>).
+fn masking(tokenizer: &TextTokenizer, tokenizer_dir: &Path, s: &Settings) -> Result<Masking> {
+    let vocab = tokenizer.vocab_size() as i64;
+    let id = |t: &str| tokenizer.token_id(t);
+    // BERT's [MASK], RoBERTa's <mask>.
+    let mask_id = id("[MASK]").or_else(|| id("<mask>")).with_context(|| {
+        format!(
+            "the tokenizer in {} has no [MASK] (or <mask>) token: masked-LM training needs one (`trainbook tokenizer train` adds it)",
+            tokenizer_dir.display()
+        )
+    })?;
+    // Never masked: BERT's special tokens, and whatever the tokenizer marks special
+    // (RoBERTa's <s>, </s>, <pad>).
+    let mut specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
+    specials.extend(
+        tokenizer
+            .inner()
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(i, _)| i64::from(*i)),
+    );
+    specials.sort_unstable();
+    specials.dedup();
+    Ok(
+        Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?
+            .with_max_predictions(s.mlm.max_predictions_per_seq),
+    )
+}
+
 impl MlmRecipe {
     pub fn build(hyper: &Hyper, device: Device, log: &dyn Fn(String)) -> Result<Self> {
         let s: Settings = crate::settings(hyper)?;
@@ -404,29 +448,7 @@ impl MlmRecipe {
         // Whole texts: grouping, not truncation, makes the blocks.
         let tokenizer = TextTokenizer::from_model_dir(&tokenizer_dir, 1 << 20)?;
         let vocab = tokenizer.vocab_size() as i64;
-        let id = |t: &str| tokenizer.token_id(t);
-        // BERT's [MASK], RoBERTa's <mask>.
-        let mask_id = id("[MASK]").or_else(|| id("<mask>")).with_context(|| {
-            format!(
-                "the tokenizer in {} has no [MASK] (or <mask>) token: masked-LM training needs one (`trainbook tokenizer train` adds it)",
-                tokenizer_dir.display()
-            )
-        })?;
-        // Never masked: BERT's special tokens, and whatever the tokenizer marks special
-        // (RoBERTa's <s>, </s>, <pad>).
-        let mut specials: Vec<i64> = SPECIAL_TOKENS.iter().filter_map(|t| id(t)).collect();
-        specials.extend(
-            tokenizer
-                .inner()
-                .get_added_tokens_decoder()
-                .iter()
-                .filter(|(_, t)| t.special)
-                .map(|(i, _)| i64::from(*i)),
-        );
-        specials.sort_unstable();
-        specials.dedup();
-        let masking = Masking::new(s.mlm.mlm_probability, mask_id, vocab, specials)?
-            .with_max_predictions(s.mlm.max_predictions_per_seq);
+        let masking = masking(&tokenizer, &tokenizer_dir, &s)?;
         let fixed_predictions = match (hyper.cuda_graphs, s.mlm.max_predictions_per_seq) {
             (true, None) => bail!("cuda_graphs needs the same number of masked positions in every batch: set max_predictions_per_seq (BERT: 20 at 128 tokens)"),
             (graphs, max) => max.filter(|_| graphs),

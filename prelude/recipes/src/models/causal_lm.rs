@@ -9,27 +9,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use tch::{nn, Tensor};
 
-use super::attention::KvCache;
-use super::decoder::Layers;
+pub use super::decoder::{CausalLm, TensorShapes};
 use super::gpt2::{Gpt2, Gpt2Config};
 use super::llama::{Llama, LlamaConfig};
 use super::lora::{self, LoraSpec};
 use trainbook_engine::checkpoint::{write_atomic, write_tensors};
-
-/// (name, shape) of every parameter, sorted by name.
-pub type TensorShapes = Vec<(String, Vec<i64>)>;
-
-/// What the training loop and generation need of a causal language model.
-pub trait CausalLm {
-    /// Final hidden states (batch, n, hidden) of `ids` (batch, n), which continue the
-    /// positions `cache` holds (and are added to it).
-    fn hidden(&self, ids: &Tensor, cache: Option<&mut KvCache>, train: bool) -> Tensor;
-    /// Next-token logits of hidden states (…, hidden) → (…, vocab).
-    fn logits(&self, hidden: &Tensor) -> Tensor;
-    /// The decoder layers: how many, activation checkpointing, merging adapters.
-    fn layers(&self) -> &dyn Layers;
-    fn layers_mut(&mut self) -> &mut dyn Layers;
-}
 
 /// The model families trainbook reads, by `model_type`.
 pub const SUPPORTED: &[&str] = &["gpt2", "llama", "mistral", "qwen2"];

@@ -9,6 +9,21 @@ use tch::Tensor;
 use super::attention::KvCache;
 use super::lora::Projection;
 
+/// (name, shape) of every parameter, sorted by name.
+pub type TensorShapes = Vec<(String, Vec<i64>)>;
+
+/// What the training loop and generation need of a causal language model.
+pub trait CausalLm {
+    /// Final hidden states (batch, n, hidden) of `ids` (batch, n), which continue the
+    /// positions `cache` holds (and are added to it).
+    fn hidden(&self, ids: &Tensor, cache: Option<&mut KvCache>, train: bool) -> Tensor;
+    /// Next-token logits of hidden states (…, hidden) → (…, vocab).
+    fn logits(&self, hidden: &Tensor) -> Tensor;
+    /// The decoder layers: how many, activation checkpointing, merging adapters.
+    fn layers(&self) -> &dyn Layers;
+    fn layers_mut(&mut self) -> &mut dyn Layers;
+}
+
 /// One layer of a decoder family.
 pub trait Layer: 'static {
     /// `shared`: what every layer of a pass reads (Llama's rotary angles; nothing for GPT-2).

@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
 use super::attention::KvCache;
-use super::causal_lm::CausalLm;
+use super::decoder::CausalLm;
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,8 +9,7 @@ use tch::nn::{self, Init, Module};
 use tch::Tensor;
 
 use super::attention::{self, KvCache};
-use super::causal_lm::{CausalLm, TensorShapes};
-use super::decoder::{Layer, Layers, Stack};
+use super::decoder::{CausalLm, Layer, Layers, Stack, TensorShapes};
 use super::lora::{LoraSpec, Projection, Shape};
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

@@ -12,8 +12,7 @@ use tch::nn::{self, Init};
 use tch::Tensor;
 
 use super::attention::{self, KvCache};
-use super::causal_lm::{CausalLm, TensorShapes};
-use super::decoder::{Layer, Layers, Stack};
+use super::decoder::{CausalLm, Layer, Layers, Stack, TensorShapes};
 use super::lora::{LoraSpec, Projection, Shape};
 use super::rms_norm::RmsNorm;
 use super::rotary::{rotate, RopeScaling, Rotary};

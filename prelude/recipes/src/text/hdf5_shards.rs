@@ -118,7 +118,7 @@ pub fn is_hdf5_dir(dir: &Path) -> bool {
 }
 
 pub(crate) fn shard_files(dir: &Path) -> Vec<PathBuf> {
-    super::corpus::read::files_with_extensions(dir, EXTENSIONS).unwrap_or_default()
+    super::files::files_with_extensions(dir, EXTENSIONS).unwrap_or_default()
 }
 
 fn shape(file: &hdf5::File, path: &Path, field: &str) -> Result<Option<Vec<usize>>> {

@@ -8,6 +8,7 @@ pub mod chat;
 pub mod corpus;
 pub mod dataset;
 pub mod entities;
+pub(crate) mod files;
 pub mod hdf5_shards;
 pub mod mlm;
 pub mod mlm_source;

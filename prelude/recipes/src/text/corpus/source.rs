@@ -13,7 +13,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use polars::prelude::*;
 
 use super::arrow::{hf_dataset_files, is_hf_dataset, read_arrow};
-use super::read::{files_with_extensions, missing_column, Push};
+use super::read::{missing_column, Push};
+use crate::text::files::files_with_extensions;
 
 /// File types a corpus is read from.
 pub const CORPUS_EXTENSIONS: &[&str] = &[
