@@ -5,9 +5,10 @@
 //! runs, so it lives on its own thread and the Jupyter handlers talk to it through a queue;
 //! interrupts and shutdown never wait for it (see `kernel.rs`).
 //!
-//! - `session.rs`: the thread itself, what it remembers between cells, and one cell's run;
+//! - `session.rs`: the thread itself, what it remembers between cells, and one cell's run to
+//!   its outcome;
 //! - `context.rs`: evcxr's context and the cell process's environment;
-//! - `outcome.rs`: what a cell produced, and how evcxr's result becomes that;
+//! - `outcome.rs`: what a cell produced (the one constructor of an error, and its colour);
 //! - `failure.rs` and `compile_error.rs`: a failed cell's and a compile error's report;
 //! - `analyzer.rs` and `lookup.rs`: the trainbook-aware analyzer, and completion and hover;
 //! - `drain.rs`: the cell process's stdout and stderr, forwarded to the running cell.

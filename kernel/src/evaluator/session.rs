@@ -2,16 +2,19 @@
 //! prelude), its request loop, and one cell's run from the switches it needs to its outcome.
 
 use super::analyzer::{Analysis, warm_up_analyzer};
+use super::compile_error::compile_error;
 use super::context::create_context;
 use super::drain::Drains;
-use super::failure::question_mark_lines;
-use super::outcome::{Outcome, to_outcome};
+use super::failure::{failed_cell, question_mark_lines};
+use super::outcome::Outcome;
 use super::{CellProcess, ChildSetup, Request, lookup, timing};
 use crate::cell_libs::init_code;
 use crate::infer;
 use crate::iopub::Publisher;
+use crate::verdict;
 use anyhow::Result;
 use evcxr::CommandContext;
+use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::Instant;
@@ -235,5 +238,49 @@ impl Session {
         } else {
             result
         }
+    }
+}
+
+/// `generated`: the source evcxr compiled for the cell, to place a panic on a cell line.
+fn to_outcome(
+    code: &str,
+    result: Result<evcxr::EvalOutputs, evcxr::Error>,
+    interrupted: bool,
+    killed: bool,
+    generated: impl FnOnce() -> Option<String>,
+) -> Outcome {
+    match result {
+        _ if killed => Outcome::headline(
+            "Interrupted",
+            "the cell did not stop within the grace period after the interrupt, so its Rust \
+             process was restarted: all variables are lost (trainbook jobs and their workers \
+             were stopped). The prelude is loaded again."
+                .into(),
+        ),
+        Ok(_) if interrupted => Outcome::headline(
+            "Interrupted",
+            "the cell was interrupted: running trainbook jobs were stopped and every variable \
+             was kept"
+                .into(),
+        ),
+        Ok(mut out) => match out.content_by_mime_type.remove(verdict::MIME) {
+            Some(report) => failed_cell(code, verdict::parse(&report), generated),
+            None => Outcome::Ok {
+                data: out
+                    .content_by_mime_type
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            },
+        },
+        Err(evcxr::Error::CompilationErrors(errors)) => compile_error(code, &errors),
+        Err(evcxr::Error::SubprocessTerminated(msg)) => Outcome::headline(
+            "ProcessDied",
+            format!(
+                "the Rust process running the cells died, so all variables are lost; the prelude \
+                 is loaded again. {msg}"
+            ),
+        ),
+        Err(e) => Outcome::headline("Error", e.to_string()),
     }
 }
