@@ -42,6 +42,7 @@ build: setup
 	@scripts/install-kernel.sh
 
 test: build
+	@$(PHASE) "structure" python3 scripts/check-structure.py
 	@$(PHASE) "cargo test" env $(PYO3) $(CARGO) test --release $(FEATURES) -- --test-threads=1
 	@# The torch pairs check (a compile) runs beside pytest at a low priority, on the cycles
 	@# pytest's waiting tests leave free; its output follows pytest's.

@@ -2,6 +2,7 @@
 
 use clap::Args;
 use trainbook_api::{Configure, DeviceRequest, JobSpec};
+use trainbook_engine::checkpoint::RunDir;
 
 use super::args::parse_device;
 
@@ -34,7 +35,7 @@ pub(super) fn run(args: &CheckArgs) -> i32 {
 }
 
 fn job_logs(r: &trainbook_api::TrainResult) -> Vec<String> {
-    std::fs::read_to_string(r.run_dir.join("logs").join("rank0.log"))
+    std::fs::read_to_string(RunDir::new(&r.run_dir).rank_log(0))
         .map(|s| s.lines().map(String::from).collect())
         .unwrap_or_default()
 }

@@ -80,6 +80,8 @@ pub(super) struct JobState {
     pub(super) views: Mutex<Vec<Arc<dyn JobView>>>,
     /// The numbers of nodes the job may run on (`JobSpec::node_counts`; one unless elastic).
     pub(super) node_counts: Vec<usize>,
+    /// The resolved hyper-parameters (`None` for the engine's own jobs, which train nothing).
+    pub(super) hyper: Option<trainbook_api::Hyper>,
 }
 
 /// How long [`Job::wait`] waits for views to settle.
@@ -126,6 +128,7 @@ impl JobState {
             subscribers: Mutex::new(Vec::new()),
             views: Mutex::new(Vec::new()),
             node_counts,
+            hyper: None,
         }
     }
 

@@ -101,6 +101,7 @@ pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     } = node;
     let mut job = JobState::new(config.spec, device, run_dir, events);
     job.node_counts = job.spec.node_counts(config.hyper.as_ref());
+    job.hyper = config.hyper;
     job.lock().membership = first.membership(&job.spec);
     let job = Arc::new(job);
     let handle = JobHandle::register(job.clone());

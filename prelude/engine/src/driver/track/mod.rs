@@ -88,13 +88,13 @@ impl Trackers {
     }
 }
 
-/// The resolved hyper-parameters as config.json records them, plus the recipe, the workers
+/// The resolved hyper-parameters (as config.json records them), plus the recipe, the workers
 /// and the device: what heads the dllogger file, TensorBoard's HParams and MLflow's params.
 fn parameters(job: &JobState) -> serde_json::Value {
-    let mut parameters = std::fs::read(job.run_dir.config())
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .map(|c| c["hyper"].clone())
+    let mut parameters = job
+        .hyper
+        .as_ref()
+        .and_then(|h| serde_json::to_value(h).ok())
         .filter(|h| h.is_object())
         .unwrap_or_else(|| serde_json::json!({}));
     parameters["recipe"] = job.spec.recipe.clone().into();
