@@ -5,7 +5,7 @@
 use anyhow::Result;
 use std::path::PathBuf;
 use trainbook_api::metric;
-use trainbook_api::plumbing::Shown;
+use trainbook_api::plumbing::format::Shown;
 use trainbook_api::MetricRow;
 use trainbook_api::{Job, JobStatus, JobUpdate, Progress};
 use trainbook_engine::looks_like_error;
@@ -57,7 +57,7 @@ impl JobDashboard {
             title(job, world),
             world,
             job.run_dir().display().to_string(),
-            dashboard_options(&trainbook_api::plumbing::view_options(spec))?,
+            dashboard_options(&trainbook_api::plumbing::settings::view_options(spec))?,
         );
         d.job = Some(job.clone());
         d.dash.progress.status = job.status();

@@ -6,7 +6,7 @@
 // polars' prelude has its own `Context`; anyhow's is called by path.
 use anyhow::Result;
 use polars::prelude::*;
-use trainbook_api::plumbing::metrics_table;
+use trainbook_api::plumbing::format::metrics_table;
 use trainbook_api::{Column as TableColumn, Table, Values};
 use trainbook_api::{Job, SweepJob, SweepResult, TrainResult};
 

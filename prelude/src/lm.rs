@@ -11,7 +11,7 @@ use clap::Args;
 use crate::recipes::causal_lm::inference::{self, Prompt};
 use crate::recipes::models::generate::Sampling;
 use crate::recipes::text::chat::Message;
-use trainbook_api::plumbing::LanguageModel;
+use trainbook_api::plumbing::ports::LanguageModel;
 use trainbook_api::{GenerateOptions, Generation};
 
 #[derive(Args, Debug)]

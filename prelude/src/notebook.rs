@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use trainbook_api::{plumbing::JobView, Job, JobUpdate};
+use trainbook_api::{plumbing::handles::JobView, Job, JobUpdate};
 use trainbook_channel::Link;
 use trainbook_widgets::Bundle;
 

@@ -12,10 +12,11 @@ use std::ffi::c_char;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
-use trainbook_api::plumbing::{
-    self, view_options, Bundle, Classifiers, Corpora, Generators, ImageFolders, ImageModel, Jobs,
+use trainbook_api::plumbing::ports::{
+    self, AnswerModel, Bundle, Classifiers, Corpora, Generators, ImageFolders, ImageModel, Jobs,
     LanguageModel, Notebook, Registry, Sweeps, TagModel, TextData, TextModel, Tokenizers,
 };
+use trainbook_api::plumbing::settings::view_options;
 use trainbook_api::{
     CorpusPreparer, Hyper, ImageFolder, Job, JobSpec, Plan, PrepareProgress, PreparedCorpus,
     SweepJob, SweepSpec, Table, TokenizerTrainer, TrainedTokenizer, TrialPlan,
@@ -146,7 +147,7 @@ impl Classifiers for Trainbook {
         ))
     }
 
-    fn load_answerer(&self, dir: &Path) -> Result<Box<dyn plumbing::AnswerModel>> {
+    fn load_answerer(&self, dir: &Path) -> Result<Box<dyn AnswerModel>> {
         Ok(Box::new(
             trainbook_recipes::question_answering::Answerer::load(dir)?,
         ))
@@ -195,15 +196,15 @@ impl Corpora for Trainbook {
 #[link_section = ".init_array"]
 static REGISTER: extern "C" fn() = {
     extern "C" fn register() {
-        plumbing::register::<dyn Jobs>(&ENGINE);
-        plumbing::register::<dyn Sweeps>(&ENGINE);
-        plumbing::register::<dyn Notebook>(&ENGINE);
-        plumbing::register::<dyn TextData>(&ENGINE);
-        plumbing::register::<dyn ImageFolders>(&ENGINE);
-        plumbing::register::<dyn Classifiers>(&ENGINE);
-        plumbing::register::<dyn Tokenizers>(&ENGINE);
-        plumbing::register::<dyn Generators>(&ENGINE);
-        plumbing::register::<dyn Corpora>(&ENGINE);
+        ports::register::<dyn Jobs>(&ENGINE);
+        ports::register::<dyn Sweeps>(&ENGINE);
+        ports::register::<dyn Notebook>(&ENGINE);
+        ports::register::<dyn TextData>(&ENGINE);
+        ports::register::<dyn ImageFolders>(&ENGINE);
+        ports::register::<dyn Classifiers>(&ENGINE);
+        ports::register::<dyn Tokenizers>(&ENGINE);
+        ports::register::<dyn Generators>(&ENGINE);
+        ports::register::<dyn Corpora>(&ENGINE);
     }
     register
 };
@@ -213,12 +214,12 @@ static REGISTER: extern "C" fn() = {
 /// use [`trainbook_ports`].
 #[no_mangle]
 pub extern "C" fn trainbook_api_fingerprint() -> *const c_char {
-    plumbing::fingerprint().as_ptr()
+    ports::fingerprint().as_ptr()
 }
 
 /// This library's ports, for notebook cells (Rust ABI: cells are built by the same compiler
 /// against the same `trainbook_api`, which the fingerprint checks).
 #[no_mangle]
 pub fn trainbook_ports() -> &'static Registry {
-    plumbing::registry()
+    ports::registry()
 }

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use crate::notebook::{show_live, LiveView};
 use anyhow::Result;
-use trainbook_api::plumbing::JobView;
-use trainbook_api::plumbing::Shown;
-use trainbook_api::{plumbing::best_finished, Goal, SweepJob, SweepUpdate, Trial};
+use trainbook_api::plumbing::format::Shown;
+use trainbook_api::plumbing::handles::JobView;
+use trainbook_api::{plumbing::trials::best_finished, Goal, SweepJob, SweepUpdate, Trial};
 use trainbook_widgets::sweep::{SweepView, TrialRow};
 use trainbook_widgets::{Bundle, LogLine};
 

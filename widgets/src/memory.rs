@@ -5,7 +5,7 @@
 
 pub use trainbook_api::MemoryUse;
 
-use trainbook_api::plumbing::format_ranks;
+use trainbook_api::plumbing::format::format_ranks;
 
 use crate::grid::{Grid, Row};
 

@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::error::Error;
-use trainbook_api::plumbing::{count_by_status, counts_line};
+use trainbook_api::plumbing::trials::{count_by_status, counts_line};
 use trainbook_api::{Goal, TrialStatus};
 
 /// Lines the plot labels and colours (the best trial, the running ones, then the best of the

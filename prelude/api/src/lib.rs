@@ -120,39 +120,74 @@ pub mod notebook {
     pub use crate::display::attach;
 }
 
-/// What the engine and the `trainbook` crate build on, and notebooks never need: the ports the
-/// engine implements (see the `runtime` module: [`plumbing::Jobs`], [`plumbing::Sweeps`], ...),
-/// the handles' engine side ([`plumbing::JobControl`], [`plumbing::SweepControl`]), the
-/// resolved option structs the recipes read, and helpers shared by the engine's views.
+/// What the engine and the `trainbook` crate build on, and notebooks never need, in groups: the
+/// ports the engine implements ([`plumbing::ports`]), the handles' engine side
+/// ([`plumbing::handles`]), the resolved settings the recipes read and the defaults of job
+/// options ([`plumbing::settings`]), what the engine's views share ([`plumbing::format`],
+/// [`plumbing::trials`]), and what the exported macros expand to ([`plumbing::macros`]).
 #[doc(hidden)]
 pub mod plumbing {
-    pub use crate::classify::AnswerModel;
-    pub use crate::classify::{Classifiers, ImageModel, TagModel, TextModel};
-    pub use crate::corpus::Corpora;
-    pub use crate::display::{Bundle, Notebook};
-    pub use crate::job::{metrics_table, per_epoch, JobControl, JobView, Jobs};
-    pub use crate::lm::{Generators, LanguageModel, LmSettings};
-    pub use crate::logs::{fmt_num, format_ranks, Repeats, Shown};
-    pub use crate::memory::parse_bytes;
-    pub use crate::mlm::MlmSettings;
-    pub use crate::options::names as option_names;
-    pub use crate::params::{__json, rebind};
-    pub use crate::qa::QaSettings;
-    pub use crate::run::view_options;
-    pub use crate::runtime::{
-        fingerprint, last_dl_error, port, register, registry, Registry, DYLIB_ENV,
-        FINGERPRINT_SYMBOL, REGISTRY_SYMBOL,
-    };
-    pub use crate::spec::{check_mlflow_uri, DEFAULT_HANG_TIMEOUT_SECS};
-    pub use crate::sweep::{
-        best_finished, count_by_status, counts_line, status_counts, trial_json, trial_params,
-        trials_table, SweepControl, Sweeps,
-    };
-    pub use crate::text::{TextData, TextSettings};
-    pub use crate::tokenizer::Tokenizers;
-    pub use crate::topology::{first_hostlist_entry, DEFAULT_MASTER_PORT};
-    pub use crate::view::LOG_LEVEL_ENV;
-    pub use crate::vision::{ImageFolders, VisionSettings};
+    /// The ports: the traits the engine implements (see the `runtime` module), what they hand
+    /// back, and how this crate registers and finds them at run time.
+    pub mod ports {
+        pub use crate::classify::{AnswerModel, Classifiers, ImageModel, TagModel, TextModel};
+        pub use crate::corpus::Corpora;
+        pub use crate::display::{Bundle, Notebook};
+        pub use crate::job::Jobs;
+        pub use crate::lm::{Generators, LanguageModel};
+        pub use crate::runtime::{
+            fingerprint, last_dl_error, port, register, registry, Registry, DYLIB_ENV,
+            FINGERPRINT_SYMBOL, REGISTRY_SYMBOL,
+        };
+        pub use crate::sweep::Sweeps;
+        pub use crate::text::TextData;
+        pub use crate::tokenizer::Tokenizers;
+        pub use crate::vision::ImageFolders;
+    }
+
+    /// The engine's side of [`crate::Job`] and [`crate::SweepJob`]: what it updates, and what
+    /// a view reads.
+    pub mod handles {
+        pub use crate::job::{JobControl, JobView};
+        pub use crate::sweep::SweepControl;
+    }
+
+    /// The option structs as the recipes read them (resolved from a job's options), and the
+    /// defaults, names and checks of job options.
+    pub mod settings {
+        pub use crate::lm::LmSettings;
+        pub use crate::memory::parse_bytes;
+        pub use crate::mlm::MlmSettings;
+        pub use crate::options::names as option_names;
+        pub use crate::qa::QaSettings;
+        pub use crate::run::view_options;
+        pub use crate::spec::{check_mlflow_uri, DEFAULT_HANG_TIMEOUT_SECS};
+        pub use crate::text::TextSettings;
+        pub use crate::topology::{first_hostlist_entry, DEFAULT_MASTER_PORT};
+        pub use crate::view::LOG_LEVEL_ENV;
+        pub use crate::vision::VisionSettings;
+    }
+
+    /// Values as the engine's views show them: numbers, rank lists, merged log lines, metric
+    /// tables.
+    pub mod format {
+        pub use crate::job::{metrics_table, per_epoch};
+        pub use crate::logs::{fmt_num, format_ranks, Repeats, Shown};
+    }
+
+    /// A sweep's trials: their parameters, the best one, and how they are counted, tabled and
+    /// written.
+    pub mod trials {
+        pub use crate::sweep::{
+            best_finished, count_by_status, counts_line, status_counts, trial_json, trial_params,
+            trials_table,
+        };
+    }
+
+    /// What [`param!`](crate::param) expands to.
+    pub mod macros {
+        pub use crate::params::{__json, rebind};
+    }
 }
 
 /// What notebooks and scripts import: `use trainbook::prelude::*;`

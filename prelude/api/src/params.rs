@@ -49,10 +49,10 @@ pub use serde_json::json as __json;
 #[macro_export]
 macro_rules! param {
     ($name:ident = $($json:tt)+) => {
-        $crate::plumbing::rebind(
+        $crate::plumbing::macros::rebind(
             ::core::stringify!($name),
             &$name,
-            $crate::plumbing::__json!($($json)+),
+            $crate::plumbing::macros::__json!($($json)+),
         )
     };
 }

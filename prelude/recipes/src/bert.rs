@@ -28,7 +28,7 @@ use trainbook_api::Hyper;
 use trainbook_api::{JobSpec, OptimizerKind};
 use trainbook_engine::{Recipe, Split, Step};
 
-pub use trainbook_api::{plumbing::TextSettings, ConfigureText, TextOptions};
+pub use trainbook_api::{plumbing::settings::TextSettings, ConfigureText, TextOptions};
 
 /// Held out for evaluation when the data has no test table and no fraction is set.
 const EVAL_FRACTION: f64 = 0.2;

@@ -9,7 +9,7 @@ use tch::{nn, Device, Kind};
 use crate::models::encoder::SequenceClassifier;
 use crate::text::tokenizer::{Encoded, Padding, TextTokenizer};
 use trainbook_api::{
-    plumbing::{ImageModel, TextModel},
+    plumbing::ports::{ImageModel, TextModel},
     Prediction,
 };
 

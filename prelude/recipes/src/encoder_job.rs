@@ -9,7 +9,7 @@ use tch::nn;
 
 use crate::models::encoder::{load_weights, EncoderConfig};
 use crate::text::tokenizer::TextTokenizer;
-use trainbook_api::plumbing::TextSettings;
+use trainbook_api::plumbing::settings::TextSettings;
 use trainbook_api::{Hyper, JobSpec};
 
 /// A job's model, before its weights: the directory, its config (the tiny shape of the same

@@ -48,8 +48,8 @@ use crate::text::mlm::Masking;
 use crate::text::mlm_source::{self, Sample, Samples};
 use crate::text::tokenizer::{Padding, TextTokenizer};
 use crate::text::wordpiece::SPECIAL_TOKENS;
-pub use trainbook_api::{plumbing::MlmSettings, MlmOptions};
-use trainbook_api::{plumbing::TextSettings, TextOptions};
+pub use trainbook_api::{plumbing::settings::MlmSettings, MlmOptions};
+use trainbook_api::{plumbing::settings::TextSettings, TextOptions};
 
 /// Presets of `trainbook train bert-mlm --preset NAME`.
 pub const PRESETS: &[(&str, &str)] = &[

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
-use trainbook_api::plumbing::{QaSettings, TextSettings};
+use trainbook_api::plumbing::settings::{QaSettings, TextSettings};
 use trainbook_api::{Hyper, JobSpec, OptimizerKind, Padding, QaOptions, TextOptions};
 use trainbook_engine::{Device, Recipe, Split, Step};
 
@@ -392,7 +392,7 @@ impl Answerer {
     }
 }
 
-impl trainbook_api::plumbing::AnswerModel for Answerer {
+impl trainbook_api::plumbing::ports::AnswerModel for Answerer {
     fn checkpoint(&self) -> &Path {
         &self.dir
     }

@@ -40,7 +40,7 @@ pub const PRESETS: &[(&str, &str)] = &[
 /// The hymenoptera folder the reference notebook downloads, when it is on this machine.
 pub const REFERENCE_DATA: &str = "hymenoptera_data";
 
-pub use trainbook_api::{plumbing::VisionSettings, ConfigureVision, VisionOptions};
+pub use trainbook_api::{plumbing::settings::VisionSettings, ConfigureVision, VisionOptions};
 
 /// What a preset decides; the job's options go on top.
 struct Preset {

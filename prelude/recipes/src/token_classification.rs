@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Reduction, Tensor};
-use trainbook_api::plumbing::TextSettings;
+use trainbook_api::plumbing::settings::TextSettings;
 use trainbook_api::{Hyper, JobSpec, OptimizerKind, Padding, TextOptions};
 use trainbook_engine::{Device, Recipe, Split, Step};
 
@@ -377,7 +377,7 @@ impl Tagger {
     }
 }
 
-impl trainbook_api::plumbing::TagModel for Tagger {
+impl trainbook_api::plumbing::ports::TagModel for Tagger {
     /// The tag names, by label id.
     fn tags(&self) -> &[String] {
         &self.tags

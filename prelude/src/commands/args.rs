@@ -101,7 +101,7 @@ pub struct FailureArgs {
     /// Seconds a worker may make no progress (no step, no evaluation batch; checkpoint writes
     /// excepted) before it counts as hung: its native stack is saved and the job fails or
     /// restarts. 0: off.
-    #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::plumbing::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
+    #[arg(long, value_name = "SECONDS", default_value_t = trainbook_api::plumbing::settings::DEFAULT_HANG_TIMEOUT_SECS, help_heading = "When things fail")]
     pub hang_timeout: u64,
 }
 

@@ -131,7 +131,7 @@ fn say_place(spec: &JobSpec) {
         spec.node_rank,
         spec.master_addr,
         spec.master_port
-            .unwrap_or(trainbook_api::plumbing::DEFAULT_MASTER_PORT),
+            .unwrap_or(trainbook_api::plumbing::settings::DEFAULT_MASTER_PORT),
         if spec.node_rank > 0 {
             " (node 0 shows the whole job)"
         } else {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use trainbook::dashboard::JobDashboard;
 use trainbook::notebook::follow;
-use trainbook::plumbing::Shown;
+use trainbook::plumbing::format::Shown;
 use trainbook::{JobStatus, JobUpdate, MetricRow, Progress, Stream};
 use trainbook_widgets::DashboardOptions;
 

@@ -41,7 +41,7 @@ const MAX_WINDOW: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub(crate) use trainbook_api::DedupConfig;
 pub(crate) use trainbook_api::{
-    plumbing::{Repeats, Shown},
+    plumbing::format::{Repeats, Shown},
     Stream,
 };
 
@@ -450,7 +450,7 @@ impl Deduplicator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trainbook_api::plumbing::fmt_num;
+    use trainbook_api::plumbing::format::fmt_num;
 
     const S: Stream = Stream::Stdout;
     const WEIGHTS: &str = "Some weights of BertForSequenceClassification were not initialized from the model checkpoint at bert-base-cased and are newly initialized: ['classifier.bias', 'classifier.weight']";

@@ -13,7 +13,7 @@ use trainbook_api::metric;
 use trainbook_api::DeviceKind;
 use trainbook_api::JobSpec;
 use trainbook_api::{
-    plumbing::{JobControl, JobView},
+    plumbing::handles::{JobControl, JobView},
     Job, JobStatus, JobUpdate, LogRecord, MetricRow, Progress, Resize, Restart, TrainError,
     TrainResult,
 };

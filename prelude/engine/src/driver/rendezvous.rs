@@ -14,7 +14,7 @@ use crate::shared::run_dir::RunDir;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use trainbook_api::plumbing::DEFAULT_MASTER_PORT;
+use trainbook_api::plumbing::settings::DEFAULT_MASTER_PORT;
 use trainbook_api::DeviceKind;
 use trainbook_api::{JobSpec, Resume};
 

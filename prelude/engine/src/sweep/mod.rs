@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use trainbook_api::metric;
-use trainbook_api::{plumbing::JobView, Job, JobStatus, JobUpdate};
+use trainbook_api::{plumbing::handles::JobView, Job, JobStatus, JobUpdate};
 use trainbook_api::{
-    plumbing::{best_finished, status_counts, trial_json, SweepControl},
+    plumbing::handles::SweepControl,
+    plumbing::trials::{best_finished, status_counts, trial_json},
     Scheduler, SweepJob, SweepResult, SweepSpec, SweepStatus, SweepUpdate, Trial, TrialPlan,
     TrialStatus,
 };

@@ -20,7 +20,9 @@
 
 use anyhow::{bail, Result};
 use trainbook_api::DeviceKind;
-use trainbook_api::{plumbing::parse_bytes, Capacity, Footprint, Lever, MemoryPlan, MemoryRow};
+use trainbook_api::{
+    plumbing::settings::parse_bytes, Capacity, Footprint, Lever, MemoryPlan, MemoryRow,
+};
 use trainbook_api::{Hyper, JobSpec, OptimizerKind, Precision};
 
 use super::ddp;

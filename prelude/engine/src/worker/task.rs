@@ -414,7 +414,7 @@ impl EntryPoint {
                 return Err(stale(format!(
                     "cannot load {}: {}",
                     self.file.display(),
-                    trainbook_api::plumbing::last_dl_error()
+                    trainbook_api::plumbing::ports::last_dl_error()
                 )));
             }
             let mut map: *const LinkMap = std::ptr::null();
@@ -430,7 +430,7 @@ impl EntryPoint {
                 bail!(
                     "cannot find where {} was loaded: {}",
                     self.file.display(),
-                    trainbook_api::plumbing::last_dl_error()
+                    trainbook_api::plumbing::ports::last_dl_error()
                 );
             }
             if let Some(build_dir) = self

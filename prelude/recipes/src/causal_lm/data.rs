@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use trainbook_api::plumbing::TextSettings;
+use trainbook_api::plumbing::settings::TextSettings;
 
 use crate::models::encoder::IGNORE_INDEX;
 use crate::text::chat::{self, ChatTemplate, Example, Record};

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tch::{nn, Kind, Tensor};
-use trainbook_api::plumbing::{LmSettings, TextSettings};
+use trainbook_api::plumbing::settings::{LmSettings, TextSettings};
 use trainbook_api::{Hyper, JobSpec, LmOptions, OptimizerKind, Schedule, TextOptions};
 use trainbook_engine::{Device, Recipe, Split, Step};
 

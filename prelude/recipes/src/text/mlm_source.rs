@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use trainbook_api::plumbing::TextSettings;
+use trainbook_api::plumbing::settings::TextSettings;
 
 use super::corpus::records::{self, Hdf5Records};
 use super::corpus::{self, PreparedCorpus};

@@ -537,7 +537,7 @@ pub(super) fn for_job(job: &JobState, parameters: &Value) -> Option<Mlflow> {
             let uri = std::env::var("MLFLOW_TRACKING_URI")
                 .ok()
                 .filter(|u| !u.is_empty())?;
-            if let Err(e) = trainbook_api::plumbing::check_mlflow_uri(&uri) {
+            if let Err(e) = trainbook_api::plumbing::settings::check_mlflow_uri(&uri) {
                 job.lock()
                     .warnings
                     .push(format!("MLFLOW_TRACKING_URI is set but not used: {e:#}"));

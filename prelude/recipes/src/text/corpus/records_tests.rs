@@ -141,8 +141,8 @@ fn records_hold_exactly_the_shards_arrays() {
     std::fs::remove_dir_all(d).ok();
 }
 
-fn text_settings(max_length: usize) -> trainbook_api::plumbing::TextSettings {
-    trainbook_api::plumbing::TextSettings {
+fn text_settings(max_length: usize) -> trainbook_api::plumbing::settings::TextSettings {
+    trainbook_api::plumbing::settings::TextSettings {
         max_length,
         padding: trainbook_api::Padding::Dynamic,
         text_column: "text".into(),
