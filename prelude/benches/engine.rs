@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use trainbook::{Configure, ConfigureTraining, DeviceRequest, JobSpec, JobUpdate};
+use trainbook::{Configure, ConfigureTraining, DeviceRequest, JobKind, JobSpec, JobUpdate};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -25,7 +25,7 @@ fn root() -> std::path::PathBuf {
 
 /// (a) allreduce of `numel` float32 values between 2 workers on loopback.
 fn allreduce(numel: u64, iters: u64) {
-    let spec = JobSpec::new("bench-allreduce")
+    let spec = JobSpec::of_kind(JobKind::BenchAllreduce)
         .workers(2)
         .device(DeviceRequest::Cpu)
         .threads_per_worker(1)

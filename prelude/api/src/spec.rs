@@ -352,9 +352,41 @@ impl std::str::FromStr for Resume {
     }
 }
 
+/// What a job runs: a recipe of the engine's registry (the default), a user's task, or one of
+/// trainbook's own jobs. A field of the spec, so that no recipe name means something else.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    /// The recipe `JobSpec::recipe` names.
+    #[default]
+    Recipe,
+    /// A user's task (`Trainer::new(task)`), run from the user's own program or cell.
+    Task,
+    /// `trainbook check`: the collectives verified, nothing trained.
+    Check,
+    /// The allreduce benchmark (`benches/engine.rs`).
+    BenchAllreduce,
+}
+
+impl JobKind {
+    /// The name a job of this kind shows (its run directory's, its recipe's).
+    pub fn name(self) -> &'static str {
+        match self {
+            JobKind::Recipe => "recipe",
+            JobKind::Task => "task",
+            JobKind::Check => "check",
+            JobKind::BenchAllreduce => "bench-allreduce",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobSpec {
     pub recipe: String,
+    /// What the job runs; a recipe unless one of the other kinds is asked for
+    /// ([`JobSpec::of_kind`]).
+    #[serde(default)]
+    pub kind: JobKind,
     pub workers: usize,
     pub device: DeviceRequest,
     pub train: TrainConfig,
@@ -647,6 +679,7 @@ impl JobSpec {
     pub fn new(recipe: impl Into<String>) -> Self {
         Self {
             recipe: recipe.into(),
+            kind: JobKind::Recipe,
             workers: 1,
             device: DeviceRequest::Auto,
             train: TrainConfig::default(),
@@ -672,6 +705,14 @@ impl JobSpec {
             memory_check: true,
             dedup: DedupConfig::default(),
             view: Default::default(),
+        }
+    }
+
+    /// A job of one of trainbook's own kinds (a task, the check, the benchmark), named after it.
+    pub fn of_kind(kind: JobKind) -> Self {
+        Self {
+            kind,
+            ..Self::new(kind.name())
         }
     }
 

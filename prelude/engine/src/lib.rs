@@ -34,8 +34,8 @@ pub fn plan_memory(
     device: trainbook_api::DeviceKind,
     recipes: &Registry,
 ) -> anyhow::Result<Option<trainbook_api::MemoryPlan>> {
-    match recipes.job_kind(&spec.recipe)? {
-        worker::jobs::JobKind::Recipe(entry) => worker::memory::plan(entry, spec, hyper, device),
+    match recipes.work(spec)? {
+        worker::jobs::Work::Recipe(entry) => worker::memory::plan(entry, spec, hyper, device),
         _ => Ok(None),
     }
 }
@@ -53,7 +53,6 @@ pub use worker::device::{
     is_channels_last, memory_format, on_hpu, vars_channels_last, Device, OnDeviceOf,
 };
 pub use worker::dist::{BackendHandle, InitOptions};
-pub use worker::jobs::CHECK;
 pub use worker::recipe::{
     BuildFn, FootprintFn, Layout, PresetFn, Recipe, RecipeEntry, Registry, Split, StagedStep, Step,
 };

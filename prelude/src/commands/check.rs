@@ -1,7 +1,7 @@
 //! `trainbook check`: allreduce, broadcast and barrier across N worker processes, no training.
 
 use clap::Args;
-use trainbook_api::{Configure, DeviceRequest, JobSpec};
+use trainbook_api::{Configure, DeviceRequest, JobKind, JobSpec};
 use trainbook_engine::checkpoint::RunDir;
 
 use super::args::parse_device;
@@ -16,7 +16,7 @@ pub struct CheckArgs {
 
 pub(super) fn run(args: &CheckArgs) -> i32 {
     let CheckArgs { workers, device } = *args;
-    let spec = JobSpec::new(crate::engine::CHECK)
+    let spec = JobSpec::of_kind(JobKind::Check)
         .workers(workers)
         .device(device);
     match crate::fit(spec) {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::common::wait_until;
 
 use trainbook::engine::testing::process_alive;
-use trainbook::{Configure, ConfigureTraining, JobSpec, JobStatus, OptimizerKind};
+use trainbook::{Configure, ConfigureTraining, JobKind, JobSpec, JobStatus, OptimizerKind};
 
 fn runs_root() -> std::path::PathBuf {
     crate::common::scratch("trainbook-engine-tests")
@@ -94,7 +94,7 @@ fn an_epoch_s_last_step_is_one_worker_s_whatever_the_worker_count() {
 /// (b) allreduce / broadcast / barrier with three processes.
 #[test]
 fn collectives_are_correct_with_three_workers() {
-    let spec = JobSpec::new("check")
+    let spec = JobSpec::of_kind(JobKind::Check)
         .workers(3)
         .device(trainbook::DeviceRequest::Cpu)
         .runs_root(runs_root());

@@ -40,7 +40,7 @@ use trainbook_api::JobSpec;
 use trainbook_api::{Job, JobStatus};
 
 use crate::shared::checkpoint::TrainerState;
-use crate::worker::jobs::JobKind;
+use crate::worker::jobs::Work;
 use crate::worker::recipe::Registry;
 use handle::{JobHandle, JobState};
 use incoming::Incoming;
@@ -55,7 +55,7 @@ pub(crate) use handle::stop_all;
 /// resume from is readable.
 pub fn validate(spec: &JobSpec, recipes: &Registry) -> Result<()> {
     spec.check()?;
-    recipes.job_kind(&spec.recipe)?;
+    recipes.work(spec)?;
     if let Some(p) = &spec.train.preset {
         recipes.check_preset(&spec.recipe, p)?;
     }
@@ -73,8 +73,8 @@ pub fn validate(spec: &JobSpec, recipes: &Registry) -> Result<()> {
 pub fn launch(spec: JobSpec, recipes: &Registry) -> Result<Job> {
     validate(&spec, recipes)?;
     processes::raise_open_file_limit();
-    let program = match recipes.job_kind(&spec.recipe)? {
-        JobKind::Task => crate::worker::task::worker_program(&spec)?,
+    let program = match recipes.work(&spec)? {
+        Work::Task => crate::worker::task::worker_program(&spec)?,
         _ => (processes::worker_binary()?, Vec::new()),
     };
     let (tx, rx) = mpsc::channel::<Incoming>();

@@ -23,7 +23,7 @@ use super::placement;
 use crate::shared::checkpoint::{self, RunConfig, RunStatus};
 use crate::shared::events::{self, Collector, Emitter};
 use crate::worker::dist::Store;
-use crate::worker::jobs::JobKind;
+use crate::worker::jobs::Work;
 use crate::worker::recipe::Registry;
 
 /// What every node's driver needs to start its workers. Node 0 makes it and publishes it in
@@ -167,7 +167,7 @@ pub(super) fn host(
         );
     }
     // A job that cannot fit its devices fails here, before its run directory exists.
-    if let (Some(h), JobKind::Recipe(entry)) = (&hyper, recipes.job_kind(&spec.recipe)?) {
+    if let (Some(h), Work::Recipe(entry)) = (&hyper, recipes.work(&spec)?) {
         // An elastic job's workers hold the most (the largest share of the batch) at its
         // smallest size.
         let mut smallest = spec.clone();

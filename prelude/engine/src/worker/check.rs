@@ -9,7 +9,7 @@ use crate::worker::device::Device;
 
 use crate::shared::events::Emitter;
 use crate::worker::dist::{ProcessGroup, ReduceOp};
-use crate::worker::jobs::JobKind;
+use crate::worker::jobs::Work;
 
 /// A tensor of `value`s on `device`, checked to be there: a device plugin that silently left
 /// tensors on the CPU would otherwise pass every check.
@@ -95,10 +95,10 @@ fn bench_allreduce(
     Ok(())
 }
 
-/// Runs one of the engine's own jobs: [`JobKind::Check`] or [`JobKind::BenchAllreduce`]
+/// Runs one of the engine's own jobs: [`Work::Check`] or [`Work::BenchAllreduce`]
 /// (sized by `TRAINBOOK_BENCH_NUMEL` and `TRAINBOOK_BENCH_ITERS`).
 pub(crate) fn run_job(
-    kind: JobKind,
+    kind: Work,
     pg: &ProcessGroup,
     device: Device,
     events: &Emitter,
@@ -110,14 +110,14 @@ pub(crate) fn run_job(
             .unwrap_or(d)
     };
     match kind {
-        JobKind::Check => check_collectives(pg, device, events),
-        JobKind::BenchAllreduce => bench_allreduce(
+        Work::Check => check_collectives(pg, device, events),
+        Work::BenchAllreduce => bench_allreduce(
             pg,
             device,
             events,
             num("TRAINBOOK_BENCH_NUMEL", 110_000_000) as i64,
             num("TRAINBOOK_BENCH_ITERS", 10),
         ),
-        JobKind::Recipe(_) | JobKind::Task => bail!("not one of the engine's own jobs"),
+        Work::Recipe(_) | Work::Task => bail!("not one of the engine's own jobs"),
     }
 }

@@ -1,23 +1,18 @@
-//! What a job's recipe name stands for: a recipe of the injected [`Registry`], a user's task,
-//! or one of the engine's own jobs ([`CHECK`], [`BENCH_ALLREDUCE`]), and the job's resolved
-//! hyper-parameters. The driver and the worker both decide by [`JobKind`].
+//! What a job runs, resolved: its [`JobKind`] (a field of the spec) and, for a recipe, the
+//! registry's entry ([`Work`]), and the job's resolved hyper-parameters. The driver and the
+//! worker both decide by [`Work`].
 
 use anyhow::{bail, Result};
-use trainbook_api::{Hyper, JobSpec};
+use trainbook_api::{Hyper, JobKind, JobSpec};
 
 use crate::worker::recipe::{RecipeEntry, Registry};
-use crate::worker::task::{self, TASK};
+use crate::worker::task;
 
-/// The job name of `trainbook check`: workers verify the collectives instead of training.
-pub const CHECK: &str = "check";
-/// The job name of the allreduce benchmark (see `benches/engine.rs`).
-pub(crate) const BENCH_ALLREDUCE: &str = "bench-allreduce";
-
-/// What a job's recipe name stands for: a recipe of the registry, or one of the engine's own
-/// jobs. The driver and the worker both decide by it, so a name cannot mean one thing to one
-/// side and another to the other.
+/// What a job runs: a recipe of the registry, a user's task, or one of the engine's own jobs.
+/// The driver and the worker both decide by it, so a spec cannot mean one thing to one side
+/// and another to the other.
 #[derive(Clone, Copy)]
-pub enum JobKind {
+pub enum Work {
     Recipe(&'static RecipeEntry),
     /// A user's [`Task`](crate::worker::task::Task), run from the user's own code.
     Task,
@@ -28,16 +23,18 @@ pub enum JobKind {
 }
 
 impl Registry {
-    /// What `name` stands for, or an error that lists the recipes there are.
-    pub fn job_kind(&self, name: &str) -> Result<JobKind> {
-        match name {
-            CHECK => return Ok(JobKind::Check),
-            BENCH_ALLREDUCE => return Ok(JobKind::BenchAllreduce),
-            TASK => return Ok(JobKind::Task),
-            _ => {}
+    /// What `spec` runs; for a recipe, the registry's entry, or an error that lists the
+    /// recipes there are.
+    pub fn work(&self, spec: &JobSpec) -> Result<Work> {
+        match spec.kind {
+            JobKind::Check => return Ok(Work::Check),
+            JobKind::BenchAllreduce => return Ok(Work::BenchAllreduce),
+            JobKind::Task => return Ok(Work::Task),
+            JobKind::Recipe => {}
         }
+        let name = spec.recipe.as_str();
         if let Some(e) = self.get(name) {
-            return Ok(JobKind::Recipe(e));
+            return Ok(Work::Recipe(e));
         }
         let known: Vec<&str> = self.entries().iter().map(|e| e.name).collect();
         bail!(
@@ -50,10 +47,10 @@ impl Registry {
     /// with the job's shared options on top. `None` for the engine's own jobs, which train
     /// nothing.
     pub fn resolve(&self, spec: &JobSpec) -> Result<Option<Hyper>> {
-        let hyper = match self.job_kind(&spec.recipe)? {
-            JobKind::Recipe(e) => (e.preset)(spec)?,
-            JobKind::Task => task::preset(spec)?,
-            JobKind::Check | JobKind::BenchAllreduce => return Ok(None),
+        let hyper = match self.work(spec)? {
+            Work::Recipe(e) => (e.preset)(spec)?,
+            Work::Task => task::preset(spec)?,
+            Work::Check | Work::BenchAllreduce => return Ok(None),
         };
         Ok(Some(hyper.with_overrides(&spec.train)))
     }
@@ -91,9 +88,16 @@ mod tests {
     #[test]
     fn names_and_presets_are_checked_against_the_injected_table() {
         let r = Registry::new(ENTRIES);
-        assert!(r.job_kind("toy").map(|_| ()).is_ok());
-        assert!(r.job_kind(CHECK).map(|_| ()).is_ok());
-        let e = r.job_kind("tpy").map(|_| ()).unwrap_err().to_string();
+        assert!(r.work(&JobSpec::new("toy")).map(|_| ()).is_ok());
+        let check = JobSpec::of_kind(JobKind::Check);
+        assert!(matches!(r.work(&check), Ok(Work::Check)));
+        // A recipe named like one of the engine's own jobs is a recipe, looked up.
+        assert!(r.work(&JobSpec::new("check")).is_err());
+        let e = r
+            .work(&JobSpec::new("tpy"))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("unknown recipe 'tpy'") && e.contains("toy"),
             "{e}"
@@ -102,7 +106,7 @@ mod tests {
         let e = r.check_preset("toy", "huge").unwrap_err().to_string();
         assert_eq!(e, "unknown preset 'huge' for recipe toy: use small, big");
         // The engine's own jobs have no presets.
-        assert!(r.check_preset(CHECK, "anything").is_ok());
+        assert!(r.check_preset("check", "anything").is_ok());
     }
 
     #[test]
@@ -115,7 +119,10 @@ mod tests {
             .unwrap();
         assert_eq!((h.preset.as_str(), h.epochs, h.lr), ("small", 3, 0.5));
         assert_eq!(h.max_steps, Some(7));
-        assert!(r.resolve(&JobSpec::new(CHECK)).unwrap().is_none());
+        assert!(r
+            .resolve(&JobSpec::of_kind(JobKind::Check))
+            .unwrap()
+            .is_none());
         assert!(r.resolve(&JobSpec::new("tpy")).is_err());
     }
 }

@@ -48,7 +48,7 @@ use crate::shared::events::{Emitter, Event};
 use crate::shared::run_dir::RunDir;
 use device::Device;
 use dist::{InitOptions, ProcessGroup};
-use jobs::JobKind;
+use jobs::Work;
 use recipe::Registry;
 use train::{TrainingLoop, WorkerContext};
 
@@ -250,12 +250,12 @@ fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Resu
         let backend = bridge.hccl_backend(&init, &format!("{}/hccl", init.store_prefix))?;
         pg.attach_backend(tdev, backend)?;
     }
-    let kind = recipes.job_kind(&spec.recipe)?;
+    let kind = recipes.work(&spec)?;
     // No pulse when nobody listens (hang detection off): what the overhead benchmark compares.
     if spec.hang_timeout_secs > 0 {
         heartbeat::start(events, rank);
     }
-    if let JobKind::Check | JobKind::BenchAllreduce = kind {
+    if let Work::Check | Work::BenchAllreduce = kind {
         check::run_job(kind, &pg, tdev, events)?;
         events.send(Event::Done {
             rank,
@@ -285,7 +285,7 @@ fn run_rank(rank: usize, events: &Emitter, recipes: &Registry, hpu: Hpu) -> Resu
 fn train_recipe(
     ctx: &WorkerContext,
     hyper: Option<trainbook_api::Hyper>,
-    kind: JobKind,
+    kind: Work,
     bridge: Option<&dyn HpuBridge>,
 ) -> Result<()> {
     let (rank, events) = (ctx.rank, &ctx.events);
@@ -301,15 +301,15 @@ fn train_recipe(
         hyper.resume_from = Some(dir.into());
     }
     let mut recipe = match kind {
-        JobKind::Task => {
+        Work::Task => {
             let place = task::WorkerRank {
                 rank,
                 world_size: ctx.world_size,
             };
             task::build_in_worker(&hyper, ctx.device, &log, &place)?
         }
-        JobKind::Recipe(entry) => (entry.build)(&hyper, ctx.device, &log)?,
-        JobKind::Check | JobKind::BenchAllreduce => {
+        Work::Recipe(entry) => (entry.build)(&hyper, ctx.device, &log)?,
+        Work::Check | Work::BenchAllreduce => {
             unreachable!("run() answers the engine's own jobs before training")
         }
     };

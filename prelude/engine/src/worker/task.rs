@@ -30,9 +30,7 @@ use crate::shared::env;
 use crate::worker::device::Device;
 use crate::worker::recipe::{Recipe, Split, Step};
 
-/// The job name of a user's task.
-pub(crate) const TASK: &str = "task";
-use trainbook_api::{Hyper, JobSpec, OptimizerKind};
+use trainbook_api::{Hyper, JobKind, JobSpec, OptimizerKind};
 
 /// The key of the task in a job's recipe options.
 const OPTION: &str = "task";
@@ -467,7 +465,7 @@ pub fn job_spec<T: Task>(task: &T) -> JobSpec {
         })?;
         Ok(serde_json::to_value(Carried { entry, config })?)
     });
-    let mut spec = JobSpec::new(TASK);
+    let mut spec = JobSpec::of_kind(JobKind::Task);
     match carried {
         Ok(v) => spec.options.insert(OPTION.into(), v),
         Err(e) => spec.options.insert(ERROR.into(), format!("{e:#}").into()),
@@ -480,7 +478,7 @@ pub fn job_spec<T: Task>(task: &T) -> JobSpec {
 pub(crate) fn task_fields(
     spec: &mut JobSpec,
 ) -> Option<&mut serde_json::Map<String, serde_json::Value>> {
-    if spec.recipe != TASK {
+    if spec.kind != JobKind::Task {
         return None;
     }
     spec.options
@@ -496,9 +494,9 @@ fn carried(options: &serde_json::Map<String, serde_json::Value>) -> Result<Carri
     if let Some(e) = options.get(ERROR) {
         bail!("{}", e.as_str().unwrap_or_default());
     }
-    let value = options.get(OPTION).ok_or_else(|| {
-        anyhow!("a '{TASK}' job needs its task: start it with `Trainer::new(task)`")
-    })?;
+    let value = options
+        .get(OPTION)
+        .ok_or_else(|| anyhow!("a task job needs its task: start it with `Trainer::new(task)`"))?;
     serde_json::from_value(value.clone()).context("reading the job's task")
 }
 
