@@ -421,7 +421,8 @@ mod tests {
     fn a_plan_shows_its_device_settings_and_memory() {
         use trainbook_api::Configure;
         let spec = trainbook_api::JobSpec::new("synthetic").workers(1);
-        let plan = trainbook_api::plumbing::ports::Jobs::plan(&crate::run::ENGINE, &spec).unwrap();
+        let plan =
+            trainbook_api::plumbing::ports::Jobs::plan(&crate::run::TRAINBOOK, &spec).unwrap();
         let bundle = bundle_of(&plan).expect("a plan has a rich display");
         let text = bundle["text/plain"].as_str().unwrap();
         for want in [

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Result};
 use trainbook_api::plumbing::ports::{
     self, AnswerModel, Bundle, Classifiers, Corpora, Generators, ImageFolders, ImageModel, Jobs,
-    LanguageModel, Notebook, Registry, Sweeps, TagModel, TextData, TextModel, Tokenizers,
+    LanguageModel, Notebook, Ports, Sweeps, TagModel, TextData, TextModel, Tokenizers,
 };
 use trainbook_api::plumbing::settings::view_options;
 use trainbook_api::{
@@ -26,11 +26,12 @@ use trainbook_recipes::REGISTRY;
 use crate::dashboard::dashboard_options;
 use crate::{display, notebook};
 
-/// The engine with trainbook's recipes (one per process); it implements every port.
+/// trainbook in this process: the engine with trainbook's recipes injected and the notebook view
+/// subscribed; it implements every port.
 pub struct Trainbook;
 
-/// The engine this crate registers and exports.
-pub static ENGINE: Trainbook = Trainbook;
+/// The implementation of every port that this crate registers and exports.
+pub static TRAINBOOK: Trainbook = Trainbook;
 
 impl Jobs for Trainbook {
     fn launch(&self, spec: JobSpec) -> Result<Job> {
@@ -196,15 +197,15 @@ impl Corpora for Trainbook {
 #[link_section = ".init_array"]
 static REGISTER: extern "C" fn() = {
     extern "C" fn register() {
-        ports::register::<dyn Jobs>(&ENGINE);
-        ports::register::<dyn Sweeps>(&ENGINE);
-        ports::register::<dyn Notebook>(&ENGINE);
-        ports::register::<dyn TextData>(&ENGINE);
-        ports::register::<dyn ImageFolders>(&ENGINE);
-        ports::register::<dyn Classifiers>(&ENGINE);
-        ports::register::<dyn Tokenizers>(&ENGINE);
-        ports::register::<dyn Generators>(&ENGINE);
-        ports::register::<dyn Corpora>(&ENGINE);
+        ports::register::<dyn Jobs>(&TRAINBOOK);
+        ports::register::<dyn Sweeps>(&TRAINBOOK);
+        ports::register::<dyn Notebook>(&TRAINBOOK);
+        ports::register::<dyn TextData>(&TRAINBOOK);
+        ports::register::<dyn ImageFolders>(&TRAINBOOK);
+        ports::register::<dyn Classifiers>(&TRAINBOOK);
+        ports::register::<dyn Tokenizers>(&TRAINBOOK);
+        ports::register::<dyn Generators>(&TRAINBOOK);
+        ports::register::<dyn Corpora>(&TRAINBOOK);
     }
     register
 };
@@ -220,6 +221,6 @@ pub extern "C" fn trainbook_api_fingerprint() -> *const c_char {
 /// This library's ports, for notebook cells (Rust ABI: cells are built by the same compiler
 /// against the same `trainbook_api`, which the fingerprint checks).
 #[no_mangle]
-pub fn trainbook_ports() -> &'static Registry {
-    ports::registry()
+pub fn trainbook_ports() -> &'static Ports {
+    ports::registered()
 }

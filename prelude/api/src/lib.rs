@@ -136,8 +136,8 @@ pub mod plumbing {
         pub use crate::job::Jobs;
         pub use crate::lm::{Generators, LanguageModel};
         pub use crate::runtime::{
-            fingerprint, last_dl_error, port, register, registry, Registry, DYLIB_ENV,
-            FINGERPRINT_SYMBOL, REGISTRY_SYMBOL,
+            fingerprint, last_dl_error, port, register, registered, Ports, DYLIB_ENV,
+            FINGERPRINT_SYMBOL, PORTS_SYMBOL,
         };
         pub use crate::sweep::Sweeps;
         pub use crate::text::TextData;

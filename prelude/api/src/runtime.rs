@@ -14,8 +14,8 @@
 //! - In the trainbook kernel, cells link their own copy of this crate, while the engine lives in
 //!   the trainbook_torch library (`TRAINBOOK_TORCH_DYLIB`, loaded into the cell process on
 //!   first use). That library exports two symbols: the fingerprint of the copy of this crate it
-//!   was built with, and its registry of ports. A cell checks the fingerprint before it takes
-//!   the registry, because values cross between the two copies and both must be the same build
+//!   was built with, and its [`Ports`]. A cell checks the fingerprint before it takes
+//!   them, because values cross between the two copies and both must be the same build
 //!   of this crate: the same layouts, and the same `TypeId`s, by which ports are found and the
 //!   engine's displays downcast. The fingerprint is a `TypeId` of this crate, so it tells builds
 //!   apart, not only sources.
@@ -27,13 +27,14 @@ use std::sync::{OnceLock, RwLock};
 
 use anyhow::{anyhow, Result};
 
-/// The ports one process has registered: each a `&'static dyn Port` of one port trait, kept
+/// The ports one process has registered (its table of port implementations, not the
+/// engine's registry of recipes): each a `&'static dyn Port` of one port trait, kept
 /// as `Any` and found by the `TypeId` of that reference type.
-pub struct Registry(RwLock<Vec<(TypeId, &'static (dyn Any + Send + Sync))>>);
+pub struct Ports(RwLock<Vec<(TypeId, &'static (dyn Any + Send + Sync))>>);
 
-impl Registry {
+impl Ports {
     const fn new() -> Self {
-        Registry(RwLock::new(Vec::new()))
+        Ports(RwLock::new(Vec::new()))
     }
 
     fn insert<P: ?Sized + Send + Sync + 'static>(&self, port: &'static P) {
@@ -56,18 +57,18 @@ impl Registry {
     }
 }
 
-static REGISTERED: Registry = Registry::new();
-static FROM_LIBRARY: OnceLock<std::result::Result<&'static Registry, String>> = OnceLock::new();
+static REGISTERED: Ports = Ports::new();
+static FROM_LIBRARY: OnceLock<std::result::Result<&'static Ports, String>> = OnceLock::new();
 
 /// Makes `port` this process's implementation of the port trait `P` (the first registration
 /// wins). The `trainbook` crate calls it before `main`, once per port:
-/// `register::<dyn Jobs>(&ENGINE)`.
+/// `register::<dyn Jobs>(&TRAINBOOK)`.
 pub fn register<P: ?Sized + Send + Sync + 'static>(port: &'static P) {
     REGISTERED.insert(port);
 }
 
-/// This process's registry (what the trainbook_torch library exports to cells).
-pub fn registry() -> &'static Registry {
+/// This process's registered ports (what the trainbook_torch library exports to cells).
+pub fn registered() -> &'static Ports {
     &REGISTERED
 }
 
@@ -102,8 +103,8 @@ pub fn fingerprint() -> &'static CStr {
 
 /// `extern "C" fn() -> *const c_char`: the fingerprint of the trainbook_torch library's copy.
 pub const FINGERPRINT_SYMBOL: &str = "trainbook_api_fingerprint";
-/// `extern "Rust" fn() -> &'static Registry`: the trainbook_torch library's ports.
-pub const REGISTRY_SYMBOL: &str = "trainbook_ports";
+/// `extern "Rust" fn() -> &'static Ports`: the trainbook_torch library's ports.
+pub const PORTS_SYMBOL: &str = "trainbook_ports";
 /// Where the kernel tells cell processes the trainbook_torch library is.
 pub const DYLIB_ENV: &str = "TRAINBOOK_TORCH_DYLIB";
 
@@ -129,7 +130,7 @@ pub fn last_dl_error() -> String {
     }
 }
 
-fn from_library() -> std::result::Result<&'static Registry, String> {
+fn from_library() -> std::result::Result<&'static Ports, String> {
     let Some(path) = std::env::var_os(DYLIB_ENV) else {
         return Err(format!(
             "trainbook's engine is not loaded in this process. In a program, depend on the \
@@ -176,7 +177,7 @@ fn from_library() -> std::result::Result<&'static Registry, String> {
                  {ours:?}): rebuild with `make build` and restart the kernel"
             ));
         }
-        let get: fn() -> &'static Registry = std::mem::transmute(sym(REGISTRY_SYMBOL)?);
+        let get: fn() -> &'static Ports = std::mem::transmute(sym(PORTS_SYMBOL)?);
         Ok(get())
     }
 }
@@ -204,7 +205,7 @@ mod tests {
 
     #[test]
     fn a_port_is_found_by_its_trait_and_the_first_registration_wins() {
-        let ports = Registry::new();
+        let ports = Ports::new();
         assert!(ports.get::<dyn Greets>().is_none());
         ports.insert::<dyn Greets>(&En);
         ports.insert::<dyn Greets>(&Fr);
