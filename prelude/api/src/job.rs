@@ -125,8 +125,8 @@ pub enum JobUpdate {
 /// One restart of a job: why, and where it resumed.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Restart {
-    /// 1 for the first restart.
-    pub attempt: u32,
+    /// Which restart: 1 for the first (an *attempt* is a start of the workers: 0 the first).
+    pub number: u32,
     /// The restarts allowed (`max_failures`); `None`: no limit.
     pub allowed: Option<u32>,
     /// Seconds since the job started.
@@ -151,7 +151,7 @@ impl std::fmt::Display for Restart {
             .allowed
             .map(|a| format!("/{a}"))
             .unwrap_or_else(|| " (no limit)".into());
-        write!(f, "restart {}{of}: {}", self.attempt, self.reason)?;
+        write!(f, "restart {}{of}: {}", self.number, self.reason)?;
         if let Some(s) = self.failed_at_step {
             write!(f, " at step {s}")?;
         }

@@ -99,8 +99,8 @@ pub use profile::{OpTime, ProfileSteps, StepProfile};
 pub use qa::{ConfigureQa, QaOptions, QaTrainer};
 pub use run::{fit, launch, Train, View};
 pub use spec::{
-    Configure, ConfigureTraining, DedupConfig, Hyper, JobKind, JobSpec, Nodes, OptimizerKind,
-    Plan, Precision, Resume, Schedule, TrainConfig,
+    Configure, ConfigureTraining, DedupOptions, Hyper, JobKind, JobSpec, Nodes, OptimizerKind,
+    Plan, Precision, Resume, Schedule, TrainOptions,
 };
 pub use sweep::{
     Asha, Goal, MedianStopping, ParamValue, Scheduler, Space, Sweep, SweepJob, SweepResult,

@@ -115,16 +115,16 @@ impl std::str::FromStr for Precision {
 
 /// How worker logs are de-duplicated across workers (see the engine's `dedup`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DedupConfig {
+pub struct DedupOptions {
     /// When false every line passes straight through.
     pub enabled: bool,
     /// How long repeats are collected after a key's first occurrence.
     pub window: Duration,
 }
 
-impl Default for DedupConfig {
+impl Default for DedupOptions {
     fn default() -> Self {
-        DedupConfig {
+        DedupOptions {
             enabled: true,
             window: Duration::from_secs(5),
         }
@@ -133,7 +133,7 @@ impl Default for DedupConfig {
 
 crate::options! {
     /// The training options every recipe shares.
-    struct TrainConfig => Hyper, trait ConfigureTraining(train_options) {
+    struct TrainOptions => Hyper, trait ConfigureTraining(train_options) {
         /// A recipe preset (e.g. tiny): the defaults of every other option; each recipe
         /// documents its own (`trainbook recipes`).
         #[arg(value_name = "NAME")]
@@ -389,7 +389,7 @@ pub struct JobSpec {
     pub kind: JobKind,
     pub workers: usize,
     pub device: DeviceRequest,
-    pub train: TrainConfig,
+    pub train: TrainOptions,
     /// The recipe's own options, by name (e.g. bert's `max_length`); the recipe reads them
     /// typed with [`JobSpec::recipe_options`].
     #[serde(default)]
@@ -460,7 +460,7 @@ pub struct JobSpec {
     #[serde(default = "yes")]
     pub memory_check: bool,
     #[serde(skip)]
-    pub dedup: DedupConfig,
+    pub dedup: DedupOptions,
     /// How the job's live view shows it (see [`crate::run::View`]); the engine only carries it.
     #[serde(skip)]
     pub view: crate::view::ViewOptions,
@@ -658,7 +658,7 @@ pub trait Configure: Sized {
 }
 
 impl<T: Configure> ConfigureTraining for T {
-    fn train_options(&mut self, edit: impl FnOnce(&mut TrainConfig)) {
+    fn train_options(&mut self, edit: impl FnOnce(&mut TrainOptions)) {
         edit(&mut self.job_spec().train)
     }
 }
@@ -682,7 +682,7 @@ impl JobSpec {
             kind: JobKind::Recipe,
             workers: 1,
             device: DeviceRequest::Auto,
-            train: TrainConfig::default(),
+            train: TrainOptions::default(),
             options: Default::default(),
             master_addr: "127.0.0.1".into(),
             master_port: None,
@@ -703,7 +703,7 @@ impl JobSpec {
             mlflow: None,
             device_memory: None,
             memory_check: true,
-            dedup: DedupConfig::default(),
+            dedup: DedupOptions::default(),
             view: Default::default(),
         }
     }
@@ -1020,7 +1020,6 @@ pub struct Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prelude::*;
 
     /// Each setting a captured step cannot hold is refused up front, naming the way out.
     #[test]

@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::{LmOptions, MlmOptions, QaOptions, TextOptions, VisionOptions};
 use trainbook_api::DeviceRequest;
-use trainbook_api::{Configure, JobSpec, Nodes, Resume, TrainConfig};
+use trainbook_api::{Configure, JobSpec, Nodes, Resume, TrainOptions};
 
 /// A training job: the recipe, its workers, and the groups below. The order of the fields is
 /// the order of `--help` within each heading.
@@ -162,7 +162,7 @@ pub struct RecipeOptions {
         flatten,
         next_help_heading = "Training (every recipe; default: the preset's)"
     )]
-    pub train: TrainConfig,
+    pub train: TrainOptions,
     #[command(
         flatten,
         next_help_heading = "Text recipes (bert, token-classification, question-answering; bert-mlm: max-length is the block size)"

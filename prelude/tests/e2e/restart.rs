@@ -90,7 +90,7 @@ fn a_killed_worker_restarts_from_the_newest_checkpoint_and_ends_like_an_unbroken
     eprintln!("{restart}");
     assert_eq!(restart.rank, Some(1));
     assert!(restart.reason.contains("SIGKILL"), "{}", restart.reason);
-    assert_eq!((restart.attempt, restart.allowed), (1, Some(1)));
+    assert_eq!((restart.number, restart.allowed), (1, Some(1)));
     let checkpoint = restart
         .checkpoint
         .as_ref()

@@ -39,7 +39,7 @@ const MAX_LABEL_LEN: usize = 64;
 /// Windows are clamped to this so `Instant + window` cannot overflow.
 const MAX_WINDOW: Duration = Duration::from_secs(365 * 24 * 3600);
 
-pub(crate) use trainbook_api::DedupConfig;
+pub(crate) use trainbook_api::DedupOptions;
 pub(crate) use trainbook_api::{
     plumbing::format::{Repeats, Shown},
     Stream,
@@ -250,7 +250,7 @@ enum ErrTail {
 
 /// Merges repeated lines from several ranks; see the module docs.
 pub(crate) struct Deduplicator {
-    config: DedupConfig,
+    config: DedupOptions,
     max_keys: usize,
     /// Latest time seen; earlier `now` arguments are clamped to it.
     clock: Option<Instant>,
@@ -276,12 +276,12 @@ fn plain(rank: usize, stream: Stream, text: &str, is_error: bool) -> Shown {
 }
 
 impl Deduplicator {
-    pub(crate) fn new(config: DedupConfig) -> Self {
+    pub(crate) fn new(config: DedupOptions) -> Self {
         Self::with_max_keys(config, DEFAULT_MAX_KEYS)
     }
 
     /// Like [`Deduplicator::new`] with a custom cap on tracked keys (>= 1).
-    pub(crate) fn with_max_keys(mut config: DedupConfig, max_keys: usize) -> Self {
+    pub(crate) fn with_max_keys(mut config: DedupOptions, max_keys: usize) -> Self {
         config.window = config.window.min(MAX_WINDOW);
         Deduplicator {
             config,
@@ -540,7 +540,7 @@ mod tests {
     #[test]
     fn first_occurrence_shown_and_single_rank_never_merged() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let mut shown = 0;
         for step in 0..180 {
             let out = d.push(
@@ -566,7 +566,7 @@ mod tests {
     #[test]
     fn two_ranks_180_steps_collapse_into_one_summary() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let mut all = Vec::new();
         let (mut lo, mut hi) = (f64::MAX, f64::MIN);
         let mut first = true;
@@ -619,7 +619,7 @@ mod tests {
         // Rank 1 first, then rank 0, as `trainbook train bert --workers 2` prints its data
         // summary: the line itself at once, then one summary that counts both.
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let line = "loaded 2000 rows from mine.csv";
         let out = d.push(1, S, line, t0);
         assert_eq!(texts(&out), vec![format!("(rank 1) {line}")]);
@@ -636,7 +636,7 @@ mod tests {
     #[test]
     fn window_boundary_starts_new_group() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         assert_eq!(d.push(0, S, &bert(0, 1.979938), t0).len(), 1);
         assert!(d.push(1, S, &bert(0, 1.272513), ms(t0, 100)).is_empty());
         assert!(d.push(0, S, &bert(1, 0.9), ms(t0, 4000)).is_empty());
@@ -672,9 +672,9 @@ mod tests {
     #[test]
     fn disabled_passes_everything() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig {
+        let mut d = Deduplicator::new(DedupOptions {
             enabled: false,
-            ..DedupConfig::default()
+            ..DedupOptions::default()
         });
         let mut n = 0;
         for step in 0..50 {
@@ -693,7 +693,7 @@ mod tests {
     #[test]
     fn error_lines_never_held() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         // A group is being held...
         d.push(0, S, &bert(0, 1.0), t0);
         assert!(d.push(1, S, &bert(0, 2.0), t0).is_empty());
@@ -742,7 +742,7 @@ mod tests {
     #[test]
     fn empty_lines_never_merged() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         for rank in 0..4 {
             for _ in 0..3 {
                 let out = d.push(rank, S, "", t0);
@@ -755,7 +755,7 @@ mod tests {
     #[test]
     fn identical_warning_from_both_ranks_merges_without_ranges() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let out = d.push(0, Stream::Stderr, WEIGHTS, t0);
         assert_eq!(texts(&out), vec![format!("(rank 0) {WEIGHTS}")]);
         assert!(d.push(1, Stream::Stderr, WEIGHTS, ms(t0, 30)).is_empty());
@@ -775,7 +775,7 @@ mod tests {
     #[test]
     fn the_same_line_from_1024_ranks_is_one_line_and_one_summary() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let line = |r: usize| format!("epoch 1 step 100 loss: {:.4}", 1.0 + r as f64 / 10_000.0);
         let mut shown = Vec::new();
         // All ranks within a second, as a 1,024-rank job's step log arrives.
@@ -796,7 +796,7 @@ mod tests {
     #[test]
     fn progress_bars_from_both_ranks() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         assert_eq!(d.push(0, Stream::Stderr, MAP0, t0).len(), 1);
         assert_eq!(d.push(0, Stream::Stderr, MAP100, ms(t0, 300)).len(), 1);
         assert!(d.push(1, Stream::Stderr, MAP0, ms(t0, 310)).is_empty());
@@ -817,7 +817,7 @@ mod tests {
     #[test]
     fn resnet_epochs_four_workers() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let line = |kind: &str, r: usize| {
             format!(
                 "Epoch 0-{kind} Loss: {:.4} Acc: {:.4}",
@@ -853,7 +853,7 @@ mod tests {
     #[test]
     fn summaries_in_first_occurrence_order_and_finish_flushes_all() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let keys = ["alpha step 1", "beta step 1", "gamma step 1"];
         for (i, k) in keys.iter().enumerate() {
             d.push(0, S, k, ms(t0, i as u64));
@@ -895,7 +895,7 @@ mod tests {
     #[test]
     fn bounded_memory_with_advancing_time() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         let mut summaries = 0;
         let mut max_active = 0;
         for i in 0..100_000usize {
@@ -929,7 +929,7 @@ mod tests {
     #[test]
     fn bounded_memory_under_flood_at_one_instant() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::with_max_keys(DedupConfig::default(), 100);
+        let mut d = Deduplicator::with_max_keys(DedupOptions::default(), 100);
         let mut summaries = Vec::new();
         for i in 0..10_000usize {
             let text = format!("line {} {i}", word(i));
@@ -952,7 +952,7 @@ mod tests {
     #[test]
     fn time_going_backwards_is_clamped() {
         let t0 = Instant::now();
-        let mut d = Deduplicator::new(DedupConfig::default());
+        let mut d = Deduplicator::new(DedupOptions::default());
         d.push(0, S, "hello world", ms(t0, 10_000));
         assert!(d.push(1, S, "hello world", t0).is_empty());
         assert!(d.flush_due(ms(t0, 14_999)).is_empty());

@@ -6,7 +6,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use trainbook_api::{plumbing::trials::trial_params, ParamValue, Space, SweepSpec, TrialPlan};
-use trainbook_api::{JobSpec, TrainConfig};
+use trainbook_api::{JobSpec, TrainOptions};
 
 use crate::worker::recipe::Registry;
 
@@ -33,7 +33,7 @@ enum Place {
 /// Puts `value` into the option `name` of `spec`.
 fn apply(spec: &mut JobSpec, name: &str, value: &ParamValue) -> Result<Place> {
     let shown = || format!("sweep parameter {name}={value}");
-    if trainbook_api::plumbing::settings::option_names::<TrainConfig>()
+    if trainbook_api::plumbing::settings::option_names::<TrainOptions>()
         .iter()
         .any(|n| n == name)
     {
@@ -130,7 +130,7 @@ fn option_names(spec: &JobSpec, recipes: &Registry) -> String {
         None => ("The recipe's options", recipe_option_names(&spec, recipes)),
     };
     own.sort();
-    let training = trainbook_api::plumbing::settings::option_names::<TrainConfig>().join(", ");
+    let training = trainbook_api::plumbing::settings::option_names::<TrainOptions>().join(", ");
     if own.is_empty() {
         format!("The training options: {training}")
     } else {

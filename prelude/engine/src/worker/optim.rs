@@ -81,7 +81,7 @@ impl LrSchedule {
 }
 
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct OptimizerConfig {
+pub(crate) struct OptimizerSettings {
     pub kind: OptimizerKind,
     pub momentum: f64,
     pub weight_decay: f64,
@@ -90,7 +90,7 @@ pub(crate) struct OptimizerConfig {
 }
 
 pub(crate) struct Optimizer {
-    cfg: OptimizerConfig,
+    cfg: OptimizerSettings,
     /// (name, parameter) in a fixed order: whole parameters, or under ZeRO the flat pieces of
     /// parameters this rank updates (see [`Piece`]).
     params: Vec<(String, Tensor)>,
@@ -173,7 +173,7 @@ extern "C" {
 
 impl Optimizer {
     /// `params`: the trainable variables by name.
-    pub(crate) fn new(cfg: OptimizerConfig, mut params: Vec<(String, Tensor)>) -> Self {
+    pub(crate) fn new(cfg: OptimizerSettings, mut params: Vec<(String, Tensor)>) -> Self {
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let decays = params.iter().map(|(_, p)| p.dim() >= 2).collect();
         let slots = state_suffixes(&cfg).len();
@@ -200,7 +200,7 @@ impl Optimizer {
     /// their parameters; [`Optimizer::step_with`] gives it their gradients.
     /// `param_count`: the job's trainable parameters; `home`: any tensor on the device.
     pub(crate) fn for_pieces(
-        cfg: OptimizerConfig,
+        cfg: OptimizerSettings,
         param_count: usize,
         home: Tensor,
         pieces: Vec<(String, Tensor, Piece)>,
@@ -639,7 +639,7 @@ impl Optimizer {
     }
 }
 
-fn state_suffixes(cfg: &OptimizerConfig) -> &'static [&'static str] {
+fn state_suffixes(cfg: &OptimizerSettings) -> &'static [&'static str] {
     match cfg.kind {
         OptimizerKind::Sgd if cfg.momentum != 0.0 => &["momentum"],
         OptimizerKind::Sgd => &[],
@@ -736,7 +736,7 @@ mod tests {
             let (vs, lin) = fixed_linear();
             let params = vs.variables().into_iter().collect();
             let mut opt = Optimizer::new(
-                OptimizerConfig {
+                OptimizerSettings {
                     kind,
                     momentum: 0.9,
                     weight_decay: wd,
@@ -819,7 +819,7 @@ mod tests {
         for kind in [OptimizerKind::Lamb, OptimizerKind::Lans] {
             let (vs, lin) = fixed_linear();
             let mut opt = Optimizer::new(
-                OptimizerConfig {
+                OptimizerSettings {
                     kind,
                     momentum: 0.0,
                     weight_decay: 0.01,
@@ -858,7 +858,7 @@ mod tests {
     fn state_round_trips_through_a_file() {
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
         let lin = tch::nn::linear(vs.root(), 3, 2, Default::default());
-        let cfg = OptimizerConfig {
+        let cfg = OptimizerSettings {
             kind: OptimizerKind::Adamw,
             momentum: 0.0,
             weight_decay: 0.01,
@@ -881,7 +881,7 @@ mod tests {
         for (a, b) in opt.state.iter().flatten().zip(fresh.state.iter().flatten()) {
             assert!(a.equal(b));
         }
-        let sgd = OptimizerConfig {
+        let sgd = OptimizerSettings {
             kind: OptimizerKind::Sgd,
             momentum: 0.9,
             ..cfg

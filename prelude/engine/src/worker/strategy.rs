@@ -9,7 +9,7 @@ use tch::Tensor;
 
 use crate::worker::ddp::{self, GradSync};
 use crate::worker::dist::ProcessGroup;
-use crate::worker::optim::{Optimizer, OptimizerConfig};
+use crate::worker::optim::{Optimizer, OptimizerSettings};
 use crate::worker::zero::ShardedOptimizer;
 
 pub(crate) enum UpdateStrategy {
@@ -22,7 +22,7 @@ impl UpdateStrategy {
     /// `weight`: each rank's share of the global batch, which ZeRO-2 applies in the backward
     /// pass (the caller keeps `pg` alive as long as the strategy).
     pub(crate) fn new(
-        cfg: OptimizerConfig,
+        cfg: OptimizerSettings,
         params: Vec<(String, Tensor)>,
         zero: u8,
         pg: &ProcessGroup,

@@ -34,7 +34,7 @@ use crate::worker::ddp::{self, BucketPlan};
 use crate::worker::device::OnDeviceOf;
 use crate::worker::dist::{ProcessGroup, ReduceOp, Work};
 use crate::worker::grad_hooks::TakeGradHook;
-use crate::worker::optim::{Optimizer, OptimizerConfig, Piece};
+use crate::worker::optim::{Optimizer, OptimizerSettings, Piece};
 
 /// Collectives in flight at once: the next bucket is packed while the previous one travels,
 /// as [`ddp::GradSync`] does, without queueing every bucket's buffers at once.
@@ -73,7 +73,7 @@ impl ShardedOptimizer {
     /// registers its gradient hooks on them, which reduce through `pg` (the caller keeps `pg`
     /// alive as long as this optimizer) with each rank's gradient scaled by `weight`.
     pub(crate) fn new(
-        cfg: OptimizerConfig,
+        cfg: OptimizerSettings,
         params: Vec<(String, Tensor)>,
         pg: &ProcessGroup,
         stage: u8,

@@ -65,7 +65,7 @@ impl Recovery {
                 }
                 self.attempt += 1;
                 let restart = Restart {
-                    attempt: self.policy.used(),
+                    number: self.policy.used(),
                     allowed: self.policy.allowed(),
                     time: fold.elapsed(),
                     reason: reason.clone(),
@@ -77,7 +77,7 @@ impl Recovery {
                         .unwrap_or(reached)
                         .saturating_sub(resumed_step),
                 };
-                self.forget_attempt(fold, resumed_step);
+                self.forget_start(fold, resumed_step);
                 fold.trackers.restart(resumed_step, &restart);
                 job.lock().restarts.push(restart.clone());
                 fold.job.publish(JobUpdate::Restart(restart));
@@ -141,7 +141,7 @@ impl Recovery {
             .filter(|n| !before.contains(*n))
             .collect();
         self.attempt += 1;
-        self.forget_attempt(fold, resumed_step);
+        self.forget_start(fold, resumed_step);
         let next = Start {
             attempt: self.attempt,
             resume: checkpoint,
@@ -276,7 +276,7 @@ impl Recovery {
                 membership::list(members.nodes())
             );
         };
-        self.forget_attempt(fold, 0);
+        self.forget_start(fold, 0);
         if let Some(dir) = next.resume.as_deref().filter(|d| !d.exists()) {
             self.cannot_follow(fold, &next, dir);
             return false;
@@ -352,7 +352,7 @@ impl Recovery {
 
     /// A new start of the workers: its failure, errors, pulses and progress start empty, and
     /// the metric rows of the steps it will redo are dropped (the replayed rows replace them).
-    pub(super) fn forget_attempt(&mut self, fold: &Fold, resumed_step: u64) {
+    pub(super) fn forget_start(&mut self, fold: &Fold, resumed_step: u64) {
         self.hangs.reset();
         self.failures.forget();
         let mut st = fold.job.lock();

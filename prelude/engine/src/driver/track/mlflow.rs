@@ -190,7 +190,7 @@ impl Client {
                     return;
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.attempt();
+                    self.try_send();
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     // The driver went away without finishing (it panicked): mark the run failed.
@@ -210,7 +210,7 @@ impl Client {
     }
 
     /// One round of sending; on failure, waits longer before the next.
-    fn attempt(&mut self) {
+    fn try_send(&mut self) {
         match self.send_all() {
             Ok(()) => {
                 self.backoff = SEND_EVERY;

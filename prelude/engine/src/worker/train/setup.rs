@@ -6,7 +6,7 @@ use tch::Tensor;
 use trainbook_api::{Hyper, OptimizerKind};
 
 use super::WorkerContext;
-use crate::worker::optim::OptimizerConfig;
+use crate::worker::optim::OptimizerSettings;
 use crate::worker::recipe::Recipe;
 use crate::worker::sampler::{self, DistributedSampler};
 
@@ -33,8 +33,8 @@ fn uneven_note(h: &Hyper, world: usize, local_batch: usize) -> Option<String> {
     ))
 }
 
-pub(super) fn optimizer_config(h: &Hyper) -> OptimizerConfig {
-    OptimizerConfig {
+pub(super) fn optimizer_config(h: &Hyper) -> OptimizerSettings {
+    OptimizerSettings {
         kind: h.optimizer,
         momentum: h.momentum,
         weight_decay: h.weight_decay,
