@@ -12,7 +12,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceKind;
-use crate::logs::Shown;
+use crate::logs::{Shown, Stream};
 use crate::metric;
 use crate::runtime::port;
 use crate::spec::{JobSpec, Plan};
@@ -79,7 +79,7 @@ pub enum TrainError {
 #[derive(Clone, Debug, Serialize)]
 pub struct LogRecord {
     pub rank: usize,
-    pub stream: &'static str,
+    pub stream: Stream,
     pub text: String,
     /// Seconds since the job started.
     pub time: f64,

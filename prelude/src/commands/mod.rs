@@ -1,12 +1,14 @@
 //! The `trainbook` command line: the parser and the dispatch to each command's module. Each
 //! module holds its command's arguments and what it does; `args` the options of a training
-//! job that `train`, `plan` and `sweep` share. `generate` and `export` are in [`crate::lm`].
+//! job that `train`, `plan` and `sweep` share.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod args;
 mod check;
+mod export;
+mod generate;
 mod kernel;
 mod plan;
 mod prepare;
@@ -62,10 +64,10 @@ pub enum Command {
     Prepare(PrepareArgs),
     /// Generate text with a causal LM (a model directory, an adapter over it, or a causal-lm
     /// checkpoint), streamed as it comes.
-    Generate(Box<crate::lm::GenerateArgs>),
+    Generate(Box<generate::GenerateArgs>),
     /// Write a causal-lm checkpoint as the directories transformers and peft load (a LoRA
     /// adapter, or with --merge a full model).
-    Export(crate::lm::ExportArgs),
+    Export(export::ExportArgs),
     /// List the available recipes.
     Recipes,
     /// Tokenizers: `trainbook tokenizer train --data corpus.txt --vocab-size 32000 --out DIR`.
@@ -91,8 +93,8 @@ pub fn main() -> i32 {
         Command::Plan(args) => exit_code(plan::run(&args), args.json),
         Command::Train(args) => exit_code(train::run(&args), args.json),
         Command::Prepare(args) => exit_code(prepare::run(&args), args.json),
-        Command::Generate(args) => exit_code(crate::lm::generate(&args), args.json),
-        Command::Export(args) => exit_code(crate::lm::export(&args), false),
+        Command::Generate(args) => exit_code(generate::run(&args), args.json),
+        Command::Export(args) => exit_code(export::run(&args), false),
     }
 }
 

@@ -106,7 +106,7 @@ impl<'a> Fold<'a> {
         if let Some(fwd) = &self.forward {
             fwd.send(Event::Log {
                 rank,
-                stream: stream.into(),
+                stream,
                 text: text.clone(),
             });
         }
@@ -140,11 +140,6 @@ impl<'a> Fold<'a> {
             if st.logs.len() == MEMORY_LOG_LINES {
                 st.logs.pop_front();
             }
-            let stream = if stream == Stream::Stderr {
-                "stderr"
-            } else {
-                "stdout"
-            };
             let time = self.elapsed();
             st.logs.push_back(LogRecord {
                 rank,
@@ -183,7 +178,7 @@ impl<'a> Fold<'a> {
     pub(super) fn event(&mut self, ev: Event) -> Option<Signal> {
         let elapsed = self.elapsed();
         match ev {
-            Event::Log { rank, stream, text } => self.line(rank, stream.into(), text),
+            Event::Log { rank, stream, text } => self.line(rank, stream, text),
             Event::Metric {
                 rank,
                 step,
@@ -416,7 +411,6 @@ pub(super) mod tests {
     //! The folding of events into a job, fed synthetic event sequences: no worker processes,
     //! sockets or UI.
     use super::*;
-    use crate::shared::events::Stream as LogStream;
     use crate::shared::run_dir::RunDir;
     use std::sync::mpsc;
     use trainbook_api::DeviceKind;
@@ -464,7 +458,7 @@ pub(super) mod tests {
     fn log(rank: usize, text: &str) -> Event {
         Event::Log {
             rank,
-            stream: LogStream::Stdout,
+            stream: Stream::Stdout,
             text: text.into(),
         }
     }
