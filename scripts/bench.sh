@@ -61,6 +61,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 export LIBTORCH=${LIBTORCH:-$root/.libtorch}
+# The PyTorch baselines' venv, where bench/torch-venv.sh makes it (BENCH_VENV, else .bench-venv).
+bench_python=${BENCH_VENV:-$root/.bench-venv}/bin/python
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y l j)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 # The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
@@ -77,7 +79,7 @@ if has a; then
   # Alternate the two implementations so load drift hits both.
   for round in $(seq "${BENCH_AR_ROUNDS:-5}"); do
     cargo bench -q -p trainbook $features --bench engine -- a | tee -a "$out"
-    .bench-venv/bin/python bench/torch_allreduce.py --numel 110000000 --iters 10 | sed 's/^{/{"bench": "allreduce", /' | tee -a "$out"
+    "$bench_python" bench/torch_allreduce.py --numel 110000000 --iters 10 | sed 's/^{/{"bench": "allreduce", /' | tee -a "$out"
   done
 fi
 has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
@@ -109,7 +111,7 @@ if has r; then
   bench/ray-venv.sh
   for round in $(seq "${BENCH_RESTART_ROUNDS:-3}"); do
     BENCH_ROUNDS=1 cargo bench -q -p trainbook $features --bench engine -- r | tee -a "$out"
-    .bench-venv/bin/python bench/ray_restart.py --rounds 1 2>/dev/null | tee -a "$out"
+    "$bench_python" bench/ray_restart.py --rounds 1 2>/dev/null | tee -a "$out"
   done
 fi
 has o && cargo bench -q -p trainbook $features --bench engine -- o | tee -a "$out"
@@ -161,7 +163,7 @@ PY
   }
   for round in $(seq "${BENCH_SWEEP_ROUNDS:-3}"); do
     tb_sweep --asha --grace 1 --reduction-factor 2 | tee -a "$out"
-    .bench-venv/bin/python bench/ray_tune.py --rounds 1 2>/dev/null | tee -a "$out"
+    "$bench_python" bench/ray_tune.py --rounds 1 2>/dev/null | tee -a "$out"
   done
   tb_sweep | tee -a "$out"
   target/release/trainbook train "${sweep_job[@]}" --lr 1e-3 --threads 1 --json 2>/dev/null | tail -n1 |
@@ -187,7 +189,7 @@ if has e; then
     $tb train bert --workers 2 --device cpu --preset default --optimizer adamw --lr 5e-5 \
       --global-batch-size 32 --max-length 64 --padding max-length --max-steps "$steps" --eval-rows 0 \
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_throughput", "impl": "trainbook", /' | tee -a "$out"
-    .bench-venv/bin/python bench/torch_bert.py --workers 2 --global-batch-size 32 --max-length 64 \
+    "$bench_python" bench/torch_bert.py --workers 2 --global-batch-size 32 --max-length 64 \
       --steps "$steps" 2>/dev/null | tee -a "$out"
   done
 fi
@@ -198,7 +200,7 @@ if has m; then
     $tb train bert-mlm --workers 2 --device cpu --preset default --optimizer adamw --lr 5e-4 \
       --data .data/datasets/rotten_tomatoes/reviews.csv --schedule constant --warmup-ratio 0 --global-batch-size 32 --max-steps "$steps" --eval-rows 0 \
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "bert_mlm_throughput", "impl": "trainbook", /' | tee -a "$out"
-    .bench-venv/bin/python bench/torch_bert.py --task mlm --workers 2 --global-batch-size 32 \
+    "$bench_python" bench/torch_bert.py --task mlm --workers 2 --global-batch-size 32 \
       --max-length 128 --lr 5e-4 --steps "$steps" --warmup 5 2>/dev/null | tee -a "$out"
   done
 fi
@@ -213,7 +215,7 @@ if has g; then
   for round in $(seq "${BENCH_RESNET_ROUNDS:-3}"); do
     $tb train resnet --workers 2 --device cpu --preset default --max-steps "$steps" --eval-rows 0 \
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "resnet_throughput", "impl": "trainbook", /' | tee -a "$out"
-    .bench-venv/bin/python bench/torch_resnet.py --workers 2 --global-batch-size 32 --image-size 64 \
+    "$bench_python" bench/torch_resnet.py --workers 2 --global-batch-size 32 --image-size 64 \
       --steps "$steps" 2>/dev/null | tee -a "$out"
   done
 fi
