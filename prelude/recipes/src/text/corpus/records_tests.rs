@@ -297,38 +297,3 @@ fn bad_shards_are_one_clear_error() {
     assert!(!out.join(INDEX).exists());
     std::fs::remove_dir_all(d).ok();
 }
-
-/// What reading one sequence costs, on the work directory `bench/hdf5_records.py --keep DIR`
-/// left (`HDF5_BENCH_DIR=DIR cargo test --release -p trainbook-recipes --lib read_cost --
-/// --ignored --nocapture`): a record (checksum checked), a 128-token block of the prepared
-/// token corpus (before its masking) and a sequence of the shards.
-#[test]
-#[ignore]
-fn read_cost_per_sequence() {
-    let dir = PathBuf::from(std::env::var("HDF5_BENCH_DIR").expect("HDF5_BENCH_DIR"));
-    let records = Hdf5Records::open(&dir.join("records")).unwrap();
-    let tokens = crate::text::corpus::PreparedCorpus::open(&dir.join("tokens")).unwrap();
-    let stream = tokens.stream(crate::text::corpus::Split::Train);
-    let shards = Hdf5Shards::open(&dir.join("shards")).unwrap();
-    let n = records.rows.min(stream.blocks(128));
-    // A fixed scattered order; the first read of each file (and its checks) before the clock.
-    let order: Vec<usize> = (0..20_000).map(|i| (i * 7919) % n).collect();
-    let each = |reads: &[usize], read: &dyn Fn(usize)| {
-        read(reads[0]);
-        let t = std::time::Instant::now();
-        reads.iter().for_each(|&i| read(i));
-        t.elapsed().as_secs_f64() / reads.len() as f64 * 1e6
-    };
-    let record = each(&order, &|i| {
-        std::hint::black_box(records.get(i, VOCAB).unwrap());
-    });
-    let block = each(&order, &|i| {
-        std::hint::black_box(stream.block(i, 128).unwrap());
-    });
-    let shard = each(&order[..200], &|i| {
-        std::hint::black_box(shards.get(i, VOCAB).unwrap());
-    });
-    eprintln!(
-        "per sequence: record {record:.2} us, token block {block:.2} us, shard {shard:.0} us"
-    );
-}
