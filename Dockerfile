@@ -8,7 +8,7 @@
 # so the image cannot drift from what is tested. TRAINBOOK_TORCH picks the torch trainbook is
 # built against: auto (the image's own when trainbook builds with it, switching to the tch release
 # made for it, else trainbook's CPU wheel, with a warning), container (the image's own or fail at
-# once), wheel. Pairs: scripts/torch-pair.sh --list, and the README. The default image is Gaudi
+# once), wheel. Pairs: scripts/torch-pair.sh --list, and docs/devices.md. The default image is Gaudi
 # 1.24.1, whose torch 2.11.0 pairs with tch 0.24.0 (built and tested with trainbook): trainbook
 # links that torch and builds with the `hpu` feature, so its workers train on the HPUs through
 # the image's own bridge (docs/gaudi.md).

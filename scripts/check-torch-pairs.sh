@@ -75,7 +75,7 @@ if [ ${#failed[@]} -gt 0 ]; then
     echo "error: trainbook no longer builds with a torch it claims:"
     printf '  %s\n' "${failed[@]}"
     echo "  Gate code that differs between torch releases in prelude/engine/csrc/torch_compat.h (C++);"
-    echo "  or, if the pair is given up, remove it from BUILT in scripts/torch-pair.sh and the README."
+    echo "  or, if the pair is given up, remove it from BUILT in scripts/torch-pair.sh and docs/devices.md."
   } >&2
   exit 1
 fi

@@ -20,4 +20,4 @@ spread=()
 if [ "$jobs" -gt 1 ]; then spread=(-n "$jobs" --dist loadfile); fi
 "${pytest[@]}" tests/docker "$@"
 # The files with the longest tests first, so that neither process is left with them at the end.
-exec "${pytest[@]}" "${spread[@]}" tests/slurm tests/tracking tests/notebooks tests/kernel tests/hpu tests/data "$@"
+exec "${pytest[@]}" "${spread[@]}" tests/slurm tests/tracking tests/notebooks tests/kernel tests/hpu tests/data tests/docs "$@"

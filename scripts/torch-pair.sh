@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Which tch release goes with a Python interpreter's torch, and whether trainbook builds with it.
 #   scripts/torch-pair.sh [--python PY] [--torch VERSION] [--quiet]
-#   scripts/torch-pair.sh --list          the pairs table (also in the README)
+#   scripts/torch-pair.sh --list          the pairs table (also in docs/devices.md)
 #   scripts/torch-pair.sh --buildable     "torch tch" for each pair trainbook builds with
 # Exit 0: the torch is the one trainbook pins (tch in Cargo.toml, torch in scripts/setup.sh).
 # Exit 3: another pair trainbook builds with after `scripts/use-tch.sh TCH` (printed as

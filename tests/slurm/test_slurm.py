@@ -1,6 +1,6 @@
 """trainbook under a real Slurm cluster: Debian's slurm-wlm with one slurmctld and two slurmd
 (`slurmd -N node1`, `-N node2`) on this machine, on 127.0.0.2 and 127.0.0.3, authenticated by
-a munged of the test's own. The README's `srun --nodes 2 --ntasks-per-node 1 trainbook train`
+a munged of the test's own. docs/failures.md's `srun --nodes 2 --ntasks-per-node 1 trainbook train`
 line trains across the two; a worker killed on one node restarts the job; a job cancelled with
 `scancel` and submitted again with `--resume auto` continues from its newest checkpoint.
 

@@ -57,7 +57,7 @@ pub struct NodeArgs {
     #[arg(long, help_heading = "More than one machine")]
     pub master_port: Option<u16>,
     /// Machines in the job, each running this command with its own --node-rank (default: 1,
-    /// or what srun, mpirun or torchrun set; see the README's "More than one machine").
+    /// or what srun, mpirun or torchrun set; see docs/multi-node.md).
     /// MIN:MAX makes the job elastic: it starts once MIN nodes joined (waiting 10 s more for
     /// the rest), goes on without a lost node from its newest checkpoint while MIN are left
     /// (each loss uses one of --max-failures), and takes a node that joins at its next
