@@ -153,7 +153,9 @@ fn table_grid(table: &Table) -> Grid {
             match columns[c].get(r) {
                 // Text quoted, as polars prints it, so that spaces and empty strings show.
                 Value::Str(s) => format!("{s:?}"),
-                v => v.to_string(),
+                // Numbers for reading: floats to 6 significant digits, counts with thousands
+                // separators (`Column::cell_text`); `to_csv` has every digit.
+                _ => columns[c].cell_text(r),
             }
         }),
         caption: Some(format!("shape: ({}, {})", table.height(), table.width())),
@@ -257,7 +259,7 @@ fn profile_grid(p: &trainbook_api::StepProfile) -> Grid {
                     kind.to_string(),
                     o.name.clone(),
                     format!("{:.3}", o.self_ms),
-                    o.calls.to_string(),
+                    Value::UInt(o.calls).display_short(),
                     format!("{:.1}", 100.0 * o.share),
                 ])
             })
@@ -415,6 +417,45 @@ mod tests {
         assert!(html.contains(
             "text-align:left;font-variant-numeric:tabular-nums;white-space:pre\">&quot;m0&quot;"
         ));
+    }
+
+    #[test]
+    fn a_table_shows_short_floats_and_separated_counts_but_csv_every_digit() {
+        let table = Table::from_columns(vec![
+            Column::uint("step", [Some(1), Some(2)]),
+            Column::float("loss", [Some(0.14622268317274092), Some(1e-7)]),
+            Column::int("tokens", [Some(12345678), Some(999)]),
+            Column::int("trial_id", [Some(20240101), Some(3)]),
+        ])
+        .unwrap();
+        let b = bundle_of(&table).unwrap();
+        let text = b["text/plain"].as_str().unwrap();
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            [
+                "shape: (2, 4)",
+                "step      loss      tokens  trial_id",
+                " u64       f64         i64       i64",
+                "   1  0.146223  12,345,678  20240101",
+                "   2     1e-07         999         3",
+            ],
+            "{text}"
+        );
+        let html = b["text/html"].as_str().unwrap();
+        for cell in [
+            ">0.146223</td>",
+            ">1e-07</td>",
+            ">12,345,678</td>",
+            ">20240101</td>",
+        ] {
+            assert!(html.contains(cell), "{cell} in {html}");
+        }
+        assert!(!html.contains("0.14622268317274092"), "{html}");
+        assert_eq!(
+            table.to_csv(),
+            "step,loss,tokens,trial_id\n1,0.14622268317274092,12345678,20240101\n\
+             2,0.0000001,999,3\n"
+        );
     }
 
     #[test]

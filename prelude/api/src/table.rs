@@ -6,7 +6,9 @@
 //! (measured: ~0.3 s per cell). trainbook reads and writes its tables with polars inside the
 //! engine; a program that wants a `DataFrame` converts with `trainbook::frames::to_polars`, and
 //! a notebook can pass [`Table::to_csv`] to any reader. In the trainbook kernel a table shown
-//! as a cell's value renders as an HTML table (head and tail of long ones).
+//! as a cell's value renders as an HTML table (head and tail of long ones). Its cells are
+//! for reading ([`Column::cell_text`]): floats to 6 significant digits, counts with thousands
+//! separators; [`Table::to_csv`] keeps every digit.
 
 use std::fmt;
 use std::path::Path;
@@ -44,10 +46,115 @@ impl Value<'_> {
             _ => None,
         }
     }
+
+    /// The value as a table shows it to a reader (the HTML and text of a [`Table`] shown in a
+    /// notebook, the sweep table's steps): floats to 6 significant digits (C's `%.6g` with one
+    /// decimal kept: `0.146223`, `3.0`, `1.23457e+06`, `1e-07`, `NaN`), integers
+    /// with thousands separators (`12,345,678`), text as is, nulls as `null`. Lossy, for reading
+    /// only: the value's `Display` (and so [`Table::to_csv`]) keeps every digit.
+    pub fn display_short(&self) -> String {
+        match *self {
+            Value::Int(v) => grouped(v as i128),
+            Value::UInt(v) => grouped(v as i128),
+            Value::Float(v) => short_float(v),
+            v => v.to_string(),
+        }
+    }
+}
+
+/// Significant digits a table shows of a float (pandas and polars show 6 too).
+const SHORT_DIGITS: usize = 6;
+
+/// A float to [`SHORT_DIGITS`] significant digits, the rule of C's and Python's `%.6g`:
+/// positional for magnitudes from 1e-4 below 1e6, scientific otherwise, trailing zeros
+/// dropped; except that positional floats keep one decimal, as polars and pandas print them,
+/// so that a whole float reads as a float (`3.0`, not `3`; from 1e5 the six digits are all
+/// before the point: `123457`). The exponent has a sign and at least two digits.
+///
+/// `0.14622268317274092` → `0.146223`, `0.000123456` → `0.000123456`,
+/// `0.0000123456` → `1.23456e-05`, `1e-7` → `1e-07`, `123456.7` → `123457`,
+/// `1234567.891` → `1.23457e+06`, `-2.5` → `-2.5`, `-0.0` → `0.0`, NaN → `NaN`,
+/// infinities → `inf` / `-inf`.
+fn short_float(v: f64) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    if v == 0.0 {
+        return "0.0".into();
+    }
+    let digits = SHORT_DIGITS as i32;
+    // Rounded to the significant digits first: the exponent is the rounded value's
+    // (999999.7 is 1e+06).
+    let sci = format!("{:.*e}", SHORT_DIGITS - 1, v);
+    let (mantissa, exponent) = sci.split_once('e').expect("`{:e}` writes an exponent");
+    let exponent: i32 = exponent.parse().expect("`{:e}` writes an integer exponent");
+    if !(-4..digits).contains(&exponent) {
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exponent.abs());
+    }
+    let decimals = (digits - 1 - exponent) as usize;
+    let mut s = format!("{v:.decimals$}");
+    if decimals > 0 {
+        // Trailing zeros dropped, one decimal kept.
+        let keep = s
+            .trim_end_matches('0')
+            .len()
+            .max(s.find('.').unwrap_or(0) + 2);
+        s.truncate(keep);
+    }
+    s
+}
+
+/// An integer with a comma between groups of three digits: `-1234567` → `-1,234,567`.
+fn grouped(v: i128) -> String {
+    let digits = v.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if v < 0 {
+        out.push('-');
+    }
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// Words of a column name that mark its integers as identifiers rather than counts: shown
+/// without thousands separators (`trial_id` 20240101, `year` 2024, `seed` 1234567).
+const IDENTIFIER_WORDS: [&str; 9] = [
+    "id", "ids", "pid", "uid", "seed", "year", "port", "zip", "code",
+];
+
+/// The lowercase words of a column name: split at anything but letters and digits, and where
+/// camelCase starts a word (`trial_id`, `Trial ID`, `trialId` → `trial`, `id`).
+fn name_words(name: &str) -> Vec<String> {
+    let mut words = vec![String::new()];
+    let mut previous_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() {
+            words.push(String::new());
+        } else {
+            if c.is_uppercase() && previous_lower {
+                words.push(String::new());
+            }
+            words.last_mut().unwrap().extend(c.to_lowercase());
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+    }
+    words.retain(|w| !w.is_empty());
+    words
 }
 
 impl fmt::Display for Value<'_> {
-    /// Numbers as Rust prints them, text as is, nulls as `null`.
+    /// Numbers as Rust prints them (floats with every digit, the shortest text that reads back
+    /// as the same float), text as is, nulls as `null`. [`Value::display_short`] is the form
+    /// for reading.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Null => f.write_str("null"),
@@ -168,6 +275,25 @@ impl Column {
         }
     }
 
+    /// Whether the column's integers are identifiers rather than counts: a word of its name is
+    /// `id`, `ids`, `pid`, `uid`, `seed`, `year`, `port`, `zip` or `code` (`id`, `trial_id`,
+    /// `userId`, `Year`; not `valid`). Such integers are shown without thousands separators.
+    pub fn is_identifier(&self) -> bool {
+        name_words(&self.name)
+            .iter()
+            .any(|w| IDENTIFIER_WORDS.contains(&w.as_str()))
+    }
+
+    /// The value in row `i` as a table shows it to a reader: [`Value::display_short`] (floats
+    /// to 6 significant digits, integers with thousands separators), but the integers of an
+    /// identifier column ([`Column::is_identifier`]) with every digit and no separators.
+    pub fn cell_text(&self, i: usize) -> String {
+        match self.get(i) {
+            v @ (Value::Int(_) | Value::UInt(_)) if self.is_identifier() => v.to_string(),
+            v => v.display_short(),
+        }
+    }
+
     /// Every value as a number (integers converted; text, booleans and nulls as `None`).
     pub fn f64s(&self) -> Vec<Option<f64>> {
         (0..self.len()).map(|i| self.get(i).as_f64()).collect()
@@ -278,7 +404,8 @@ impl Table {
     }
 
     /// The table as CSV: a header row, then one line per row; fields with commas, quotes or
-    /// line breaks quoted; nulls empty.
+    /// line breaks quoted; nulls empty. Numbers keep every digit (a float is the shortest
+    /// text that reads back as the same float), unlike the shortened form a notebook shows.
     pub fn to_csv(&self) -> String {
         fn field(s: &str) -> String {
             if s.contains([',', '"', '\n', '\r']) {
@@ -379,6 +506,167 @@ mod tests {
         assert_eq!(
             sample().to_csv(),
             "text,label\n\"a, b\",1\nplain,\n\"say \"\"hi\"\"\",3\n"
+        );
+    }
+
+    #[test]
+    fn floats_read_short_to_six_significant_digits() {
+        let cases: [(f64, &str); 31] = [
+            (0.14622268317274092, "0.146223"),
+            (0.5, "0.5"),
+            (3.0, "3.0"),
+            (-2.5, "-2.5"),
+            (2.0000001, "2.0"),
+            (1.0 / 3.0, "0.333333"),
+            (0.1 + 0.2, "0.3"),
+            (12.3456789, "12.3457"),
+            (12345.6789, "12345.7"),
+            (99999.5, "99999.5"),
+            (100000.0, "100000"),
+            (123456.7, "123457"),
+            (999999.4, "999999"),
+            (999999.7, "1e+06"),
+            (1234567.891, "1.23457e+06"),
+            (123456789.0, "1.23457e+08"),
+            (-1234567.0, "-1.23457e+06"),
+            (1e6, "1e+06"),
+            (1e21, "1e+21"),
+            (6.02214076e23, "6.02214e+23"),
+            (1e300, "1e+300"),
+            (0.001, "0.001"),
+            (0.000123456, "0.000123456"),
+            (0.0001234567, "0.000123457"),
+            (0.0000123456, "1.23456e-05"),
+            (1e-7, "1e-07"),
+            (-3.5e-9, "-3.5e-09"),
+            (0.0, "0.0"),
+            (-0.0, "0.0"),
+            (f64::NAN, "NaN"),
+            (f64::NEG_INFINITY, "-inf"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(Value::Float(v).display_short(), want, "{v:?}");
+        }
+        assert_eq!(Value::Float(f64::INFINITY).display_short(), "inf");
+        assert_eq!(Value::Float(5e-324).display_short(), "4.94066e-324");
+    }
+
+    #[test]
+    fn integers_read_with_thousands_separators() {
+        let cases: [(i64, &str); 10] = [
+            (0, "0"),
+            (7, "7"),
+            (999, "999"),
+            (1000, "1,000"),
+            (-999, "-999"),
+            (-1000, "-1,000"),
+            (123456, "123,456"),
+            (12345678, "12,345,678"),
+            (-1234567, "-1,234,567"),
+            (i64::MIN, "-9,223,372,036,854,775,808"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(Value::Int(v).display_short(), want, "{v}");
+        }
+        assert_eq!(
+            Value::UInt(u64::MAX).display_short(),
+            "18,446,744,073,709,551,615"
+        );
+        // Everything else as `Display` shows it.
+        assert_eq!(Value::Bool(true).display_short(), "true");
+        assert_eq!(Value::Str("a, b").display_short(), "a, b");
+        assert_eq!(Value::Null.display_short(), "null");
+    }
+
+    #[test]
+    fn cells_are_short_but_identifiers_keep_their_digits() {
+        let t = Table::from_columns(vec![
+            Column::uint("step", [Some(12345678), Some(7)]),
+            Column::int("trial_id", [Some(20240101), Some(-1234)]),
+            Column::int("Year", [Some(2024), None]),
+            Column::int("userId", [Some(1234567), Some(1)]),
+            Column::int("valid", [Some(1234567), Some(1)]),
+            Column::float("loss", [Some(0.14622268317274092), None]),
+            Column::str("note", [Some("1234567".to_string()), None]),
+        ])
+        .unwrap();
+        let row =
+            |i: usize| -> Vec<String> { t.columns().iter().map(|c| c.cell_text(i)).collect() };
+        assert_eq!(
+            row(0),
+            [
+                "12,345,678",
+                "20240101",
+                "2024",
+                "1234567",
+                "1,234,567",
+                "0.146223",
+                "1234567"
+            ]
+        );
+        assert_eq!(row(1), ["7", "-1234", "null", "1", "1", "null", "null"]);
+        let identifiers: Vec<bool> = t.columns().iter().map(Column::is_identifier).collect();
+        assert_eq!(identifiers, [false, true, true, true, false, false, false]);
+        for name in [
+            "id",
+            "ID",
+            "run id",
+            "trial-ids",
+            "seed",
+            "random_seed",
+            "zipCode",
+            "PID",
+        ] {
+            assert!(Column::int(name, []).is_identifier(), "{name}");
+        }
+        for name in [
+            "epoch",
+            "step",
+            "rank",
+            "trial",
+            "tokens",
+            "grid",
+            "valid",
+            "idle",
+            "years_seen",
+        ] {
+            assert!(!Column::int(name, []).is_identifier(), "{name}");
+        }
+    }
+
+    #[test]
+    fn csv_keeps_every_digit() {
+        let values = [0.14622268317274092, 1e-7, 123456789.0, 1.0 / 3.0, -0.0, 3.0];
+        let t = Table::from_columns(vec![
+            Column::float("loss", values.map(Some)),
+            Column::int(
+                "tokens",
+                [
+                    Some(12345678),
+                    None,
+                    Some(-1234567),
+                    Some(0),
+                    Some(1),
+                    Some(2),
+                ],
+            ),
+        ])
+        .unwrap();
+        let csv = t.to_csv();
+        assert_eq!(
+            csv,
+            "loss,tokens\n0.14622268317274092,12345678\n0.0000001,\n123456789,-1234567\n\
+             0.3333333333333333,0\n-0,1\n3,2\n"
+        );
+        // Every float reads back as itself.
+        let read: Vec<f64> = csv
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(
+            read.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            values.map(f64::to_bits)
         );
     }
 }

@@ -36,14 +36,15 @@ pub fn status_color(s: TrialStatus) -> &'static str {
 }
 
 impl TrialRow {
-    /// `120/480`, `120` (total unknown), `–` (pending, nothing done).
+    /// `120/480`, `120` (total unknown), `–` (pending, nothing done); thousands separated
+    /// (`1,200/4,800`) as every table shows counts.
     fn step_text(&self) -> String {
         if self.state == TrialStatus::Pending && self.step == 0 {
             "–".into()
         } else if self.total_steps > 0 {
-            format!("{}/{}", self.step, self.total_steps)
+            format!("{}/{}", count(self.step), count(self.total_steps))
         } else {
-            self.step.to_string()
+            count(self.step)
         }
     }
 }
@@ -220,6 +221,11 @@ impl SweepView {
     }
 }
 
+/// A count as tables show it: `12,345` (`trainbook_api::Value::display_short`).
+fn count(n: u64) -> String {
+    trainbook_api::Value::UInt(n).display_short()
+}
+
 /// The first line of a note, or "" (one line per row).
 fn note_line(note: Option<&str>) -> String {
     note.and_then(|n| n.lines().map(str::trim).find(|l| !l.is_empty()))
@@ -303,6 +309,23 @@ mod tests {
         assert_eq!(lines[10], "results: runs/sweep-1/results.csv");
         assert_eq!(lines[11], "[trial 3] epoch 2 done");
         assert_eq!(t.matches('★').count(), 1);
+    }
+
+    #[test]
+    fn steps_are_counts_with_thousands_separators() {
+        let row = |step, total_steps, state| TrialRow {
+            step,
+            total_steps,
+            state,
+            ..TrialRow::default()
+        };
+        assert_eq!(
+            row(12000, 48000, TrialStatus::Running).step_text(),
+            "12,000/48,000"
+        );
+        assert_eq!(row(1234, 0, TrialStatus::Running).step_text(), "1,234");
+        assert_eq!(row(999, 999, TrialStatus::Succeeded).step_text(), "999/999");
+        assert_eq!(row(0, 1000, TrialStatus::Pending).step_text(), "–");
     }
 
     #[test]
