@@ -29,6 +29,8 @@ TAGS = {
     "eval_f1": "eval/f1",
     "samples_per_second": "throughput/samples_per_second",
 }
+# The options the first test's job sets on the command line (--workers is not an option).
+SET_OPTIONS = ["preset", "train_rows", "eval_rows", "epochs", "schedule", "lr"]
 
 
 def train(*args):
@@ -68,6 +70,21 @@ def test_scalars_equal_the_runs_metrics_step_for_step_and_the_options_are_text()
     text = acc.Tensors("options/text_summary") if "options/text_summary" in acc.Tags()["tensors"] else acc.Tensors("options")
     body = text[0].tensor_proto.string_val[0].decode()
     assert '"lr": 0.001' in body and '"schedule": "linear"' in body, body[:2000]
+    # HParams: the options this job sets are the columns (not the 30-odd it resolves), the
+    # evaluation metrics and the training loss the metric columns, named as its scalars.
+    content = acc.PluginTagToContent("hparams")
+    experiment = hp_metadata.parse_experiment_plugin_data(content["_hparams_/experiment"])
+    start = hp_metadata.parse_session_start_info_plugin_data(content["_hparams_/session_start_info"])
+    columns = [h.name for h in experiment.hparam_infos]
+    assert sorted(columns) == sorted(SET_OPTIONS), columns
+    assert sorted(start.hparams) == sorted(SET_OPTIONS), dict(start.hparams)
+    assert start.hparams["lr"].number_value == 0.001 and start.hparams["schedule"].string_value == "linear"
+    assert start.hparams["preset"].string_value == "tiny" and start.hparams["epochs"].number_value == 2
+    metrics = [m.name.tag for m in experiment.metric_infos]
+    assert metrics[0] == "eval/loss" and metrics[-1] == "train/loss", metrics
+    assert {"eval/loss", "eval/accuracy", "train/loss"} <= set(metrics), metrics
+    assert set(metrics) <= set(acc.Tags()["scalars"]), (metrics, acc.Tags()["scalars"])
+    assert all(m.name.group == "" for m in experiment.metric_infos)
 
 
 def test_a_live_reader_sees_the_steps_grow_and_no_tensorboard_writes_none():
@@ -100,24 +117,37 @@ def test_a_live_reader_sees_the_steps_grow_and_no_tensorboard_writes_none():
 
 
 def test_a_sweeps_trials_compare_in_tensorboards_hparams_tab():
-    """The trials of a sweep are HParams sessions: a real `tensorboard` server's hparams plugin
-    lists one session per trial with the trial's options and the run's metrics."""
+    """The trials of a sweep are HParams sessions of one experiment: a real `tensorboard`
+    server's hparams plugin shows the swept options as the hyper-parameter columns (not the
+    30-odd options each trial resolves), the evaluation metrics and the training loss as the
+    metric columns, and one row per trial with its values in both."""
     p = subprocess.run(
         [str(TRAINBOOK), "sweep", "synthetic", "--preset", "tiny", "--workers", "1", "--max-steps", "4",
-         "--grid", "lr=0.001,0.01", "--runs-root", RUNS, "--name", "hp-sweep", "--json"],
+         "--grid", "lr=0.001,0.01", "--choice", "optimizer=sgd,adamw", "--runs-root", RUNS,
+         "--name", "hp-sweep", "--json"],
         capture_output=True, text=True, timeout=600,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     sweep_dir = Path(RUNS) / "hp-sweep"
     trials = sorted(d for d in sweep_dir.iterdir() if list(d.glob("events.out.tfevents.*")))
     assert len(trials) == 2, list(sweep_dir.iterdir())
-    # Each file: a session start with the options, a session end with the outcome.
+    # Each file: the experiment (the same in every trial), a session start with the trial's
+    # values of the swept options, a session end with the outcome.
+    declared, lrs = [], []
     for t in trials:
         content = accumulator(t).PluginTagToContent("hparams")
+        experiment = hp_metadata.parse_experiment_plugin_data(content["_hparams_/experiment"])
         start = hp_metadata.parse_session_start_info_plugin_data(content["_hparams_/session_start_info"])
         end = hp_metadata.parse_session_end_info_plugin_data(content["_hparams_/session_end_info"])
-        assert start.hparams["recipe"].string_value == "synthetic" and start.hparams["workers"].number_value == 1
+        experiment.ClearField("time_created_secs")  # each trial's own start
+        declared.append(experiment.SerializeToString(deterministic=True))
+        assert [h.name for h in experiment.hparam_infos] == ["lr", "optimizer"], experiment
+        assert sorted(start.hparams) == ["lr", "optimizer"], dict(start.hparams)
+        assert start.hparams["optimizer"].string_value in ("sgd", "adamw")
+        lrs.append(start.hparams["lr"].number_value)
         assert end.status == hp_api.STATUS_SUCCESS
+    assert sorted(lrs) == [0.001, 0.01]
+    assert all(d == declared[0] for d in declared)
     # TensorBoard itself, as a user opens it.
     port = free_port()
     server = subprocess.Popen(
@@ -140,11 +170,26 @@ def test_a_sweeps_trials_compare_in_tensorboards_hparams_tab():
             if len(groups.get("sessionGroups", [])) == 2:
                 break
         assert groups and len(groups["sessionGroups"]) == 2, groups
-        lrs = sorted(g["hparams"]["lr"] for g in groups["sessionGroups"])
-        assert lrs == [0.001, 0.01], groups
-        experiment = post_json(f"http://127.0.0.1:{port}/data/plugin/hparams/experiment", {"experimentName": ""})
-        metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
-        assert {"train/loss", "eval/loss"} <= metrics, metrics
+        # What the HParams tab asks for: the experiment's columns.
+        served = post_json(f"http://127.0.0.1:{port}/data/plugin/hparams/experiment",
+                           {"experimentName": "", "hparamsLimit": 1000})
+        assert [h["name"] for h in served["hparamInfos"]] == ["lr", "optimizer"], served
+        lr = served["hparamInfos"][0]
+        assert lr["type"] == "DATA_TYPE_FLOAT64" and lr["differs"], lr
+        assert sorted(lr["domainDiscrete"]) == [0.001, 0.01], lr
+        assert served["hparamInfos"][1]["type"] == "DATA_TYPE_STRING"
+        metrics = [m["name"]["tag"] for m in served["metricInfos"]]
+        # The sweep's metric (eval_loss) first, the training loss last.
+        assert metrics[0] == "eval/loss" and metrics[-1] == "train/loss", metrics
+        assert metrics == [m.name.tag for m in experiment.metric_infos]
+        assert not [m for m in metrics if m.startswith("throughput/")], metrics
+        # One row per trial: its swept values and a value in every metric column.
+        for g in groups["sessionGroups"]:
+            assert sorted(g["hparams"]) == ["lr", "optimizer"], g
+            values = {v["name"]["tag"]: v["value"] for v in g["metricValues"]}
+            assert set(values) == set(metrics), (values, metrics)
+            assert all(isinstance(v, float) or isinstance(v, int) for v in values.values()), values
+        assert sorted(g["hparams"]["lr"] for g in groups["sessionGroups"]) == [0.001, 0.01], groups
     finally:
         server.terminate()
         server.communicate(timeout=30)

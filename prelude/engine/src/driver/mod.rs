@@ -49,6 +49,7 @@ use spawner::{Spawner, WorkerEnv};
 
 pub use handle::running_jobs;
 pub(crate) use handle::stop_all;
+pub(crate) use track::{SweepColumns, Swept};
 
 /// Checks what can be checked before any process starts: the spec's own ranges
 /// ([`JobSpec::check`]), recipe and preset names against `recipes`, and that a checkpoint to

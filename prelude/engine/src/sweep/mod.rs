@@ -54,6 +54,14 @@ pub fn launch(spec: SweepSpec, recipes: &'static Registry) -> Result<SweepJob> {
     let slots = Slots::new(&spec, device)?;
     let max_t = max_reports(&spec, &trials, recipes)?;
     let dir = sweep_dir(&spec)?;
+    // Its trials declare the swept options as their TensorBoard HParams columns.
+    let columns = crate::driver::SweepColumns::register(
+        &dir,
+        crate::driver::Swept {
+            space: spec.space.clone(),
+            metric: spec.metric.clone(),
+        },
+    );
     let state = Arc::new(SweepState {
         trials: Mutex::new(Inner {
             trials: trials
@@ -84,6 +92,7 @@ pub fn launch(spec: SweepSpec, recipes: &'static Registry) -> Result<SweepJob> {
         concurrency: slots.describe(),
         spec,
         dir,
+        _columns: columns,
     });
     register(&state);
     let run = Run {
@@ -168,6 +177,8 @@ struct SweepState {
     trials: Mutex<Inner>,
     finished: Condvar,
     stop: AtomicBool,
+    /// The swept options, registered for the trials' trackers while the sweep lives.
+    _columns: crate::driver::SweepColumns,
 }
 
 struct Inner {

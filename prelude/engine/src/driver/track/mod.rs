@@ -1,10 +1,12 @@
 //! The run's trackers, one concept behind one trait: dllogger's JSON lines (`dllog`),
-//! TensorBoard's event file (`tensorboard`) and an MLflow run (`mlflow`) are each a
-//! [`Tracker`]. The driver holds them as one [`Trackers`] and feeds it rank 0's metrics, the
-//! restarts, rank 0's summary and the job's end, without naming any of them. They live on
-//! node 0 only: other nodes forward their events there.
+//! TensorBoard's event file (`tensorboard`, its HParams columns from `hparams`) and an MLflow
+//! run (`mlflow`) are each a [`Tracker`]. The driver holds them as one [`Trackers`] and feeds
+//! it rank 0's metrics, the restarts, rank 0's summary and the job's end, without naming any
+//! of them. They live on node 0 only: other nodes forward their events there. A sweep
+//! registers its swept options ([`SweepColumns`]) for its trials' HParams columns.
 
 mod dllog;
+mod hparams;
 mod mlflow;
 mod tensorboard;
 
@@ -15,6 +17,8 @@ use trainbook_api::{JobStatus, MetricRow, Restart};
 
 use super::handle::JobState;
 use crate::shared::events::WorkerSummary;
+
+pub(crate) use hparams::{SweepColumns, Swept};
 
 /// What a tracker is told. Every method has a default that ignores it: each tracker takes the
 /// part it records.

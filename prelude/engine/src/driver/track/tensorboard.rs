@@ -7,17 +7,19 @@
 //! `event.proto`, `summary.proto`, `tensor.proto` and `tensor_shape.proto`, with their field
 //! numbers, encoded by prost.
 //!
-//! The resolved options are also an HParams session (the hparams plugin's `plugin_data.proto`:
-//! a session-start record with the options, a session-end record with the outcome), so the
-//! trials of a sweep line up in TensorBoard's HParams tab, one row per trial, with the scalars
-//! as their metrics.
+//! The run is also an HParams session ([`super::hparams`]): a session-start record with the
+//! run's values of its columns (a sweep's swept options, else the options the job sets), the
+//! experiment that declares those columns and the metric columns, and a session-end record
+//! with the outcome, so the trials of a sweep line up in TensorBoard's HParams tab, one row per
+//! trial. The metric columns are the run's evaluation metrics and training loss (a sweep's
+//! metric first), so the experiment is written once they are known: after the first
+//! evaluation (an epoch's evaluation metrics arrive together), else when the job ends.
 //!
 //! Like `dllogger.json`, the driver feeds it from the event stream it already reads (rank 0's
 //! metrics under stable tags, the options and restarts as text), flushes it every few seconds
 //! so a live TensorBoard follows the job, and a file that cannot be written costs the file,
 //! never the job.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -26,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use trainbook_api::metric;
 use trainbook_api::{JobStatus, MetricRow, Restart};
 
+use super::hparams::{self, Columns, HParamsPluginData};
 use crate::driver::handle::JobState;
 
 /// How often buffered events reach the file while a job runs.
@@ -103,82 +106,6 @@ struct TensorProto {
 #[derive(Clone, PartialEq, prost::Message)]
 struct TensorShapeProto {}
 
-/// `HParamsPluginData` of the hparams plugin (`plugin_data.proto`): version 0, one of the
-/// session's start or end.
-#[derive(Clone, PartialEq, prost::Message)]
-struct HParamsPluginData {
-    #[prost(int32, tag = "1")]
-    version: i32,
-    #[prost(oneof = "Session", tags = "3, 4")]
-    data: Option<Session>,
-}
-
-#[derive(Clone, PartialEq, prost::Oneof)]
-enum Session {
-    #[prost(message, tag = "3")]
-    Start(SessionStartInfo),
-    #[prost(message, tag = "4")]
-    End(SessionEndInfo),
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct SessionStartInfo {
-    #[prost(btree_map = "string, message", tag = "1")]
-    hparams: BTreeMap<String, ProtoValue>,
-    #[prost(string, tag = "4")]
-    group_name: String,
-    #[prost(double, tag = "5")]
-    start_time_secs: f64,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct SessionEndInfo {
-    /// `tensorboard.hparams.Status`: 1 success, 2 failure.
-    #[prost(int32, tag = "1")]
-    status: i32,
-    #[prost(double, tag = "2")]
-    end_time_secs: f64,
-}
-
-/// `google.protobuf.Value`: the kinds an option's value takes.
-#[derive(Clone, PartialEq, prost::Message)]
-struct ProtoValue {
-    #[prost(oneof = "ValueKind", tags = "2, 3, 4")]
-    kind: Option<ValueKind>,
-}
-
-#[derive(Clone, PartialEq, prost::Oneof)]
-enum ValueKind {
-    #[prost(double, tag = "2")]
-    Number(f64),
-    #[prost(string, tag = "3")]
-    Text(String),
-    #[prost(bool, tag = "4")]
-    Bool(bool),
-}
-
-/// Options (flattened, see `drive::flat_options`) as HParams values; lists as their JSON text.
-fn hparam_values(options: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, ProtoValue> {
-    use serde_json::Value as J;
-    let value = |v: &J| match v {
-        J::Bool(b) => ValueKind::Bool(*b),
-        J::Number(n) => ValueKind::Number(n.as_f64().unwrap_or(f64::NAN)),
-        J::String(s) => ValueKind::Text(s.clone()),
-        other => ValueKind::Text(other.to_string()),
-    };
-    options
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                ProtoValue {
-                    kind: Some(value(v)),
-                },
-            )
-        })
-        .collect()
-}
-
 /// TensorBoard's masked CRC-32C (a CRC of data that holds CRCs is weak, so it is rotated and
 /// offset).
 fn masked_crc(data: &[u8]) -> u32 {
@@ -230,6 +157,48 @@ fn now() -> f64 {
 pub(super) struct TensorBoard {
     out: Option<BufWriter<File>>,
     flushed: Instant,
+    /// The HParams experiment, until it is written.
+    declaring: Option<Declaring>,
+}
+
+/// The HParams experiment of a run while its metric columns are gathered: the evaluation
+/// metrics of its first evaluation and whether it reports a training loss.
+struct Declaring {
+    columns: Columns,
+    created: f64,
+    eval: Vec<String>,
+    train_loss: bool,
+}
+
+impl Declaring {
+    /// Notes metric `name`; whether the metric columns are known now (the first evaluation's
+    /// metrics are all in: a metric of another kind follows them).
+    fn note(&mut self, name: &str) -> bool {
+        if name.starts_with(metric::EVAL_PREFIX) {
+            let t = tag(name);
+            if !self.eval.contains(&t) {
+                self.eval.push(t);
+            }
+            return false;
+        }
+        self.train_loss |= name == metric::LOSS;
+        !self.eval.is_empty()
+    }
+
+    /// The metric columns: the sweep's metric, the evaluation loss, the other evaluation
+    /// metrics, the training loss.
+    fn metric_tags(&self) -> Vec<String> {
+        let mut tags: Vec<String> = self.columns.lead.iter().map(|m| tag(m)).collect();
+        let eval_loss = tag(metric::EVAL_LOSS);
+        tags.extend(self.eval.iter().filter(|t| **t == eval_loss).cloned());
+        tags.extend(self.eval.iter().cloned());
+        if self.train_loss {
+            tags.push(tag(metric::LOSS));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        tags.retain(|t| seen.insert(t.clone()));
+        tags
+    }
 }
 
 impl TensorBoard {
@@ -248,6 +217,7 @@ impl TensorBoard {
         let mut tb = TensorBoard {
             out: File::create(&path).ok().map(BufWriter::new),
             flushed: Instant::now(),
+            declaring: None,
         };
         tb.write(&Event {
             wall_time: now(),
@@ -312,11 +282,8 @@ impl TensorBoard {
     }
 
     /// A record of the hparams plugin (its content is in the metadata; the tensor is empty).
-    fn hparams_record(&mut self, tag: &str, data: Session) {
-        let content = prost::Message::encode_to_vec(&HParamsPluginData {
-            version: 0,
-            data: Some(data),
-        });
+    fn hparams_record(&mut self, tag: &str, data: HParamsPluginData) {
+        let content = prost::Message::encode_to_vec(&data);
         self.summary(
             0,
             Value {
@@ -336,27 +303,55 @@ impl TensorBoard {
         );
     }
 
-    /// The run's options as an HParams session (TensorBoard's HParams tab; a sweep's trials
-    /// compare there). `group` names the session's group: the run's own name.
-    pub(super) fn hparams(&mut self, options: &BTreeMap<String, serde_json::Value>, group: &str) {
+    /// Starts the run's HParams session with its values of `columns` (TensorBoard's HParams
+    /// tab; a sweep's trials compare there). `group` names the session's group: the run's own
+    /// name. The experiment that declares the columns follows once the metrics are known.
+    pub(super) fn hparams(&mut self, columns: Columns, group: &str) {
+        let start = now();
         self.hparams_record(
-            "_hparams_/session_start_info",
-            Session::Start(SessionStartInfo {
-                hparams: hparam_values(options),
-                group_name: group.into(),
-                start_time_secs: now(),
-            }),
+            hparams::SESSION_START_TAG,
+            columns.session_start(group, start),
         );
+        self.declaring = Some(Declaring {
+            columns,
+            created: start,
+            eval: Vec::new(),
+            train_loss: false,
+        });
     }
 
-    /// Ends the HParams session: succeeded or not.
+    /// A metric of rank 0: its scalar, and the experiment once its metric columns are known.
+    pub(super) fn report(&mut self, name: &str, step: u64, value: f64) {
+        self.scalar(name, step, value);
+        if self.declaring.as_mut().is_some_and(|d| d.note(name)) {
+            self.declare();
+        }
+    }
+
+    /// Writes the HParams experiment (once).
+    fn declare(&mut self) {
+        if let Some(d) = self.declaring.take() {
+            let experiment = d.columns.experiment(&d.metric_tags(), d.created);
+            self.hparams_record(hparams::EXPERIMENT_TAG, experiment);
+            self.flush();
+        }
+    }
+
+    /// Ends the HParams session: succeeded or not. A run that has not declared its experiment
+    /// yet does now, with the metrics it has, unless it is a trial that failed before its
+    /// first evaluation (every trial declares the same experiment, and TensorBoard shows any
+    /// one of them).
     pub(super) fn session_end(&mut self, succeeded: bool) {
+        let declare = self
+            .declaring
+            .as_ref()
+            .is_some_and(|d| succeeded || !d.columns.trial || !d.eval.is_empty());
+        if declare {
+            self.declare();
+        }
         self.hparams_record(
-            "_hparams_/session_end_info",
-            Session::End(SessionEndInfo {
-                status: if succeeded { 1 } else { 2 },
-                end_time_secs: now(),
-            }),
+            hparams::SESSION_END_TAG,
+            hparams::session_end(succeeded, now()),
         );
         self.flush();
     }
@@ -384,7 +379,8 @@ impl Drop for TensorBoard {
     }
 }
 
-/// The job's event file, headed by its options (the Text tab) and its HParams.
+/// The job's event file, headed by its options (all of them, the Text tab) and its HParams
+/// session.
 pub(super) fn for_job(job: &JobState, parameters: &serde_json::Value) -> TensorBoard {
     let mut tb = TensorBoard::create(&job.run_dir);
     let options = serde_json::to_string_pretty(parameters).unwrap_or_default();
@@ -392,13 +388,13 @@ pub(super) fn for_job(job: &JobState, parameters: &serde_json::Value) -> TensorB
     let text: String = options.lines().map(|l| format!("    {l}\n")).collect();
     tb.text("options", 0, &text);
     let name = job.run_dir.file_name().unwrap_or_default();
-    tb.hparams(&super::flat_options(parameters), &name.to_string_lossy());
+    tb.hparams(Columns::for_job(&job.spec), &name.to_string_lossy());
     tb
 }
 
 impl super::Tracker for TensorBoard {
     fn metric(&mut self, row: &MetricRow) {
-        self.scalar(&row.name, row.step, row.value);
+        self.report(&row.name, row.step, row.value);
     }
     fn restart(&mut self, resumed_step: u64, restart: &Restart) {
         self.text("restarts", resumed_step, &restart.to_string());
@@ -432,23 +428,6 @@ mod tests {
     }
 
     #[test]
-    fn options_become_hparams_values_of_their_kind() {
-        let flat: BTreeMap<String, serde_json::Value> = [
-            ("lr".to_string(), serde_json::json!(0.001)),
-            ("optimizer".to_string(), serde_json::json!("adamw")),
-            ("bf16".to_string(), serde_json::json!(false)),
-            ("betas".to_string(), serde_json::json!([0.9, 0.999])),
-        ]
-        .into_iter()
-        .collect();
-        let v = hparam_values(&flat);
-        assert_eq!(v["lr"].kind, Some(ValueKind::Number(0.001)));
-        assert_eq!(v["optimizer"].kind, Some(ValueKind::Text("adamw".into())));
-        assert_eq!(v["bf16"].kind, Some(ValueKind::Bool(false)));
-        assert_eq!(v["betas"].kind, Some(ValueKind::Text("[0.9,0.999]".into())));
-    }
-
-    #[test]
     fn records_are_framed_with_masked_crcs() {
         // TensorFlow's own test vector for the mask: crc32c("foo") = 0xcfc4ae1d.
         assert_eq!(crc32c::crc32c(b"foo"), 0xcfc4_ae1d);
@@ -477,15 +456,17 @@ mod tests {
         assert_eq!(back, e);
     }
 
-    #[test]
-    fn a_file_holds_the_version_then_each_summary() {
-        let dir = std::env::temp_dir().join(format!("tb-unit-{}", std::process::id()));
+    /// A fresh directory for one test's event file.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tb-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut tb = TensorBoard::create(&dir);
-        tb.scalar("loss", 3, 0.25);
-        tb.text("config", 0, "lr = 0.001");
-        tb.flush();
-        let file = std::fs::read_dir(&dir)
+        dir
+    }
+
+    /// The events of the event file in `dir`, decoded.
+    fn events_in(dir: &Path) -> Vec<Event> {
+        let file = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
             .find(|p| p.to_string_lossy().contains("tfevents"))
@@ -499,6 +480,180 @@ mod tests {
             events.push(e);
             at += 16 + len;
         }
+        events
+    }
+
+    /// The hparams plugin's records among `events`: tag and decoded content, in order.
+    fn hparams_records(events: &[Event]) -> Vec<(String, hparams::Data)> {
+        events
+            .iter()
+            .filter_map(|e| match &e.what {
+                Some(What::Summary(s)) => s.value.first(),
+                _ => None,
+            })
+            .filter_map(|v| {
+                let p = v.metadata.as_ref()?.plugin_data.as_ref()?;
+                (p.plugin_name == "hparams").then(|| {
+                    let d: HParamsPluginData = prost::Message::decode(&p.content[..]).unwrap();
+                    assert_eq!(d.version, 0);
+                    (v.tag.clone(), d.data.unwrap())
+                })
+            })
+            .collect()
+    }
+
+    fn experiment_of(records: &[(String, hparams::Data)]) -> Option<hparams::Experiment> {
+        let mut found = records.iter().filter_map(|(tag, d)| match d {
+            hparams::Data::Experiment(e) => {
+                assert_eq!(tag, hparams::EXPERIMENT_TAG);
+                Some(e.clone())
+            }
+            _ => None,
+        });
+        let e = found.next();
+        assert!(found.next().is_none(), "one experiment per run");
+        e
+    }
+
+    fn metric_tags(e: &hparams::Experiment) -> Vec<&str> {
+        e.metric_infos
+            .iter()
+            .map(|m| m.name.as_ref().unwrap().tag.as_str())
+            .collect()
+    }
+
+    /// One epoch as the workers report it: step losses, then the epoch's metrics in name order.
+    fn an_epoch(tb: &mut TensorBoard, eval: bool) {
+        tb.report("loss", 1, 0.7);
+        tb.report("lr", 1, 1e-3);
+        tb.report("loss", 2, 0.6);
+        tb.report("epoch_train_loss", 2, 0.65);
+        if eval {
+            tb.report("eval_accuracy", 2, 0.5);
+            tb.report("eval_f1", 2, 0.4);
+            tb.report("eval_loss", 2, 0.69);
+        }
+        tb.report("samples_per_second", 2, 100.0);
+    }
+
+    #[test]
+    fn a_job_with_two_options_set_has_those_two_columns_and_its_metrics() {
+        use trainbook_api::ConfigureTraining;
+        let dir = scratch("job");
+        let mut tb = TensorBoard::create(&dir);
+        let spec = trainbook_api::JobSpec::new("bert").lr(1e-3).epochs(2);
+        tb.hparams(Columns::for_job(&spec), "bert-1");
+        an_epoch(&mut tb, true);
+        // Declared after the first evaluation, while the job runs.
+        tb.flush();
+        let records = hparams_records(&events_in(&dir));
+        let e = experiment_of(&records).expect("declared after the first evaluation");
+        let names: Vec<&str> = e.hparam_infos.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["epochs", "lr"]);
+        assert_eq!(
+            metric_tags(&e),
+            ["eval/loss", "eval/accuracy", "eval/f1", "train/loss"]
+        );
+        // Each metric column is a scalar the file holds, under the same tag.
+        let scalars: Vec<String> = events_in(&dir)
+            .iter()
+            .filter_map(|e| match &e.what {
+                Some(What::Summary(s)) if matches!(s.value[0].kind, Some(Kind::SimpleValue(_))) => {
+                    Some(s.value[0].tag.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(metric_tags(&e)
+            .iter()
+            .all(|t| scalars.iter().any(|s| s == t)));
+        // The session holds the values of exactly those columns.
+        let hparams::Data::Start(start) = &records[0].1 else {
+            panic!("{records:?}")
+        };
+        assert_eq!(records[0].0, hparams::SESSION_START_TAG);
+        assert_eq!(start.group_name, "bert-1");
+        assert_eq!(start.hparams.keys().collect::<Vec<_>>(), ["epochs", "lr"]);
+        assert_eq!(
+            start.hparams["lr"].kind,
+            Some(hparams::ValueKind::Number(1e-3))
+        );
+        // A second epoch declares nothing more; the end is the last record.
+        an_epoch(&mut tb, true);
+        tb.session_end(true);
+        let records = hparams_records(&events_in(&dir));
+        assert_eq!(records.len(), 3);
+        let (tag, hparams::Data::End(end)) = &records[2] else {
+            panic!("{records:?}")
+        };
+        assert_eq!((tag.as_str(), end.status), (hparams::SESSION_END_TAG, 1));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_trial_leads_with_the_sweeps_metric_and_a_job_without_evaluation_declares_at_its_end() {
+        use trainbook_api::{ConfigureTraining, ParamValue, Space};
+        let swept = hparams::Swept {
+            space: vec![(
+                "lr".into(),
+                Space::Grid(vec![ParamValue::Float(1e-3), ParamValue::Float(1e-2)]),
+            )],
+            metric: "epoch_train_loss".into(),
+        };
+        let spec = trainbook_api::JobSpec::new("bert").lr(1e-2).epochs(2);
+
+        // A trial: the swept option only, the sweep's metric first.
+        let dir = scratch("trial");
+        let mut tb = TensorBoard::create(&dir);
+        tb.hparams(Columns::of_trial(&spec, &swept), "trial-2");
+        an_epoch(&mut tb, true);
+        tb.session_end(true);
+        let e = experiment_of(&hparams_records(&events_in(&dir))).unwrap();
+        assert_eq!(e.hparam_infos.len(), 1);
+        assert_eq!(e.hparam_infos[0].name, "lr");
+        assert_eq!(
+            metric_tags(&e),
+            [
+                "train/epoch_loss",
+                "eval/loss",
+                "eval/accuracy",
+                "eval/f1",
+                "train/loss"
+            ]
+        );
+
+        // No evaluation: declared when the job ends, with what it reported.
+        let dir2 = scratch("no-eval");
+        let mut tb = TensorBoard::create(&dir2);
+        tb.hparams(Columns::of_job(&spec), "bert-2");
+        an_epoch(&mut tb, false);
+        tb.flush();
+        assert!(experiment_of(&hparams_records(&events_in(&dir2))).is_none());
+        tb.session_end(false);
+        let e = experiment_of(&hparams_records(&events_in(&dir2))).unwrap();
+        assert_eq!(metric_tags(&e), ["train/loss"]);
+
+        // A trial that fails before its first evaluation declares nothing: the other trials'
+        // experiment, with the evaluation metrics, is the one TensorBoard shows.
+        let dir3 = scratch("failed-trial");
+        let mut tb = TensorBoard::create(&dir3);
+        tb.hparams(Columns::of_trial(&spec, &swept), "trial-3");
+        tb.report("loss", 1, 0.7);
+        tb.session_end(false);
+        assert!(experiment_of(&hparams_records(&events_in(&dir3))).is_none());
+        for d in [dir, dir2, dir3] {
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_file_holds_the_version_then_each_summary() {
+        let dir = scratch("file");
+        let mut tb = TensorBoard::create(&dir);
+        tb.scalar("loss", 3, 0.25);
+        tb.text("config", 0, "lr = 0.001");
+        tb.flush();
+        let events = events_in(&dir);
         assert_eq!(events.len(), 3);
         assert_eq!(
             events[0].what,
