@@ -27,23 +27,29 @@ help:
 setup:
 	@$(PHASE) setup scripts/setup.sh
 
-# CUDA builds (set up on a machine whose nvidia-smi sees a GPU) add the `cuda` feature; builds
-# whose torch Python can be embedded add `hpu` (Intel Gaudi through its Python bridge), with
-# PYO3_PYTHON naming that Python.
-FEATURES = $$(test "$$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda) \
-	$$(test -s .libtorch/hpu-python && echo --features trainbook/hpu)
-PYO3 = PYO3_PYTHON=$$(cat .libtorch/hpu-python 2>/dev/null || echo python3)
+# Every cargo run of these targets goes through scripts/cargo.sh, which adds the features set-up
+# chose (scripts/cargo-features.sh: `cuda` on a machine whose nvidia-smi sees a GPU, `hpu` where
+# torch's Python can be embedded, with PYO3_PYTHON naming it): one configuration, so no target
+# undoes another's build.
+CARGO_WS = env CARGO=$(CARGO) scripts/cargo.sh
 
-# The default members (everything but the kernel's trainbook_torch library, which build-torch-library.sh makes).
-build: setup
-	@$(PHASE) "cargo build" env $(PYO3) $(CARGO) build --release --bins $(FEATURES)
+# The default members (everything but the kernel's trainbook_torch library, which
+# build-torch-library.sh makes). On a machine set-up has not reached yet (no .libtorch), the
+# crates that need neither libtorch nor set-up's Python compile beside set-up, which mostly waits
+# on downloads (scripts/compile-beside-setup.sh); if set-up fails, that compile is stopped.
+build:
+	@if [ -f .libtorch/build-version ]; then $(PHASE) setup scripts/setup.sh; else \
+	  $(PHASE) "compile beside set-up" scripts/compile-beside-setup.sh & early=$$!; \
+	  $(PHASE) setup scripts/setup.sh || { pkill -TERM -P $$early; wait; exit 1; }; wait $$early; fi
+	@$(PHASE) "cargo build" $(CARGO_WS) build --release --bins
 	@$(PHASE) "trainbook_torch library" scripts/build-torch-library.sh
 	@scripts/install-bins.sh
 	@scripts/install-kernel.sh
 
 test: build
 	@$(PHASE) "structure" python3 scripts/check-structure.py
-	@$(PHASE) "cargo test" env $(PYO3) $(CARGO) test --release $(FEATURES) -- --test-threads=1
+	@$(PHASE) "docs" python3 scripts/check-docs.py
+	@$(PHASE) "cargo test" $(CARGO_WS) test --release -- --test-threads=1
 	@# The torch pairs check (a compile) runs beside pytest at a low priority, on the cycles
 	@# pytest's waiting tests leave free; its output follows pytest's.
 	@mkdir -p target; $(PHASE) "torch pairs (beside pytest)" nice -n 15 scripts/check-torch-pairs.sh > target/torch-pairs.log 2>&1 & pairs=$$!; \
@@ -55,7 +61,7 @@ test: build
 
 # The inner loop: every crate's unit tests and one end-to-end job through the kernel.
 test-quick: build
-	@$(PHASE) "cargo unit tests" env $(PYO3) $(CARGO) test --release $(FEATURES) --lib --bins -- --test-threads=1
+	@$(PHASE) "cargo unit tests" $(CARGO_WS) test --release --lib --bins -- --test-threads=1
 	@$(PHASE) "one job end to end" scripts/test-kernel.sh tests/kernel/test_kernel.py -k "execute_returns_a_result or background_job_display_updates"
 	@$(PHASE) --report
 

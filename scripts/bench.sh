@@ -65,27 +65,27 @@ export LIBTORCH=${LIBTORCH:-$root/.libtorch}
 bench_python=${BENCH_VENV:-$root/.bench-venv}/bin/python
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=(a b c d e f g h t k m n z r o s v w x y l j)
 has() { local x; for x in "${want[@]}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
-# The features `make build` uses, so the benchmarks reuse its binaries instead of rebuilding.
-features="$(test "$(cat .libtorch/cuda 2>/dev/null)" = 1 && echo --features trainbook/cuda || true) \
-  $(test -s .libtorch/hpu-python && echo --features trainbook/hpu || true)"
+# Every cargo run with the features `make build` uses (scripts/cargo.sh), and the binaries built
+# as `make build` builds them (all default members), so the benchmarks reuse its binaries and
+# leave them as they were.
 export PYO3_PYTHON=$(cat .libtorch/hpu-python 2>/dev/null || echo python3)
 out=$(mktemp)
 # Build first, so no compilation overlaps the first measured round.
-cargo bench -q -p trainbook $features --bench engine --no-run
+scripts/cargo.sh bench -q -p trainbook --bench engine --no-run
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)" >&2
 
 if has a; then
   bench/torch-venv.sh
   # Alternate the two implementations so load drift hits both.
   for round in $(seq "${BENCH_AR_ROUNDS:-5}"); do
-    cargo bench -q -p trainbook $features --bench engine -- a | tee -a "$out"
+    scripts/cargo.sh bench -q -p trainbook --bench engine -- a | tee -a "$out"
     "$bench_python" bench/torch_allreduce.py --numel 110000000 --iters 10 | sed 's/^{/{"bench": "allreduce", /' | tee -a "$out"
   done
 fi
-has b && cargo bench -q -p trainbook $features --bench engine -- b | tee -a "$out"
+has b && scripts/cargo.sh bench -q -p trainbook --bench engine -- b | tee -a "$out"
 has y && python3 bench/memory_plan.py --trainbook target/release/trainbook | tee -a "$out"
 if has j; then
-  cargo build -q --release -p trainbook $features --bins
+  scripts/cargo.sh build -q --release --bins
   lm=$(mktemp -d)
   cp .data/models/all-MiniLM-L6-v2/tokenizer.json "$lm/"
   echo '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 30522,
@@ -110,13 +110,13 @@ fi
 if has r; then
   bench/ray-venv.sh
   for round in $(seq "${BENCH_RESTART_ROUNDS:-3}"); do
-    BENCH_ROUNDS=1 cargo bench -q -p trainbook $features --bench engine -- r | tee -a "$out"
+    BENCH_ROUNDS=1 scripts/cargo.sh bench -q -p trainbook --bench engine -- r | tee -a "$out"
     "$bench_python" bench/ray_restart.py --rounds 1 2>/dev/null | tee -a "$out"
   done
 fi
-has o && cargo bench -q -p trainbook $features --bench engine -- o | tee -a "$out"
+has o && scripts/cargo.sh bench -q -p trainbook --bench engine -- o | tee -a "$out"
 if has v; then
-  cargo build -q --release -p trainbook $features --bins
+  scripts/cargo.sh build -q --release --bins
   # A local MLflow server (SQLite store, artifacts in a temporary directory), as a team's would be.
   mlruns=$(mktemp -d); mlport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   setsid .venv/bin/mlflow server --host 127.0.0.1 --port "$mlport" --workers 1 \
@@ -136,7 +136,7 @@ if has v; then
 fi
 if has s; then
   bench/ray-venv.sh
-  cargo build -q --release -p trainbook $features --bins
+  scripts/cargo.sh build -q --release --bins
   sweep_job=(bert --preset tiny --device cpu --workers 1 --train-rows 1000 --eval-rows 256
     --max-length 64 --global-batch-size 8 --optimizer sgd --momentum 0.9 --epochs 4
     --runs-root "$(mktemp -d)")
@@ -170,10 +170,10 @@ PY
     python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"bench": "sweep_epoch", "epochs": 4, "elapsed_seconds": r["elapsed_seconds"], "epoch_seconds": r["elapsed_seconds"] / 4}))' |
     tee -a "$out"
 fi
-has c && cargo bench -q -p trainbook $features --bench engine -- c | tee -a "$out"
+has c && scripts/cargo.sh bench -q -p trainbook --bench engine -- c | tee -a "$out"
 
 tb=target/release/trainbook
-if has d || has e || has f || has g || has m || has n; then cargo build -q --release -p trainbook $features --bins; fi
+if has d || has e || has f || has g || has m || has n; then scripts/cargo.sh build -q --release --bins; fi
 if has d; then
   for padding in dynamic max-length; do
     $tb train bert --workers 2 --device cpu --preset default --optimizer adamw --lr 1e-4 \
@@ -211,7 +211,7 @@ fi
 if has g; then
   bench/torch-venv.sh
   steps=${BENCH_RESNET_STEPS:-30}
-  cargo bench -q -p trainbook $features --bench engine -- p | tee -a "$out"
+  scripts/cargo.sh bench -q -p trainbook --bench engine -- p | tee -a "$out"
   for round in $(seq "${BENCH_RESNET_ROUNDS:-3}"); do
     $tb train resnet --workers 2 --device cpu --preset default --max-steps "$steps" --eval-rows 0 \
       --json 2>/dev/null | tail -n1 | sed 's/^{/{"bench": "resnet_throughput", "impl": "trainbook", /' | tee -a "$out"
@@ -257,7 +257,7 @@ if has w; then
   cargo bench -q -p trainbook-widgets --bench render
 fi
 if has x; then
-  cargo build -q --release -p trainbook $features --bins
+  scripts/cargo.sh build -q --release --bins
   .venv/bin/python bench/async_checkpoint.py --rounds "${BENCH_CKPT_ROUNDS:-2}"
 fi
 if has l; then

@@ -40,7 +40,7 @@ fi
 # The hpu build (Intel Gaudi: prelude/hpu) embeds this same Python, so that the bridge it imports
 # registers HPU in the libtorch trainbook links; it needs that Python's headers and shared
 # libpython. TRAINBOOK_HPU=0 turns it off, =1 makes a missing piece an error.
-hpu_ok=$("$py" -c 'import os, sysconfig as s; inc = s.get_config_var("INCLUDEPY") or ""; lib = os.path.join(s.get_config_var("LIBDIR") or "", s.get_config_var("LDLIBRARY") or ""); print(int(os.path.exists(os.path.join(inc, "Python.h")) and lib.endswith(".so") and os.path.exists(lib)))')
+hpu_ok=$("$root/scripts/embeddable-python.sh" "$py")
 if [ "${TRAINBOOK_HPU:-}" = 1 ] && [ "$hpu_ok" != 1 ]; then
   echo "error: TRAINBOOK_HPU=1 but $py has no Python.h or shared libpython (Debian: apt-get install python3-dev)" >&2; exit 1
 fi
