@@ -39,7 +39,7 @@ CARGO_WS = env CARGO=$(CARGO) scripts/cargo.sh
 # on downloads (scripts/compile-beside-setup.sh); if set-up fails, that compile is stopped.
 build:
 	@if [ -f .libtorch/build-version ]; then $(PHASE) setup scripts/setup.sh; else \
-	  $(PHASE) "compile beside set-up" scripts/compile-beside-setup.sh & early=$$!; \
+	  $(PHASE) "cargo build beside set-up" scripts/compile-beside-setup.sh & early=$$!; \
 	  $(PHASE) setup scripts/setup.sh || { pkill -TERM -P $$early; wait; exit 1; }; wait $$early; fi
 	@$(PHASE) "cargo build" $(CARGO_WS) build --release --bins
 	@$(PHASE) "trainbook_torch library" scripts/build-torch-library.sh
