@@ -40,7 +40,10 @@ if ! "$torch_py" -c 'import os, sysconfig as s; raise SystemExit(not os.path.exi
   apt_pkgs+=(python3-dev)
 fi
 missing=()
-for p in "${apt_pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# Installed means dpkg's "install ok installed": a package removed but not purged still answers
+# `dpkg -s` (status "deinstall ok config-files") while its files are gone.
+installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
+for p in "${apt_pkgs[@]}"; do installed "$p" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing system packages: ${missing[*]}"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
