@@ -6,6 +6,7 @@ use std::env;
 use std::path::PathBuf;
 
 fn main() {
+    println!("cargo:rerun-if-changed=csrc/engine.cpp");
     println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
@@ -59,14 +60,8 @@ fn main() {
         .cpp(true)
         .pic(true)
         .warnings(false)
-        .file("csrc/c10d_shim.cpp")
-        .file("csrc/autocast.cpp")
-        .file("csrc/graph.cpp")
-        .file("csrc/optim.cpp")
-        .file("csrc/device.cpp")
-        .file("csrc/recompute.cpp")
-        .file("csrc/grad_hooks.cpp")
-        .file("csrc/profiler.cpp")
+        // One translation unit that includes every csrc/*.cpp: libtorch's headers parsed once.
+        .file("csrc/engine.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .include(&gloo_include)

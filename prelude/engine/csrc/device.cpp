@@ -25,7 +25,7 @@ using trainbook::trim_what;
 
 
 template <typename F>
-at::Tensor* guarded(char* err, size_t len, F&& f) {
+at::Tensor* new_tensor_or_error(char* err, size_t len, F&& f) {
   try {
     return new at::Tensor(f());
   } catch (const std::exception& e) {
@@ -41,7 +41,7 @@ extern "C" {
 
 // `t` copied to device (type, index); c10::DeviceType numbering (0 CPU, 1 CUDA, 15 HPU).
 at::Tensor* tb_to_device(const at::Tensor* t, int type, int index, char* err, size_t errlen) {
-  return guarded(err, errlen, [&] {
+  return new_tensor_or_error(err, errlen, [&] {
     return t->to(c10::Device(static_cast<c10::DeviceType>(type),
                              static_cast<c10::DeviceIndex>(index)));
   });
@@ -50,13 +50,13 @@ at::Tensor* tb_to_device(const at::Tensor* t, int type, int index, char* err, si
 // `t` on the device of `like` (what a model's forward pass needs for tensors it creates).
 at::Tensor* tb_to_device_of(const at::Tensor* t, const at::Tensor* like, char* err,
                             size_t errlen) {
-  return guarded(err, errlen, [&] { return t->to(like->device()); });
+  return new_tensor_or_error(err, errlen, [&] { return t->to(like->device()); });
 }
 
 // `t` with its memory in channels-last order (NHWC) when `channels_last`, else in the usual
 // contiguous order; the logical shape stays NCHW. tch has no memory formats.
 at::Tensor* tb_contiguous_as(const at::Tensor* t, int channels_last, char* err, size_t errlen) {
-  return guarded(err, errlen, [&] {
+  return new_tensor_or_error(err, errlen, [&] {
     return t->contiguous(channels_last ? at::MemoryFormat::ChannelsLast
                                        : at::MemoryFormat::Contiguous);
   });
