@@ -330,9 +330,12 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
         let steps = ProfileSteps { start: 1, end: 3 };
         let mut p = StepProfiler::new(steps, &dir, 0, false);
-        // Steps of some milliseconds: when other tests share the cores, a preempted moment
-        // between two operators stays a small part of the step.
-        let a = Tensor::randn([512, 512], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        // Steps of ~25 ms (6 GFLOP): the gaps between operators are tens of microseconds, so
+        // a preemption that lands in one stays a small part of the step when other work
+        // shares the cores. With 512x512 (4 ms steps) and three busy loops beside it, one run
+        // in ten measured 0.83; at this size fifteen runs so loaded all measured 0.998.
+        let a =
+            Tensor::randn([1024, 1024], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
         let mut saved = None;
         for step in 0..4 {
             p.before_step(step).unwrap();
