@@ -15,7 +15,11 @@ pub struct Match {
 
 /// A `complete_reply`'s `metadata`: each match's kind and signature, under the key ipykernel
 /// uses (`_jupyter_types_experimental`), in character offsets `start..end`.
-pub fn reply_metadata(matches: &[Match], start: usize, end: usize) -> serde_json::Map<String, Value> {
+pub fn reply_metadata(
+    matches: &[Match],
+    start: usize,
+    end: usize,
+) -> serde_json::Map<String, Value> {
     let types: Vec<Value> = matches
         .iter()
         .map(|m| {

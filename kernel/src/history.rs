@@ -382,8 +382,16 @@ mod tests {
         let (mut second, _) = History::open(path);
         assert_eq!(second.session(), 2);
         second.input(1, "a * 3");
-        let tail = second.answer(&query(json!({"hist_access_type": "tail", "n": 2, "output": true})));
-        assert_eq!(tail, vec![json!([1, 2, ["a + 1", "2"]]), json!([2, 1, ["a * 3", null]])]);
+        let tail = second.answer(&query(
+            json!({"hist_access_type": "tail", "n": 2, "output": true}),
+        ));
+        assert_eq!(
+            tail,
+            vec![
+                json!([1, 2, ["a + 1", "2"]]),
+                json!([2, 1, ["a * 3", null]])
+            ]
+        );
         // Range: 0 or absent is this session, -1 the one before.
         let range = second.answer(&query(
             json!({"hist_access_type": "range", "session": -1, "start": 2, "stop": 3}),
@@ -398,7 +406,10 @@ mod tests {
         let store = Store::new();
         let path = &store.0;
         let (mut h, _) = History::open(path);
-        for (i, code) in ["x + 1", "y + 1", "x + 1", "x + 2", "x + 1"].iter().enumerate() {
+        for (i, code) in ["x + 1", "y + 1", "x + 1", "x + 2", "x + 1"]
+            .iter()
+            .enumerate()
+        {
             h.input(i as u32 + 1, code);
         }
         let search = |j: Value| h.answer(&query(j));
@@ -425,9 +436,14 @@ mod tests {
         drop(f);
         let (h, _) = History::open(path);
         assert_eq!(h.session(), 2);
-        let tail = h.answer(&query(json!({"hist_access_type": "tail", "n": 5, "output": true})));
+        let tail = h.answer(&query(
+            json!({"hist_access_type": "tail", "n": 5, "output": true}),
+        ));
         let out = tail[0][2][1].as_str().unwrap();
-        assert!(out.ends_with(&format!("({} bytes in all)", 2 * MAX_OUTPUT)), "{out}");
+        assert!(
+            out.ends_with(&format!("({} bytes in all)", 2 * MAX_OUTPUT)),
+            "{out}"
+        );
     }
 
     #[test]

@@ -17,7 +17,11 @@ pub enum Target {
 
 /// Jupyter's per-user data directory, as `jupyter --data-dir` prints it on Linux.
 pub fn user_data_dir() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     env("JUPYTER_DATA_DIR")
         .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("jupyter")))
         .or_else(|| env("HOME").map(|h| h.join(".local/share/jupyter")))
@@ -26,8 +30,9 @@ pub fn user_data_dir() -> Option<PathBuf> {
 /// The `share/jupyter` directory a target means.
 pub fn data_dir(target: &Target) -> Result<PathBuf> {
     Ok(match target {
-        Target::User => user_data_dir()
-            .context("HOME is not set; use --prefix to say where to install")?,
+        Target::User => {
+            user_data_dir().context("HOME is not set; use --prefix to say where to install")?
+        }
         Target::SysPrefix => {
             let prefix = match std::env::var_os("VIRTUAL_ENV") {
                 Some(v) => PathBuf::from(v),

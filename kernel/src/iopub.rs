@@ -11,8 +11,8 @@
 //! - text printed while no cell runs is kept (bounded) and printed with the next cell.
 
 use jupyter_protocol::{
-    ClearOutput, DisplayData, JupyterMessage, JupyterMessageContent, Media, StreamContent, Transient,
-    UpdateDisplayData,
+    ClearOutput, DisplayData, JupyterMessage, JupyterMessageContent, Media, StreamContent,
+    Transient, UpdateDisplayData,
 };
 use serde_json::{Map, Value};
 use std::collections::HashMap;

@@ -173,17 +173,15 @@ async fn shell_loop(k: &Arc<Kernel>, requests: &mut Requests, replies: &mut Repl
         aborting = aborting.saturating_sub(1);
         k.publisher.send(Status::busy(), Some(&req));
         let reply: Option<JupyterMessageContent> = match &req.content {
-            JupyterMessageContent::ExecuteRequest(_) if abort => {
-                Some(
-                    ExecuteReply {
-                        status: ReplyStatus::Aborted,
-                        execution_count: count,
-                        user_expressions: Some(Default::default()),
-                        ..Default::default()
-                    }
-                    .into(),
-                )
-            }
+            JupyterMessageContent::ExecuteRequest(_) if abort => Some(
+                ExecuteReply {
+                    status: ReplyStatus::Aborted,
+                    execution_count: count,
+                    user_expressions: Some(Default::default()),
+                    ..Default::default()
+                }
+                .into(),
+            ),
             JupyterMessageContent::ExecuteRequest(r) => {
                 let r = r.clone();
                 let stop_on_error = r.stop_on_error;
@@ -192,8 +190,7 @@ async fn shell_loop(k: &Arc<Kernel>, requests: &mut Requests, replies: &mut Repl
                     // What the client queued behind the failed cell (JupyterLab's "Run All"
                     // sends every cell at once) is here by now; a request sent after this
                     // reply is not behind it, so nothing is waited for.
-                    while let Ok(next) =
-                        tokio::time::timeout(Duration::ZERO, requests.next()).await
+                    while let Ok(next) = tokio::time::timeout(Duration::ZERO, requests.next()).await
                     {
                         queued.push_back(next);
                     }

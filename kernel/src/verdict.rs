@@ -412,7 +412,9 @@ impl Frame {
     /// The running cell's own body (evcxr's `run_user_code_N` and its closures).
     pub fn is_cell(&self) -> bool {
         let f = &self.function;
-        f.strip_prefix("ctx::").unwrap_or(f).starts_with("run_user_code_")
+        f.strip_prefix("ctx::")
+            .unwrap_or(f)
+            .starts_with("run_user_code_")
     }
 }
 
@@ -465,9 +467,18 @@ fn is_panic_machinery(function: &str) -> bool {
 
 fn is_runtime(function: &str) -> bool {
     let f = function.trim_start_matches('<');
-    ["std::", "core::", "alloc::", "evcxr", "__rust", "rust_begin_unwind", "_start", "__libc"]
-        .iter()
-        .any(|p| f.starts_with(p))
+    [
+        "std::",
+        "core::",
+        "alloc::",
+        "evcxr",
+        "__rust",
+        "rust_begin_unwind",
+        "_start",
+        "__libc",
+    ]
+    .iter()
+    .any(|p| f.starts_with(p))
         || f == "main"
         || f == "<unknown>"
         || f.contains("panicking")
@@ -543,7 +554,10 @@ mod tests {
         let mut w = Watch::default();
         stderr(&mut w, "an earlier warning\n");
         feed(&mut w, "loading");
-        stderr(&mut w, "preset `nope` is not a preset of bert\nchoose one of: tiny, ");
+        stderr(
+            &mut w,
+            "preset `nope` is not a preset of bert\nchoose one of: tiny, ",
+        );
         stderr(&mut w, "default\n");
         feed(&mut w, USER_ERROR);
         let out = feed(&mut w, COMPLETE);

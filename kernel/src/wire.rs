@@ -118,7 +118,10 @@ impl Requests {
                 Err(e) => format!("socket error ({e})"),
             };
             failures += 1;
-            eprintln!("trainbook-kernel: dropped a message on {}: {why}", self.name);
+            eprintln!(
+                "trainbook-kernel: dropped a message on {}: {why}",
+                self.name
+            );
             if failures > 100 {
                 // A broken socket would otherwise spin.
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;

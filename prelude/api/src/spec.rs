@@ -196,9 +196,10 @@ crate::options! {
         #[arg(value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
         checkpoint_async: bool => Option<bool>,
         /// ZeRO stage: 0, every worker keeps the whole optimizer state; 1, each keeps 1/W of
-        /// it; 2, each also keeps only 1/W of the gradients, reduced during the backward pass
-        /// (less memory per device, the same results; checkpoints load either way).
-        #[arg(value_name = "0|1|2")]
+        /// it; 2, each also keeps only 1/W of the gradients, reduced during the backward pass;
+        /// 3, each also keeps only 1/W of the parameters, a layer gathered whole only while it
+        /// computes (less memory per device, the same results; checkpoints load either way).
+        #[arg(value_name = "0|1|2|3")]
         zero: u8 => u8,
         /// Activation checkpointing: keep only each checkpointed layer's input in the forward
         /// pass and recompute the layer in the backward pass (less memory for activations,
@@ -985,8 +986,8 @@ impl JobSpec {
         if t.checkpoint_every == Some(0) {
             bail!("checkpoint_every is 0: give the number of optimizer steps between checkpoints (e.g. 200)");
         }
-        if let Some(z) = t.zero.filter(|&z| z > 2) {
-            bail!("ZeRO stage {z} is not available: use 2 (optimizer state and gradients sharded over the workers), 1 (optimizer state sharded) or 0 (nothing sharded)");
+        if let Some(z) = t.zero.filter(|&z| z > 3) {
+            bail!("ZeRO stage {z} is not available: use 3 (parameters, gradients and optimizer state sharded over the workers), 2 (gradients and optimizer state sharded), 1 (optimizer state sharded) or 0 (nothing sharded)");
         }
         if t.checkpoint_layers_every == Some(0) {
             bail!("checkpoint_layers_every is 0: give k to checkpoint every k-th layer (1: every layer)");

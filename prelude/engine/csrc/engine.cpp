@@ -9,3 +9,4 @@
 #include "optim.cpp"
 #include "profiler.cpp"
 #include "recompute.cpp"
+#include "units.cpp"

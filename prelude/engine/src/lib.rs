@@ -58,6 +58,7 @@ pub use worker::recipe::{
 };
 pub use worker::recompute::checkpointed;
 pub use worker::task::{Batch, Setup, Task};
+pub use worker::units::{unit_forward, unit_sizes};
 pub use worker::{main as worker_main, Hpu, HpuBridge};
 
 /// The run directory's files and crash-safe writing (see the module's layout).

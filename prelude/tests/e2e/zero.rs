@@ -40,6 +40,21 @@ fn last_diff(a: &TrainResult, b: &TrainResult, file: &str) -> f64 {
     max_diff(&checkpoint(a).join(file), &checkpoint(b).join(file))
 }
 
+/// 20 AdamW steps of plain DDP and of ZeRO stage `stage` on `workers` workers, which end with
+/// the same weights and optimizer state.
+fn twenty_steps_equal_ddp(workers: usize, stage: u8) -> (TrainResult, TrainResult) {
+    let ddp = trainbook::fit(job(workers, 0, OptimizerKind::Adamw).max_steps(20)).unwrap();
+    let zero = trainbook::fit(job(workers, stage, OptimizerKind::Adamw).max_steps(20)).unwrap();
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let d = last_diff(&ddp, &zero, file);
+        assert!(
+            d < 1e-5,
+            "ZeRO-{stage}, {workers} workers: {file} differs by {d}"
+        );
+    }
+    (ddp, zero)
+}
+
 #[test]
 fn zero1_with_two_and_three_workers_equals_ddp_after_20_adamw_steps() {
     for workers in [2, 3] {
@@ -187,31 +202,85 @@ fn a_zero1_checkpoint_resumes_with_another_worker_count() {
 }
 
 #[test]
-fn zero_stage_three_is_refused_with_the_choices() {
-    let err = trainbook::fit(job(2, 3, OptimizerKind::Adamw))
+fn zero_stage_four_is_refused_with_the_choices() {
+    let err = trainbook::fit(job(2, 4, OptimizerKind::Adamw))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("ZeRO stage 3") && err.contains("use 2"),
+        err.contains("ZeRO stage 4") && err.contains("use 3"),
         "{err}"
     );
 }
 
 #[test]
+fn zero3_with_two_and_three_workers_equals_ddp_and_holds_a_shard_of_the_parameters() {
+    for workers in [2, 3] {
+        let (ddp, zero) = twenty_steps_equal_ddp(workers, 3);
+        // Between steps a rank holds 1/W of every parameter (each unit padded to a multiple
+        // of W elements), no gradient, and 1/W of the optimizer state.
+        let whole = ddp.memory[0].parameters as f64;
+        for m in &zero.memory {
+            let share = m.parameters as f64 / whole;
+            assert!(
+                (share - 1.0 / workers as f64).abs() < 0.01,
+                "rank {} holds {share:.4} of the parameters with {workers} workers: {m:?}",
+                m.rank
+            );
+            assert_eq!(m.gradients, 0, "{m:?}");
+            let state = m.optimizer_state as f64 / ddp.memory[0].optimizer_state as f64;
+            assert!((state - 1.0 / workers as f64).abs() < 0.01, "{m:?}");
+        }
+    }
+}
+
+#[test]
+fn zero3_accumulates_clips_recomputes_and_steps_lans() {
+    // Two micro-batches a step (each unit gathered for both), a global clip, every layer
+    // recomputed (the recomputation runs on the gathered unit); LANS's per-tensor norms add
+    // up the pieces of parameters cut between ranks.
+    let spec = |zero: u8, opt| {
+        job(2, zero, opt)
+            .max_steps(12)
+            .grad_accum(2)
+            .grad_clip(0.5)
+            .activation_checkpointing(zero == 3)
+    };
+    for (opt, tol) in [(OptimizerKind::Adamw, 1e-5), (OptimizerKind::Lans, 1e-4)] {
+        let ddp = trainbook::fit(spec(0, opt)).unwrap();
+        let zero = trainbook::fit(spec(3, opt)).unwrap();
+        let d = last_diff(&ddp, &zero, "model.safetensors");
+        assert!(d < tol, "{opt}: weights differ by {d}");
+    }
+}
+
+#[test]
+fn a_zero3_checkpoint_resumes_on_three_workers() {
+    // 10 steps under ZeRO-3 on 2 workers, 10 more from its checkpoint on 3 workers under
+    // ZeRO-3 (every rank cuts its shards out of the whole checkpoint): where 20 straight DDP
+    // steps end.
+    let straight = trainbook::fit(job(2, 0, OptimizerKind::Adamw).max_steps(20)).unwrap();
+    let first = trainbook::fit(
+        job(2, 3, OptimizerKind::Adamw)
+            .max_steps(10)
+            .checkpoint_every(10)
+            .epochs(1),
+    )
+    .unwrap();
+    let resumed = trainbook::fit(
+        job(3, 3, OptimizerKind::Adamw)
+            .max_steps(20)
+            .resume_from(checkpoint(&first)),
+    )
+    .unwrap();
+    assert_eq!(resumed.steps, 20);
+    let d = last_diff(&straight, &resumed, "model.safetensors");
+    assert!(d < 1e-5, "resumed on 3 workers: weights differ by {d}");
+}
+
+#[test]
 fn zero2_with_two_and_three_workers_equals_ddp_and_holds_no_full_gradients() {
     for workers in [2, 3] {
-        let ddp = trainbook::fit(job(workers, 0, OptimizerKind::Adamw).max_steps(20)).unwrap();
-        let zero = trainbook::fit(job(workers, 2, OptimizerKind::Adamw).max_steps(20)).unwrap();
-        let weights = last_diff(&ddp, &zero, "model.safetensors");
-        assert!(
-            weights < 1e-5,
-            "{workers} workers: weights differ by {weights}"
-        );
-        let state = last_diff(&ddp, &zero, "optimizer.safetensors");
-        assert!(
-            state < 1e-5,
-            "{workers} workers: optimizer state differs by {state}"
-        );
+        let (ddp, zero) = twenty_steps_equal_ddp(workers, 2);
         for m in &zero.memory {
             // The gradients went into the buckets during the backward pass and were dropped;
             // what stays are the 1/W shards (with the parameter shards, under buffers).

@@ -31,6 +31,7 @@ use super::zero::IN_FLIGHT;
 
 const F32: u64 = 4;
 const MIB: u64 = 1 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Resident memory of a CPU worker before it holds any model: the runtime, the code of libtorch and
 /// data, the tokenizer and the data set of the offline presets (fitted: 170 MiB).
@@ -150,6 +151,9 @@ fn lever_edits(h: &Hyper, world: usize, batch: usize) -> Vec<(String, Edit)> {
         // Stage 2 shards what stage 1 does and the gradients too: the stronger lever.
         levers.push(("--zero 2".into(), Box::new(|h: &mut Hyper| h.zero = 2)));
     }
+    if world > 1 && h.zero < 3 {
+        levers.push(("--zero 3".into(), Box::new(|h: &mut Hyper| h.zero = 3)));
+    }
     if !h.activation_checkpointing {
         levers.push((
             "--activation-checkpointing".into(),
@@ -244,10 +248,12 @@ fn estimate(
     // glibc kept of freed blocks.
     let mut heap_free_after_backward = 0;
     if device == DeviceKind::Cpu {
-        let per_parameter = if zero >= 2 {
-            CPU_RETAINED_PER_PARAMETER_ZERO2
-        } else {
-            CPU_RETAINED_PER_PARAMETER
+        // Under ZeRO-3 the parameter-sized temporaries are a unit's, not the model's: taken
+        // as ZeRO-2's per shard (not fitted yet).
+        let per_parameter = match zero {
+            0 | 1 => CPU_RETAINED_PER_PARAMETER,
+            2 => CPU_RETAINED_PER_PARAMETER_ZERO2,
+            _ => CPU_RETAINED_PER_PARAMETER_ZERO2 / world as f64,
         };
         let kept = acts as f64 * CPU_RETAINED_PER_ACTIVATION + (p * F32) as f64 * per_parameter;
         heap_free_after_backward = acts + kept as u64;
@@ -263,11 +269,18 @@ fn estimate(
     // write a checkpoint, into the heap the backward pass left free.
     let (mut rank0_extra, mut rank0_detail) = (0, String::new());
     if device == DeviceKind::Cpu && zero >= 1 {
-        let gathered = state_tensors(h) * p * F32;
+        // ZeRO-3 gathers the whole weights too (for now: consolidated checkpoints).
+        let weights = if zero >= 3 {
+            p * F32 + fp.frozen_bytes
+        } else {
+            0
+        };
+        let gathered = state_tensors(h) * p * F32 + weights;
         rank0_extra = gathered.saturating_sub(heap_free_after_backward);
         rank0_detail = format!(
-            "the whole {} state gathered to write it ({:.2} GiB), in the heap the backward pass left free",
+            "the whole {} state{} gathered to write it ({:.2} GiB), in the heap the backward pass left free",
             h.optimizer,
+            if zero >= 3 { " and weights" } else { "" },
             gathered as f64 / (1u64 << 30) as f64
         );
     }
@@ -284,6 +297,9 @@ fn estimate(
 /// Parameters, gradients, optimizer state and communication buffers: what the workers keep
 /// of the model, by ZeRO stage, from the same bucket plan the workers make.
 fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<MemoryRow> {
+    if zero >= 3 {
+        return sharded_parameter_rows(fp, h, world);
+    }
     let p = fp.parameters();
     // ZeRO pads each bucket to a multiple of the workers; stage 2 holds its largest buckets
     // in flight.
@@ -323,7 +339,7 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
         MemoryRow {
             what: "parameters".into(),
             bytes: p * F32 + fp.frozen_bytes,
-            detail: "fp32 master weights".into(),
+            detail: weights_detail(fp, ""),
         },
         MemoryRow {
             what: "gradients".into(),
@@ -351,6 +367,93 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
             what: "communication buffers".into(),
             bytes: comm,
             detail: comm_detail,
+        },
+    ]
+}
+
+/// What the parameters row counts: trained fp32 weights, and a frozen base beside them.
+fn weights_detail(fp: &Footprint, share: &str) -> String {
+    let trained = format!(
+        "fp32 master weights of the {} trained parameters{share}",
+        count(fp.parameters())
+    );
+    match fp.frozen_bytes {
+        0 => trained,
+        b => format!(
+            "{trained}, the frozen base ({:.2} GiB whole){share}",
+            b as f64 / GIB
+        ),
+    }
+}
+
+fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n => n.to_string(),
+    }
+}
+
+/// ZeRO-3: every parameter, gradient and optimizer state sharded 1/W; what is whole is the
+/// root's weights for a step and the units in flight (the one computing and the one being
+/// prefetched), and the gradient buckets of the units the backward pass reduces.
+fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<MemoryRow> {
+    let w = world as u64;
+    let p = fp.parameters();
+    let whole = p * F32 + fp.frozen_bytes;
+    let layers: u64 = fp.units.iter().sum();
+    let root = whole.saturating_sub(layers);
+    let mut largest = fp.units.clone();
+    largest.sort_unstable_by(|a, b| b.cmp(a));
+    // Current and prefetched; the root stays gathered through the step.
+    let gathered: u64 = largest.iter().take(2).sum();
+    // A unit's gradient bucket is the size of its trained part (all of it in full
+    // fine-tuning); under LoRA the adapters' are small.
+    let trained_share = if whole == 0 {
+        0.0
+    } else {
+        (p * F32) as f64 / whole as f64
+    };
+    let buckets =
+        ((largest.iter().take(IN_FLIGHT + 1).sum::<u64>() + root) as f64 * trained_share) as u64;
+    let shard = |bytes: u64| bytes.div_ceil(w);
+    let states = state_tensors(h);
+    vec![
+        MemoryRow {
+            what: "parameters".into(),
+            bytes: shard(whole),
+            detail: weights_detail(fp, &format!(", 1/{world} of each (ZeRO-3)")),
+        },
+        MemoryRow {
+            what: "gathered units".into(),
+            bytes: root + gathered,
+            detail: format!(
+                "whole while they compute: the root (embeddings, head: {:.2} GiB) for the step, and 2 of {} layers at a time (the current and the prefetched, {:.2} GiB)",
+                root as f64 / GIB,
+                fp.units.len().max(1),
+                gathered as f64 / GIB
+            ),
+        },
+        MemoryRow {
+            what: "gradients".into(),
+            bytes: shard(p * F32),
+            detail: format!("fp32, 1/{world} of them: reduced into the shards during the backward pass"),
+        },
+        MemoryRow {
+            what: "optimizer state".into(),
+            bytes: states * shard(p * F32),
+            detail: format!(
+                "{}: {states} fp32 tensor(s) per parameter, 1/{world} of them (ZeRO-3)",
+                h.optimizer
+            ),
+        },
+        MemoryRow {
+            what: "communication buffers".into(),
+            bytes: buckets,
+            detail: format!(
+                "the gradient buckets of up to {} units and the root's in flight in the backward pass",
+                IN_FLIGHT + 1
+            ),
         },
     ]
 }

@@ -5,7 +5,8 @@
 //!
 //! - [`recipe`], [`task`]: what a worker trains (the engine's recipe contract, users' tasks).
 //! - [`train`]: the training loop, a [`TrainingLoop`](train::TrainingLoop).
-//! - [`strategy`], [`ddp`], [`zero`]: how gradients become an update (replicated or sharded).
+//! - [`strategy`], [`ddp`], [`zero`], [`units`]: how gradients become an update (replicated or
+//!   sharded), and parameters sharded by unit (ZeRO-3).
 //! - [`optim`], [`precision`], [`sampler`], [`scores`]: optimizers and schedules, autocast,
 //!   data sharding, exact classification scores.
 //! - [`dist`], [`device`], [`check`]: c10d collectives, tensor placement, collective checks.
@@ -32,6 +33,7 @@ mod scores;
 mod strategy;
 pub(crate) mod task;
 mod train;
+pub(crate) mod units;
 pub(crate) mod zero;
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! How a step's gradients become new parameters on every rank: replicated (each rank
 //! all-reduces the gradients and steps the whole optimizer, as PyTorch DDP) or sharded (ZeRO
-//! stages 1 and 2, [`crate::worker::zero`]). The training loop sees one interface; the choice is `--zero`.
+//! stages 1, 2 and 3, [`crate::worker::zero`], [`crate::worker::units`]). The training loop sees one interface; the choice is `--zero`.
 
 use std::path::Path;
 
@@ -10,6 +10,7 @@ use tch::Tensor;
 use crate::worker::ddp::{self, GradSync};
 use crate::worker::dist::ProcessGroup;
 use crate::worker::optim::{Optimizer, OptimizerSettings};
+use crate::worker::units::{self, SharedUnits};
 use crate::worker::zero::ShardedOptimizer;
 
 pub(crate) enum UpdateStrategy {
@@ -27,7 +28,13 @@ impl UpdateStrategy {
         zero: u8,
         pg: &ProcessGroup,
         weight: f64,
+        units: Option<SharedUnits>,
     ) -> Result<Self> {
+        if let Some(units) = units {
+            return Ok(UpdateStrategy::Sharded(ShardedOptimizer::over_units(
+                cfg, params, pg, weight, units,
+            )?));
+        }
         if zero >= 1 {
             return Ok(UpdateStrategy::Sharded(ShardedOptimizer::new(
                 cfg,
@@ -135,5 +142,42 @@ impl UpdateStrategy {
             UpdateStrategy::Sharded(z) => z.state_bytes(),
         };
         (state, buffers)
+    }
+
+    /// ZeRO-3's units, when the parameters are sharded.
+    fn units(&self) -> Option<&SharedUnits> {
+        match self {
+            UpdateStrategy::Sharded(z) => z.units(),
+            UpdateStrategy::Replicated { .. } => None,
+        }
+    }
+
+    /// A pass over the model begins (a step, an evaluation): under ZeRO-3 the root's
+    /// parameters are gathered.
+    pub(crate) fn open(&self) -> Result<()> {
+        self.units().map_or(Ok(()), |u| units::lock(u)?.open())
+    }
+
+    /// The pass has ended: under ZeRO-3 what it gathered is freed (a step frees after its update).
+    pub(crate) fn close(&self) -> Result<()> {
+        self.units().map_or(Ok(()), |u| units::lock(u)?.close())
+    }
+
+    /// Every parameter whole on every rank until [`UpdateStrategy::close`] (a collective under
+    /// ZeRO-3: a checkpoint reads the whole model).
+    pub(crate) fn gather_all(&self) -> Result<()> {
+        self.units()
+            .map_or(Ok(()), |u| units::lock(u)?.gather_all())
+    }
+
+    /// The model whole again for good (after the last step; a collective under ZeRO-3).
+    pub(crate) fn unshard(&self) -> Result<()> {
+        self.units().map_or(Ok(()), units::deactivate)
+    }
+
+    /// Bytes of parameters this rank holds between steps, when they are sharded.
+    pub(crate) fn held_parameters(&self) -> Option<u64> {
+        self.units()
+            .and_then(|u| units::lock(u).ok().map(|s| s.held_bytes()))
     }
 }

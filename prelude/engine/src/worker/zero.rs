@@ -35,6 +35,7 @@ use crate::worker::device::OnDeviceOf;
 use crate::worker::dist::{ProcessGroup, ReduceOp, Work};
 use crate::worker::grad_hooks::TakeGradHook;
 use crate::worker::optim::{Optimizer, OptimizerSettings, Piece};
+use crate::worker::units::{self, SharedUnits};
 
 /// Collectives in flight at once: the next bucket is packed while the previous one travels,
 /// as [`ddp::GradSync`] does, without queueing every bucket's buffers at once.
@@ -66,6 +67,8 @@ pub(crate) struct ShardedOptimizer {
     /// (declared first: dropped before the reducer they point to).
     hooks: Vec<TakeGradHook>,
     reducer: Option<Arc<Mutex<Reducer>>>,
+    /// Stage 3: the sharded parameters themselves, gathered unit by unit.
+    units: Option<SharedUnits>,
 }
 
 impl ShardedOptimizer {
@@ -80,6 +83,47 @@ impl ShardedOptimizer {
         weight: f64,
         bucket_bytes: usize,
     ) -> Result<Self> {
+        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let layout = bucket_plan(&tensors, stage, bucket_bytes)
+            .into_iter()
+            .map(|slots| (slots, None))
+            .collect();
+        let mut z = Self::build(cfg, params, pg, layout);
+        if stage >= 2 {
+            z.reduce_in_backward(pg, weight)?;
+        }
+        Ok(z)
+    }
+
+    /// Stage 3: the buckets are `units`' trained groups and their shards are the units'
+    /// shards, which the update steps in place; the gradients are reduce-scattered in the
+    /// backward pass as in stage 2.
+    pub(crate) fn over_units(
+        cfg: OptimizerSettings,
+        params: Vec<(String, Tensor)>,
+        pg: &ProcessGroup,
+        weight: f64,
+        units: SharedUnits,
+    ) -> Result<Self> {
+        let layout = units::lock(&units)?
+            .trained_layout()
+            .into_iter()
+            .map(|(slots, shard)| (slots, Some(shard)))
+            .collect();
+        let mut z = Self::build(cfg, params, pg, layout);
+        z.reduce_in_backward(pg, weight)?;
+        z.units = Some(units);
+        Ok(z)
+    }
+
+    /// The shards of `layout`'s buckets (each with its parameter shard when the caller owns
+    /// it, else a new one), and an optimizer over each.
+    fn build(
+        cfg: OptimizerSettings,
+        params: Vec<(String, Tensor)>,
+        pg: &ProcessGroup,
+        layout: Vec<(BucketPlan, Option<Tensor>)>,
+    ) -> Self {
         let (rank, world) = (pg.rank(), pg.world_size());
         let (names, params): (Vec<String>, Vec<Tensor>) = params.into_iter().unzip();
         // Ranks without a piece in a bucket still join LAMB's norm all-reduces on the device.
@@ -88,15 +132,13 @@ impl ShardedOptimizer {
             .map(|p| p.zeros_on_device(&[1], Kind::Float))
             .unwrap_or_else(|| Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)));
         let mut shards = Vec::new();
-        for slots in bucket_plan(&params, stage, bucket_bytes) {
+        for (slots, given) in layout {
             let first = &params[slots[0].0];
             let kind = first.kind();
             // Elements per rank: the flat bucket holds `world * len`, padded with zeros.
             let len = (ddp::plan_len(&slots) + world as i64 - 1) / world as i64;
-            let (grad, param) = (
-                first.zeros_on_device(&[len], kind),
-                first.zeros_on_device(&[len], kind),
-            );
+            let grad = first.zeros_on_device(&[len], kind);
+            let param = given.unwrap_or_else(|| first.zeros_on_device(&[len], kind));
             let pieces = pieces_of(&slots, rank as i64 * len, len);
             let (mut named, mut grads) = (Vec::new(), Vec::new());
             for &(i, in_param, in_shard, n) in &pieces {
@@ -119,17 +161,14 @@ impl ShardedOptimizer {
                 grads,
             });
         }
-        let mut z = Self {
+        Self {
             names,
             params,
             shards,
             hooks: Vec::new(),
             reducer: None,
-        };
-        if stage >= 2 {
-            z.reduce_in_backward(pg, weight)?;
+            units: None,
         }
-        Ok(z)
     }
 
     /// Stage 2: the reducer over this optimizer's buckets and gradient shards, and a hook on
@@ -207,10 +246,13 @@ impl ShardedOptimizer {
     /// Bytes of this rank's gradient and parameter shards (the flat buckets live only while
     /// they travel).
     pub(crate) fn buffer_bytes(&self) -> u64 {
+        // Stage 3's parameter shards are the parameters themselves (counted as such).
+        let param_shards = self.units.is_none() as usize;
         self.shards
             .iter()
             .map(|s| {
-                (s.grad.numel() + s.param.numel()) as u64 * s.grad.kind().elt_size_in_bytes() as u64
+                (s.grad.numel() + param_shards * s.param.numel()) as u64
+                    * s.grad.kind().elt_size_in_bytes() as u64
             })
             .sum()
     }
@@ -238,7 +280,13 @@ impl ShardedOptimizer {
                 Some(max) => Some(self.clip(pg, max)?),
                 None => None,
             };
-            self.update_and_allgather(pg, lr)?;
+            match self.units.clone() {
+                Some(units) => {
+                    self.update_shards(pg, lr)?;
+                    units::lock(&units)?.close()?;
+                }
+                None => self.update_and_allgather(pg, lr)?,
+            }
             Ok(norm)
         })
     }
@@ -319,6 +367,21 @@ impl ShardedOptimizer {
             self.unpack(done, &flat);
         }
         Ok(())
+    }
+
+    /// Stage 3: each shard is the parameters' truth; updated in place, gathered by the units
+    /// when next needed.
+    fn update_shards(&mut self, pg: &ProcessGroup, lr: f64) -> Result<()> {
+        let sum = |t: &Tensor| pg.allreduce(&[t], ReduceOp::Sum);
+        for s in &mut self.shards {
+            s.opt.step_with(lr, &s.grads, Some(&sum))?;
+        }
+        Ok(())
+    }
+
+    /// Stage 3's units, when this optimizer steps them.
+    pub(crate) fn units(&self) -> Option<&SharedUnits> {
+        self.units.as_ref()
     }
 
     fn unpack(&self, b: usize, flat: &Tensor) {

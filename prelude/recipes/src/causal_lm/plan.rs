@@ -156,12 +156,21 @@ pub fn plan(
     let activations = stack_and_head(config, &l, layer, (b, seq, tokens), (w, n), hyper);
     // A frozen base is held in bf16 under bf16 (see `LmRecipe::build`).
     let frozen = if lora.is_some() { all * w } else { 0 };
+    // A layer's weights: fp32 when trained, the frozen base's dtype under LoRA.
+    let per_element = if lora.is_some() { w } else { 4 };
+    let units = trainbook_engine::unit_sizes(tensors.iter().map(|(name, s)| {
+        (
+            name.as_str(),
+            s.iter().product::<i64>() as u64 * per_element,
+        )
+    }));
     Footprint {
         model: config.describe(),
         trainable,
         cast_by_autocast: if lora.is_some() { 0 } else { matrices },
         frozen_bytes: frozen,
         activations,
+        units,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tch::Tensor;
+use tch::{nn, Tensor};
 
 use super::attention::KvCache;
 use super::lora::Projection;
@@ -40,14 +40,19 @@ pub trait Layer: 'static {
 
 pub struct Stack<L> {
     layers: Vec<Arc<L>>,
+    /// Each layer's variable prefix (`model.layers.3`): its unit under ZeRO-3.
+    units: Vec<String>,
     /// Activation checkpointing of every k-th layer in training (`None`: off).
     checkpoint_every: Option<usize>,
 }
 
 impl<L: Layer> Stack<L> {
-    pub fn new(layers: Vec<L>) -> Self {
+    /// The layers built under `under / i`, i = 0, 1, …
+    pub fn new(under: &nn::Path, layers: Vec<L>) -> Self {
+        let units = (0..layers.len()).map(|i| unit_name(&(under / i))).collect();
         Self {
             layers: layers.into_iter().map(Arc::new).collect(),
+            units,
             checkpoint_every: None,
         }
     }
@@ -61,21 +66,28 @@ impl<L: Layer> Stack<L> {
         train: bool,
     ) -> Tensor {
         for (i, l) in self.layers.iter().enumerate() {
-            x = match (self.checkpoint_every, cache.as_deref_mut()) {
-                (Some(k), None) if train && i % k == 0 => {
+            let recompute = self.checkpoint_every.is_some_and(|k| train && i % k == 0);
+            let c = cache.as_deref_mut();
+            x = trainbook_engine::unit_forward(&self.units[i], &x, |x| match c {
+                None if recompute => {
                     // The recomputation runs in the backward pass: it holds its own handles.
                     let layer = l.clone();
                     let shared: Vec<Tensor> = shared.iter().map(Tensor::shallow_clone).collect();
-                    trainbook_engine::checkpointed(&[&x], move |ins| {
+                    trainbook_engine::checkpointed(&[x], move |ins| {
                         layer.forward(&ins[0], &shared, None, true)
                     })
                     .unwrap_or_else(|e| panic!("{e:#}"))
                 }
-                (_, c) => l.forward(&x, shared, c.map(|c| (c, i)), train),
-            };
+                c => l.forward(x, shared, c.map(|c| (c, i)), train),
+            });
         }
         x
     }
+}
+
+/// The dotted name of a variable path (`model.layers.3`), as its variables' names begin.
+pub fn unit_name(p: &nn::Path) -> String {
+    p.components().collect::<Vec<_>>().join(".")
 }
 
 /// What a model's users change on its stack, whatever its layers.

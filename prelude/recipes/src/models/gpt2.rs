@@ -243,6 +243,7 @@ impl Gpt2 {
             wte: (&t / "wte").var("weight", &[c.vocab_size, c.n_embd], init),
             wpe: (&t / "wpe").var("weight", &[c.n_positions, c.n_embd], init),
             layers: Stack::new(
+                &(&t / "h"),
                 (0..c.n_layer)
                     .map(|i| Block::new(&(&t / "h" / i), c, lora))
                     .collect(),

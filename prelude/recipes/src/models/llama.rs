@@ -303,6 +303,7 @@ impl Llama {
             },
         );
         let layers = Stack::new(
+            &(&model / "layers"),
             (0..c.num_hidden_layers)
                 .map(|i| Block::new(&(&model / "layers" / i), c, lora))
                 .collect(),

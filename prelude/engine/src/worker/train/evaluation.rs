@@ -43,9 +43,23 @@ impl TrainingLoop<'_> {
             self.recipe.prefetch(Split::Eval, epoch, &batches);
         }
         let (precision, device) = (self.h.precision, self.ctx.device);
-        tch::no_grad(|| -> Result<EvalSums> {
+        // Under ZeRO-3 every forward gathers its units, a collective: every rank runs as many
+        // batches, those past its own shard's end being passes whose results are dropped.
+        let passes = match self.update.held_parameters() {
+            Some(_) => self.eval_passes(),
+            None => batches.len(),
+        };
+        let spare = [self.shards.eval.first().copied().unwrap_or(0)];
+        self.update.open()?;
+        let sums = tch::no_grad(|| -> Result<EvalSums> {
             let mut e = EvalSums::default();
-            for batch in batches.iter().copied() {
+            for i in 0..passes {
+                let Some(batch) = batches.get(i).copied() else {
+                    autocast(precision, device, || {
+                        self.recipe.step(Split::Eval, &spare, false)
+                    })?;
+                    continue;
+                };
                 let out = autocast(precision, device, || {
                     self.recipe.step(Split::Eval, batch, false)
                 })?;
@@ -61,7 +75,19 @@ impl TrainingLoop<'_> {
                 heartbeat::tick();
             }
             Ok(e)
-        })
+        });
+        self.update.close()?;
+        sums
+    }
+
+    /// The most evaluation batches any rank runs.
+    fn eval_passes(&self) -> usize {
+        let (len, world) = (self.recipe.eval_len(), self.ctx.world_size);
+        let per_batch = self.plan.local_batch.max(32);
+        (0..world)
+            .map(|r| sampler::eval_shard(len, r, world).len().div_ceil(per_batch))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The epoch's metrics, summed over ranks in one all-reduce (once they agree on what they

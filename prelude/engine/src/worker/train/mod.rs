@@ -99,16 +99,23 @@ impl<'a> TrainingLoop<'a> {
     ) -> Result<Self> {
         let world = ctx.world_size;
         let local_batch = setup::local_batch(ctx, h)?;
+        let trainable = setup::trainable_named(recipe);
+        let units = setup::units(ctx, h, recipe, &trainable)?;
         let mut update = UpdateStrategy::new(
             setup::optimizer_config(h),
-            setup::trainable_named(recipe),
+            trainable,
             h.zero,
             &ctx.pg,
             1.0 / world as f64,
+            units.clone(),
         )?;
         let resumed = resume::load(ctx, h, recipe.vars_mut(), &mut update)?;
         // Same starting point everywhere (in a fixed name order).
         ddp::broadcast_parameters(&ctx.pg, &setup::ordered_vars(recipe))?;
+        if let Some(units) = &units {
+            crate::worker::units::lock(units)?.capture()?;
+            crate::worker::units::activate(units);
+        }
         let params = Params::of(recipe);
         let shards = Shards::new(recipe, ctx.rank, world, h.seed)?;
         let accum = h.grad_accum.max(1);
@@ -166,7 +173,11 @@ impl<'a> TrainingLoop<'a> {
         }
         self.profiling.finish(self.ctx)?;
         self.checkpoints.wait(self.ctx)?;
-        Ok(self.summary())
+        // What the rank held between steps, before the model is made whole again for what
+        // follows the run (its summary, a last save).
+        let held = self.update.held_parameters();
+        self.update.unshard()?;
+        Ok(self.summary(held))
     }
 
     /// One epoch's optimizer steps over this rank's shard (after a resume, without the steps
@@ -264,6 +275,7 @@ impl<'a> TrainingLoop<'a> {
         self.update.set_share(weights.share);
         let mut scalars = StepScalars::default();
         let recipe = &*self.recipe;
+        self.update.open()?;
         for (batch, divisor) in group.iter().zip(weights.divisors) {
             // A rank with no samples takes part in the step's collectives with a weightless
             // sample.
@@ -363,6 +375,21 @@ impl<'a> TrainingLoop<'a> {
         let _busy = Busy::new();
         self.checkpoints.started();
         let optimizer = self.update.checkpoint_state(&self.ctx.pg)?;
+        // Under ZeRO-3 every rank takes part in gathering the weights rank 0 writes.
+        self.update.gather_all()?;
+        let written = self.write_checkpoint(dir, epoch, metrics, step_checkpoint, optimizer);
+        self.update.close()?;
+        written
+    }
+
+    fn write_checkpoint(
+        &mut self,
+        dir: &Path,
+        epoch: u64,
+        metrics: BTreeMap<String, f64>,
+        step_checkpoint: bool,
+        optimizer: Vec<(String, Tensor)>,
+    ) -> Result<()> {
         if self.ctx.rank != 0 {
             return Ok(());
         }

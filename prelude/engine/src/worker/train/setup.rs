@@ -9,6 +9,7 @@ use super::WorkerContext;
 use crate::worker::optim::OptimizerSettings;
 use crate::worker::recipe::Recipe;
 use crate::worker::sampler::{self, DistributedSampler};
+use crate::worker::units::{SharedUnits, UnitStore};
 
 /// Samples per forward pass on one worker, with a note when the global batch does not divide.
 pub(super) fn local_batch(ctx: &WorkerContext, h: &Hyper) -> Result<usize> {
@@ -66,6 +67,30 @@ pub(super) fn trainable_named(recipe: &dyn Recipe) -> Vec<(String, Tensor)> {
         .collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     named
+}
+
+/// ZeRO-3's units over the recipe's variables (`zero 3` on several workers): every trained
+/// variable, and the frozen ones too where they never change (a LoRA base; batch-norm
+/// statistics stay whole on every rank).
+pub(super) fn units(
+    ctx: &WorkerContext,
+    h: &Hyper,
+    recipe: &dyn Recipe,
+    trainable: &[(String, Tensor)],
+) -> Result<Option<SharedUnits>> {
+    if h.zero < 3 || ctx.world_size < 2 {
+        return Ok(None);
+    }
+    let frozen_too = !recipe.buffers_change();
+    let vars = recipe.vars().variables();
+    let mut named: Vec<(String, Tensor)> = vars
+        .into_iter()
+        .filter(|(_, t)| frozen_too || t.requires_grad())
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let names: Vec<String> = trainable.iter().map(|(n, _)| n.clone()).collect();
+    let store = UnitStore::new(named, &names, &ctx.pg)?;
+    Ok(Some(std::sync::Arc::new(std::sync::Mutex::new(store))))
 }
 
 /// The recipe's variables, each kind in name order.

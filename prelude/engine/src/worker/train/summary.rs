@@ -9,14 +9,15 @@ use crate::shared::events::WorkerSummary;
 
 impl TrainingLoop<'_> {
     /// This rank's summary: steps, throughput, final metrics, a parameter fingerprint, memory.
-    pub(super) fn summary(self) -> WorkerSummary {
+    /// `held`: the parameter bytes held between steps when ZeRO-3 shards them.
+    pub(super) fn summary(self, held: Option<u64>) -> WorkerSummary {
         let vs = self.recipe.vars();
         let (param_sum, param_l2) = param_stats(vs);
         let (optimizer_state, buffers) = self.update.memory();
         let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
         let memory = trainbook_api::MemoryUse {
             rank: self.ctx.rank,
-            parameters: vs.variables().values().map(bytes).sum(),
+            parameters: held.unwrap_or_else(|| vs.variables().values().map(bytes).sum()),
             gradients: self
                 .params
                 .trainable

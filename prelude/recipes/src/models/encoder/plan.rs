@@ -264,6 +264,7 @@ pub fn plan_footprint(
         trainable: f.tensors.iter().map(|t| t.1).collect(),
         cast_by_autocast: f.cast_by_autocast,
         frozen_bytes: 0,
+        units: trainbook_engine::unit_sizes(f.tensors.iter().map(|(n, e)| (n.as_str(), e * 4))),
         activations: f.activations,
     }
 }

@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::config::EncoderConfig;
 use crate::models::attention::lowest;
+use crate::models::decoder::unit_name;
 use crate::models::family::{Family, LayerNames, Layers};
 
 pub(super) fn linear(vs: nn::Path, i: i64, o: i64, cfg: &EncoderConfig) -> nn::Linear {
@@ -184,6 +185,9 @@ pub(super) struct Encoder {
     /// The layers in the order they run; ALBERT's repeat (one `Arc` per shared layer).
     /// Shared, so a checkpointed layer's recomputation can hold its own handle.
     layers: Vec<Arc<Layer>>,
+    /// Each layer's variable prefix (`bert.encoder.layer.3`; ALBERT's group): its unit under
+    /// ZeRO-3.
+    units: Vec<String>,
     /// Activation checkpointing of every k-th layer in training (`None`: off).
     pub(super) checkpoint_every: Option<usize>,
 }
@@ -198,12 +202,18 @@ impl Encoder {
             .as_ref()
             .filter(|p| p.always || e != h)
             .map(|p| linear(path(base, p.path), e, h, c));
-        let layers = match family.layers {
+        let (layers, units): (Vec<Arc<Layer>>, Vec<String>) = match family.layers {
             Layers::Each(under) => {
                 let under = path(base, under);
                 (0..c.num_hidden_layers)
-                    .map(|i| Arc::new(Layer::new(&under / i, c, &family.layer)))
-                    .collect()
+                    .map(|i| {
+                        let p = &under / i;
+                        (
+                            Arc::new(Layer::new(p.clone(), c, &family.layer)),
+                            unit_name(&p),
+                        )
+                    })
+                    .unzip()
             }
             Layers::Groups => {
                 // ALBERT: layer i runs group i / (layers / groups), each group's inner layers
@@ -223,14 +233,21 @@ impl Encoder {
                     .collect();
                 let per_group = (c.num_hidden_layers / groups).max(1);
                 (0..c.num_hidden_layers)
-                    .flat_map(|i| shared[((i / per_group).min(groups - 1)) as usize].clone())
-                    .collect()
+                    .flat_map(|i| {
+                        let g = (i / per_group).min(groups - 1);
+                        let unit = unit_name(&(&under / g));
+                        shared[g as usize]
+                            .iter()
+                            .map(move |l| (l.clone(), unit.clone()))
+                    })
+                    .unzip()
             }
         };
         Self {
             embeddings: Embeddings::new(base / "embeddings", c, family),
             projection,
             layers,
+            units,
             checkpoint_every: None,
         }
     }
@@ -255,16 +272,18 @@ impl Encoder {
                 .masked_fill(&keep.logical_not(), lowest(x.kind()))
         });
         for (i, l) in self.layers.iter().enumerate() {
-            x = match self.checkpoint_every {
-                Some(k) if train && i % k == 0 => {
+            let recompute = self.checkpoint_every.is_some_and(|k| train && i % k == 0);
+            x = trainbook_engine::unit_forward(&self.units[i], &x, |x| {
+                if recompute {
                     let (layer, mask) = (l.clone(), mask.as_ref().map(Tensor::shallow_clone));
-                    trainbook_engine::checkpointed(&[&x], move |ins| {
+                    trainbook_engine::checkpointed(&[x], move |ins| {
                         layer.forward(&ins[0], mask.as_ref(), true)
                     })
                     .unwrap_or_else(|e| panic!("{e:#}"))
+                } else {
+                    l.forward(x, mask.as_ref(), train)
                 }
-                _ => l.forward(&x, mask.as_ref(), train),
-            };
+            });
         }
         x
     }
