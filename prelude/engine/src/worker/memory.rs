@@ -237,9 +237,21 @@ fn estimate(
         detail: format!("{batch} samples per micro-batch: {}", parts.join(", ")),
     });
     if h.precision == Precision::Bf16 {
+        // Recomputed ZeRO-3 layers keep no copies between their forward and backward: only
+        // the layers gathered at a time hold theirs.
+        let layers: u64 = fp.units.iter().sum();
+        let kept = match (zero >= 3 && h.activation_checkpointing, layers) {
+            (true, l) if l > 0 => {
+                let mut largest = fp.units.clone();
+                largest.sort_unstable_by(|a, b| b.cmp(a));
+                let share = largest.iter().take(2).sum::<u64>() as f64 / l as f64;
+                (fp.cast_by_autocast as f64 * share) as u64
+            }
+            _ => fp.cast_by_autocast,
+        };
         rows.push(MemoryRow {
             what: "bf16 weight copies".into(),
-            bytes: fp.cast_by_autocast * 2,
+            bytes: kept * 2,
             detail: "bf16 copies of the matrices made by autocast, kept for the backward pass"
                 .into(),
         });
@@ -374,13 +386,13 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
 /// What the parameters row counts: trained fp32 weights, and a frozen base beside them.
 fn weights_detail(fp: &Footprint, share: &str) -> String {
     let trained = format!(
-        "fp32 master weights of the {} trained parameters{share}",
+        "fp32 master weights of the {} trained parameters",
         count(fp.parameters())
     );
     match fp.frozen_bytes {
-        0 => trained,
+        0 => format!("{trained}{share}"),
         b => format!(
-            "{trained}, the frozen base ({:.2} GiB whole){share}",
+            "{trained} and the frozen base ({:.2} GiB whole){share}",
             b as f64 / GIB
         ),
     }
@@ -422,7 +434,7 @@ fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<Memory
         MemoryRow {
             what: "parameters".into(),
             bytes: shard(whole),
-            detail: weights_detail(fp, &format!(", 1/{world} of each (ZeRO-3)")),
+            detail: weights_detail(fp, &format!(", 1/{world} of each tensor (ZeRO-3)")),
         },
         MemoryRow {
             what: "gathered units".into(),
