@@ -107,19 +107,26 @@ def test_zero1_on_hpu_reduce_scatters_through_hccl_and_equals_ddp(hpu):
         assert "op calls: hpu::optimizer_adamw=40 " in log, log[-1500:]
 
 
-def test_zero2_and_activation_checkpointing_on_hpu_equal_zero1(hpu):
-    # ZeRO-2's gradient hooks reduce-scatter HPU buckets during the backward pass, and the
-    # checkpointed layers are recomputed on the HPU with the random state of their first
-    # forward pass (dropout 0.1): the same parameters as ZeRO-1 without recomputation.
+def zero1_and_recomputed(hpu, stage):
+    """10 AdamW steps (dropout 0.1) under ZeRO-1, and under `stage` with every layer recomputed,
+    on 2 HPUs: their summaries, once their parameters are checked equal."""
     adamw = ["--preset", "tiny", "--optimizer", "adamw", "--weight-decay", "0.01",
              "--dropout", "0.1", "--workers", "2", "--max-steps", "10", "--json"]
     plain = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", "1",
                               *adamw))
-    levers = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", "2",
-                               "--activation-checkpointing", *adamw))
-    assert levers["device"] == "hpu" and levers["steps"] == plain["steps"] == 10, levers
-    worst = max_abs_diff(read_f32(levers["last_checkpoint"]), read_f32(plain["last_checkpoint"]))
-    assert worst <= 1e-5, f"ZeRO-2 with checkpointing and ZeRO-1 on HPU differ by {worst}"
+    other = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", stage,
+                              "--activation-checkpointing", *adamw))
+    assert other["device"] == "hpu" and other["steps"] == plain["steps"] == 10, other
+    worst = max_abs_diff(read_f32(other["last_checkpoint"]), read_f32(plain["last_checkpoint"]))
+    assert worst <= 1e-5, f"ZeRO-{stage} with checkpointing and ZeRO-1 on HPU differ by {worst}"
+    return plain, other
+
+
+def test_zero2_and_activation_checkpointing_on_hpu_equal_zero1(hpu):
+    # ZeRO-2's gradient hooks reduce-scatter HPU buckets during the backward pass, and the
+    # checkpointed layers are recomputed on the HPU with the random state of their first
+    # forward pass (dropout 0.1): the same parameters as ZeRO-1 without recomputation.
+    plain, levers = zero1_and_recomputed(hpu, "2")
     assert all(m["gradients"] == 0 for m in levers["memory"]), levers["memory"]
 
 
@@ -127,15 +134,7 @@ def test_zero3_on_hpu_equals_zero1(hpu):
     # ZeRO-3's unit buffers are freed and allocated again on the HPU (the bridge's allocator),
     # all-gathered around each layer's forward and backward over HCCL, with every layer
     # recomputed: the same parameters as ZeRO-1, 1/2 of them on each rank between steps.
-    adamw = ["--preset", "tiny", "--optimizer", "adamw", "--weight-decay", "0.01",
-             "--dropout", "0.1", "--workers", "2", "--max-steps", "10", "--json"]
-    plain = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", "1",
-                              *adamw))
-    sharded = summary(trainbook(hpu, "train", "synthetic", "--device", "hpu", "--zero", "3",
-                                "--activation-checkpointing", *adamw))
-    assert sharded["device"] == "hpu" and sharded["steps"] == plain["steps"] == 10, sharded
-    worst = max_abs_diff(read_f32(sharded["last_checkpoint"]), read_f32(plain["last_checkpoint"]))
-    assert worst <= 1e-5, f"ZeRO-3 and ZeRO-1 on HPU differ by {worst}"
+    plain, sharded = zero1_and_recomputed(hpu, "3")
     whole = plain["memory"][0]["parameters"]
     for m in sharded["memory"]:
         assert abs(m["parameters"] / whole - 0.5) < 0.01 and m["gradients"] == 0, sharded["memory"]

@@ -10,7 +10,7 @@ use trainbook_api::{DeviceKind, Footprint, Hyper, Precision};
 use trainbook_engine::Layout;
 
 use super::{model_dir, Settings};
-use crate::models::causal_lm::{Architecture, ModelConfig};
+use crate::models::causal_lm::{Architecture, ModelConfig, TensorShapes};
 use crate::models::lora::LoraSpec;
 
 /// Tensor sizes of one layer, per token.
@@ -156,14 +156,7 @@ pub fn plan(
     let activations = stack_and_head(config, &l, layer, (b, seq, tokens), (w, n), hyper);
     // A frozen base is held in bf16 under bf16 (see `LmRecipe::build`).
     let frozen = if lora.is_some() { all * w } else { 0 };
-    // A layer's weights: fp32 when trained, the frozen base's dtype under LoRA.
-    let per_element = if lora.is_some() { w } else { 4 };
-    let units = trainbook_engine::unit_sizes(tensors.iter().map(|(name, s)| {
-        (
-            name.as_str(),
-            s.iter().product::<i64>() as u64 * per_element,
-        )
-    }));
+    let units = layer_bytes(&tensors, if lora.is_some() { w } else { 4 });
     Footprint {
         model: config.describe(),
         trainable,
@@ -172,6 +165,17 @@ pub fn plan(
         activations,
         units,
     }
+}
+
+/// Each layer's weights in bytes (ZeRO-3's units), `per_element` bytes an element: fp32 when
+/// trained, the frozen base's dtype under LoRA.
+fn layer_bytes(tensors: &TensorShapes, per_element: u64) -> Vec<u64> {
+    trainbook_engine::unit_sizes(tensors.iter().map(|(name, s)| {
+        (
+            name.as_str(),
+            s.iter().product::<i64>() as u64 * per_element,
+        )
+    }))
 }
 
 /// The parts of a micro-batch's activations: the layers (`layer` bytes each, fewer with
