@@ -242,9 +242,7 @@ fn estimate(
         let layers: u64 = fp.units.iter().sum();
         let kept = match (zero >= 3 && h.activation_checkpointing, layers) {
             (true, l) if l > 0 => {
-                let mut largest = fp.units.clone();
-                largest.sort_unstable_by(|a, b| b.cmp(a));
-                let share = largest.iter().take(2).sum::<u64>() as f64 / l as f64;
+                let share = largest_sum(&fp.units, GATHERED_UNITS) as f64 / l as f64;
                 (fp.cast_by_autocast as f64 * share) as u64
             }
             _ => fp.cast_by_autocast,
@@ -326,9 +324,7 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
     let states = state_tensors(h);
     // Stage 2 makes its buckets while the backward pass runs: the largest ones in flight at
     // once come on top (the memory the layers free as the pass goes cannot always take them).
-    let mut largest = buckets;
-    largest.sort_unstable_by(|a, b| b.cmp(a));
-    let in_flight: u64 = largest.iter().take(IN_FLIGHT + 1).sum::<u64>() * F32;
+    let in_flight: u64 = largest_sum(&buckets, IN_FLIGHT + 1) * F32;
     let (comm, comm_detail) = match zero {
         0 if world == 1 => (0, "none: one worker exchanges no gradients".to_string()),
         0 => (
@@ -383,6 +379,16 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
     ]
 }
 
+/// Layers a ZeRO-3 worker holds gathered at once: the one computing and the prefetched one.
+const GATHERED_UNITS: usize = 2;
+
+/// The sum of the `n` largest of `sizes`.
+fn largest_sum(sizes: &[u64], n: usize) -> u64 {
+    let mut sorted = sizes.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    sorted.iter().take(n).sum()
+}
+
 /// What the parameters row counts: trained fp32 weights, and a frozen base beside them.
 fn weights_detail(fp: &Footprint, share: &str) -> String {
     let trained = format!(
@@ -415,10 +421,9 @@ fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<Memory
     let whole = p * F32 + fp.frozen_bytes;
     let layers: u64 = fp.units.iter().sum();
     let root = whole.saturating_sub(layers);
-    let mut largest = fp.units.clone();
-    largest.sort_unstable_by(|a, b| b.cmp(a));
+
     // Current and prefetched; the root stays gathered through the step.
-    let gathered: u64 = largest.iter().take(2).sum();
+    let gathered = largest_sum(&fp.units, GATHERED_UNITS);
     // A unit's gradient bucket is the size of its trained part (all of it in full
     // fine-tuning); under LoRA the adapters' are small.
     let trained_share = if whole == 0 {
@@ -426,8 +431,7 @@ fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<Memory
     } else {
         (p * F32) as f64 / whole as f64
     };
-    let buckets =
-        ((largest.iter().take(IN_FLIGHT + 1).sum::<u64>() + root) as f64 * trained_share) as u64;
+    let buckets = ((largest_sum(&fp.units, IN_FLIGHT + 1) + root) as f64 * trained_share) as u64;
     let shard = |bytes: u64| bytes.div_ceil(w);
     let states = state_tensors(h);
     vec![

@@ -175,6 +175,12 @@ impl UpdateStrategy {
         self.units().map_or(Ok(()), units::deactivate)
     }
 
+    /// Whether the parameters are sharded (ZeRO-3 on several workers): then every forward
+    /// pass is a collective.
+    pub(crate) fn shards_parameters(&self) -> bool {
+        self.units().is_some()
+    }
+
     /// Bytes of parameters this rank holds between steps, when they are sharded.
     pub(crate) fn held_parameters(&self) -> Option<u64> {
         self.units()

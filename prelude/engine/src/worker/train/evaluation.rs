@@ -45,9 +45,9 @@ impl TrainingLoop<'_> {
         let (precision, device) = (self.h.precision, self.ctx.device);
         // Under ZeRO-3 every forward gathers its units, a collective: every rank runs as many
         // batches, those past its own shard's end being passes whose results are dropped.
-        let passes = match self.update.held_parameters() {
-            Some(_) => self.eval_passes(),
-            None => batches.len(),
+        let passes = match self.update.shards_parameters() {
+            true => self.eval_passes(),
+            false => batches.len(),
         };
         let spare = [self.shards.eval.first().copied().unwrap_or(0)];
         self.update.open()?;
