@@ -32,10 +32,10 @@ pub struct Footprint {
     /// Bytes of activations one micro-batch keeps at its peak (saved for the backward pass,
     /// plus the backward pass's own working set), by part.
     pub activations: Vec<(String, u64)>,
-    /// Bytes of each layer's parameters, whole (trained ones in fp32, frozen ones as held):
+    /// Each layer's name and the bytes of its parameters, whole (trained ones in fp32, frozen ones as held):
     /// ZeRO-3's units, gathered one or two at a time. Empty when unknown: then the plan counts
     /// the whole model as one unit.
-    pub units: Vec<u64>,
+    pub units: Vec<(String, u64)>,
 }
 
 impl Footprint {

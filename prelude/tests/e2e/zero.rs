@@ -481,4 +481,13 @@ fn a_job_that_cannot_fit_fails_before_launch_naming_the_levers() {
         trainbook::fit(job(2, 0, OptimizerKind::Adamw).device_memory("lots")).unwrap_err()
     );
     assert!(e.contains("32GiB"), "{e}");
+    // Under ZeRO-3 a layer that cannot be gathered whole is named: more workers do not help.
+    let e = format!(
+        "{:#}",
+        trainbook::fit(job(2, 3, OptimizerKind::Adamw).device_memory("4KiB")).unwrap_err()
+    );
+    assert!(
+        e.contains("ZeRO-3 gathers each layer whole") && e.contains("bert.encoder.layer.0 alone"),
+        "{e}"
+    );
 }

@@ -120,10 +120,39 @@ pub(crate) fn check(
     }
     if let Some(p) = plan(entry, spec, hyper, device)? {
         if p.fits() == Some(false) {
-            bail!("{}", p.not_fitting_error());
+            let unit = oversized_unit(entry, spec, hyper, device, &p)?;
+            bail!("{}{}", unit.unwrap_or_default(), p.not_fitting_error());
         }
     }
     Ok(())
+}
+
+/// Under ZeRO-3, the layer that cannot be gathered whole on the device with the next one
+/// prefetched, in words: no number of workers makes such a job fit.
+fn oversized_unit(
+    entry: &RecipeEntry,
+    spec: &JobSpec,
+    hyper: &Hyper,
+    device: DeviceKind,
+    plan: &MemoryPlan,
+) -> Result<Option<String>> {
+    let (Some(footprint), Some(capacity)) = (entry.footprint, &plan.capacity) else {
+        return Ok(None);
+    };
+    if hyper.zero < 3 || spec.world_size() < 2 {
+        return Ok(None);
+    }
+    let fp = estimate(footprint, hyper, spec.world_size(), device)?.footprint;
+    let Some((name, bytes)) = fp.units.iter().rev().max_by_key(|u| u.1) else {
+        return Ok(None);
+    };
+    Ok((GATHERED_UNITS as u64 * bytes > capacity.bytes).then(|| {
+        format!(
+            "ZeRO-3 gathers each layer whole while it computes, with the next one prefetched, and {name} alone holds {:.2} GiB whole: two of them are more than the {:.2} GiB a device has, whatever the number of workers. Use devices with more memory, or hold the weights in bf16 (--precision bf16 with --lora-rank, whose frozen base is bf16).\n",
+            *bytes as f64 / GIB,
+            capacity.bytes as f64 / GIB
+        )
+    }))
 }
 
 /// The options a plan reports itself under, e.g. "adamw, ZeRO-1, bf16, activation checkpointing".
@@ -239,10 +268,10 @@ fn estimate(
     if h.precision == Precision::Bf16 {
         // Recomputed ZeRO-3 layers keep no copies between their forward and backward: only
         // the layers gathered at a time hold theirs.
-        let layers: u64 = fp.units.iter().sum();
+        let layers: u64 = fp.units.iter().map(|u| u.1).sum();
         let kept = match (zero >= 3 && h.activation_checkpointing, layers) {
             (true, l) if l > 0 => {
-                let share = largest_sum(&fp.units, GATHERED_UNITS) as f64 / l as f64;
+                let share = largest_sum(&unit_bytes(&fp), GATHERED_UNITS) as f64 / l as f64;
                 (fp.cast_by_autocast as f64 * share) as u64
             }
             _ => fp.cast_by_autocast,
@@ -382,6 +411,10 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
 /// Layers a ZeRO-3 worker holds gathered at once: the one computing and the prefetched one.
 const GATHERED_UNITS: usize = 2;
 
+fn unit_bytes(fp: &Footprint) -> Vec<u64> {
+    fp.units.iter().map(|u| u.1).collect()
+}
+
 /// The sum of the `n` largest of `sizes`.
 fn largest_sum(sizes: &[u64], n: usize) -> u64 {
     let mut sorted = sizes.to_vec();
@@ -419,11 +452,11 @@ fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<Memory
     let w = world as u64;
     let p = fp.parameters();
     let whole = p * F32 + fp.frozen_bytes;
-    let layers: u64 = fp.units.iter().sum();
+    let layers: u64 = fp.units.iter().map(|u| u.1).sum();
     let root = whole.saturating_sub(layers);
 
     // Current and prefetched; the root stays gathered through the step.
-    let gathered = largest_sum(&fp.units, GATHERED_UNITS);
+    let gathered = largest_sum(&unit_bytes(fp), GATHERED_UNITS);
     // A unit's gradient bucket is the size of its trained part (all of it in full
     // fine-tuning); under LoRA the adapters' are small.
     let trained_share = if whole == 0 {
@@ -431,7 +464,8 @@ fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<Memory
     } else {
         (p * F32) as f64 / whole as f64
     };
-    let buckets = ((largest_sum(&fp.units, IN_FLIGHT + 1) + root) as f64 * trained_share) as u64;
+    let buckets =
+        ((largest_sum(&unit_bytes(fp), IN_FLIGHT + 1) + root) as f64 * trained_share) as u64;
     let shard = |bytes: u64| bytes.div_ceil(w);
     let states = state_tensors(h);
     vec![

@@ -76,16 +76,19 @@ pub(crate) fn unit_of(name: &str) -> Option<&str> {
     None
 }
 
-/// The bytes of each layer's unit among `tensors` (name, bytes), in name order; the root's
+/// Each layer's unit among `tensors` (name, bytes) and its bytes, in name order; the root's
 /// tensors are not counted.
-pub fn unit_sizes<'a>(tensors: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<u64> {
+pub fn unit_sizes<'a>(tensors: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<(String, u64)> {
     let mut by_unit: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     for (name, bytes) in tensors {
         if let Some(u) = unit_of(name) {
             *by_unit.entry(u).or_default() += bytes;
         }
     }
-    by_unit.into_values().collect()
+    by_unit
+        .into_iter()
+        .map(|(u, b)| (u.to_string(), b))
+        .collect()
 }
 
 /// Unit names in the order their layers run: numeric parts compared as numbers

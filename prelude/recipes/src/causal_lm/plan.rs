@@ -169,7 +169,7 @@ pub fn plan(
 
 /// Each layer's weights in bytes (ZeRO-3's units), `per_element` bytes an element: fp32 when
 /// trained, the frozen base's dtype under LoRA.
-fn layer_bytes(tensors: &TensorShapes, per_element: u64) -> Vec<u64> {
+fn layer_bytes(tensors: &TensorShapes, per_element: u64) -> Vec<(String, u64)> {
     trainbook_engine::unit_sizes(tensors.iter().map(|(name, s)| {
         (
             name.as_str(),
