@@ -163,11 +163,12 @@ impl UpdateStrategy {
         self.units().map_or(Ok(()), |u| units::lock(u)?.close())
     }
 
-    /// Every parameter whole on every rank until [`UpdateStrategy::close`] (a collective under
-    /// ZeRO-3: a checkpoint reads the whole model).
-    pub(crate) fn gather_all(&self) -> Result<()> {
+    /// Under ZeRO-3 every rank takes part in gathering the whole weights for the rank that
+    /// writes a checkpoint (`keep`), which holds them until [`UpdateStrategy::close`]; the
+    /// others hold one layer at a time.
+    pub(crate) fn gather_for_checkpoint(&self, keep: bool) -> Result<()> {
         self.units()
-            .map_or(Ok(()), |u| units::lock(u)?.gather_all())
+            .map_or(Ok(()), |u| units::lock(u)?.gather_for_checkpoint(keep))
     }
 
     /// The model whole again for good (after the last step; a collective under ZeRO-3).

@@ -59,6 +59,8 @@ pub(crate) type SharedUnits = Arc<Mutex<UnitStore>>;
 
 /// The store of the running job, which [`unit_forward`] and the gradient hooks reach.
 static ACTIVE: Mutex<Option<SharedUnits>> = Mutex::new(None);
+/// Where each parameter starts in its unit's buffer (a multiple of this many bytes).
+const ALIGN_BYTES: usize = 64;
 /// Tells a hook of an earlier store (a graph kept past its job) from the running one's.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
@@ -222,7 +224,11 @@ impl UnitStore {
                 groups.len() - 1
             });
             let group = &mut groups[g];
-            let off = crate::worker::ddp::plan_len(&group.members);
+            // Each parameter starts on a 64-byte boundary, as a tensor of its own would: the
+            // CPU kernels (oneDNN's convolutions) take other paths for unaligned weights,
+            // which round differently.
+            let align = (ALIGN_BYTES / t.kind().elt_size_in_bytes()).max(1) as i64;
+            let off = (crate::worker::ddp::plan_len(&group.members) + align - 1) / align * align;
             group.members.push((v, off, t.numel() as i64));
             if let (Some(list), Some(i)) = (group.trainable.as_mut(), trained) {
                 list.push(i);
@@ -448,10 +454,27 @@ impl UnitStore {
         self.ensure(u)
     }
 
-    /// Every unit gathered (a checkpoint reads the whole model); [`UnitStore::close`] frees
-    /// them again.
-    pub(crate) fn gather_all(&mut self) -> Result<()> {
+    /// Every unit gathered.
+    fn gather_all(&mut self) -> Result<()> {
         (0..self.units.len()).try_for_each(|u| self.ensure(u))
+    }
+
+    /// Every rank takes part in gathering the whole model for the rank that writes a
+    /// checkpoint (`keep`): there every unit stays gathered until [`UnitStore::close`] (the
+    /// recipe's own writer reads it), elsewhere each is freed once gathered, so those ranks
+    /// never hold more than one unit.
+    pub(crate) fn gather_for_checkpoint(&mut self, keep: bool) -> Result<()> {
+        if keep {
+            return self.gather_all();
+        }
+        for u in 0..self.units.len() {
+            let was_gathered = matches!(self.units[u].state, State::Gathered);
+            self.ensure(u)?;
+            if !was_gathered {
+                self.free(u)?;
+            }
+        }
+        Ok(())
     }
 
     fn hook(&mut self, tag: usize) {

@@ -376,7 +376,7 @@ impl<'a> TrainingLoop<'a> {
         self.checkpoints.started();
         let optimizer = self.update.checkpoint_state(&self.ctx.pg)?;
         // Under ZeRO-3 every rank takes part in gathering the weights rank 0 writes.
-        self.update.gather_all()?;
+        self.update.gather_for_checkpoint(self.ctx.rank == 0)?;
         let written = self.write_checkpoint(dir, epoch, metrics, step_checkpoint, optimizer);
         self.update.close()?;
         written
