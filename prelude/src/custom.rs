@@ -46,6 +46,10 @@ use std::path::Path;
 pub use ::anyhow::{anyhow, bail, Context, Result};
 pub use serde::{self, Deserialize, Serialize};
 pub use tch::{self, nn, nn::Module, nn::ModuleT, nn::OptimizerConfig, IndexOp, Kind, Tensor};
+/// Under `zero(3)`, a layer's weights are gathered only while it computes: build each layer
+/// under a numbered path (`vars / "layers" / i`, its unit `layers.i`) and run it as
+/// `unit_forward("layers.3", &x, |x| layer.forward(x))`. Layers not marked so stay whole.
+pub use trainbook_engine::unit_forward;
 pub use trainbook_engine::Device;
 pub use trainbook_engine::{Batch, Setup, Split, Step, Task};
 

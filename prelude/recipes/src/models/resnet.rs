@@ -1,6 +1,6 @@
-//! ResNet-18/34/50 for image classification: tch's implementation (torchvision's layer names:
-//! `conv1`, `bn1`, `layer1.0.conv1`, `layer1.0.downsample.0`, `fc`), a head sized to the
-//! dataset, and torchvision checkpoints converted to safetensors.
+//! ResNet-18/34/50 for image classification (torchvision's layer names: `conv1`, `bn1`,
+//! `layer1.0.conv1`, `layer1.0.downsample.0`, `fc`; each block a ZeRO-3 unit), a head sized to
+//! the dataset, and torchvision checkpoints converted to safetensors.
 
 use std::path::Path;
 
@@ -17,11 +17,145 @@ pub type Model = Box<dyn ModuleT>;
 
 /// Builds `arch` with a `num_classes`-way head under the VarStore's root.
 pub fn build(root: &nn::Path, arch: Arch, num_classes: i64) -> Model {
-    use tch::vision::resnet;
+    Box::new(ResNet::new(root, arch, num_classes))
+}
+
+/// Blocks per stage, and whether they are bottlenecks (1x1, 3x3, 1x1 with 4x the width out).
+fn stages(arch: Arch) -> ([i64; 4], bool) {
     match arch {
-        Arch::Resnet18 => Box::new(resnet::resnet18(root, num_classes)),
-        Arch::Resnet34 => Box::new(resnet::resnet34(root, num_classes)),
-        Arch::Resnet50 => Box::new(resnet::resnet50(root, num_classes)),
+        Arch::Resnet18 => ([2, 2, 2, 2], false),
+        Arch::Resnet34 => ([3, 4, 6, 3], false),
+        Arch::Resnet50 => ([3, 4, 6, 3], true),
+    }
+}
+
+fn conv(p: nn::Path, c_in: i64, c_out: i64, k: i64, stride: i64) -> nn::Conv2D {
+    let cfg = nn::ConvConfig {
+        stride,
+        padding: k / 2,
+        bias: false,
+        ..Default::default()
+    };
+    nn::conv2d(p, c_in, c_out, k, cfg)
+}
+
+/// A convolution and its batch norm.
+#[derive(Debug)]
+struct ConvBn(nn::Conv2D, nn::BatchNorm);
+
+impl ConvBn {
+    fn new(p: &nn::Path, n: &str, (c_in, c_out, k, stride): (i64, i64, i64, i64)) -> Self {
+        let bn = if n == "0" {
+            "1".to_string()
+        } else {
+            n.replace("conv", "bn")
+        };
+        let c = conv(p / n, c_in, c_out, k, stride);
+        Self(
+            c,
+            nn::batch_norm2d(p / bn.as_str(), c_out, Default::default()),
+        )
+    }
+
+    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        x.apply(&self.0).apply_t(&self.1, train)
+    }
+}
+
+/// A residual block (`layer2.1`): its convolutions in order, and the projection of its input
+/// when the shape changes. Its variable prefix is its unit under ZeRO-3.
+#[derive(Debug)]
+struct Block {
+    unit: String,
+    convs: Vec<ConvBn>,
+    downsample: Option<ConvBn>,
+}
+
+impl Block {
+    fn new(p: &nn::Path, c_in: i64, width: i64, stride: i64, bottleneck: bool) -> Self {
+        let c_out = if bottleneck { 4 * width } else { width };
+        let shapes = if bottleneck {
+            vec![
+                (c_in, width, 1, 1),
+                (width, width, 3, stride),
+                (width, c_out, 1, 1),
+            ]
+        } else {
+            vec![(c_in, width, 3, stride), (width, width, 3, 1)]
+        };
+        let convs = shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, shape)| ConvBn::new(p, &format!("conv{}", i + 1), shape))
+            .collect();
+        let downsample = (stride != 1 || c_in != c_out)
+            .then(|| ConvBn::new(&(p / "downsample"), "0", (c_in, c_out, 1, stride)));
+        Self {
+            unit: crate::models::decoder::unit_name(p),
+            convs,
+            downsample,
+        }
+    }
+
+    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        let last = self.convs.len() - 1;
+        let mut y = x.shallow_clone();
+        for (i, c) in self.convs.iter().enumerate() {
+            y = c.forward_t(&y, train);
+            if i < last {
+                y = y.relu();
+            }
+        }
+        let skip = match &self.downsample {
+            Some(d) => d.forward_t(x, train),
+            None => x.shallow_clone(),
+        };
+        (skip + y).relu()
+    }
+}
+
+/// torchvision's ResNet (v1.5: a bottleneck's stride on its 3x3 convolution), with its
+/// variable names.
+#[derive(Debug)]
+struct ResNet {
+    stem: ConvBn,
+    blocks: Vec<Block>,
+    fc: nn::Linear,
+}
+
+impl ResNet {
+    fn new(p: &nn::Path, arch: Arch, classes: i64) -> Self {
+        let (counts, bottleneck) = stages(arch);
+        let stem = ConvBn(
+            conv(p / "conv1", 3, 64, 7, 2),
+            nn::batch_norm2d(p / "bn1", 64, Default::default()),
+        );
+        let expansion = if bottleneck { 4 } else { 1 };
+        let (mut c_in, mut blocks) = (64, Vec::new());
+        for (stage, (&count, width)) in counts.iter().zip([64, 128, 256, 512]).enumerate() {
+            let under = p / format!("layer{}", stage + 1);
+            for i in 0..count {
+                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+                blocks.push(Block::new(&(&under / i), c_in, width, stride, bottleneck));
+                c_in = width * expansion;
+            }
+        }
+        let fc = nn::linear(p / "fc", c_in, classes, Default::default());
+        Self { stem, blocks, fc }
+    }
+}
+
+impl ModuleT for ResNet {
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        let mut x =
+            self.stem
+                .forward_t(xs, train)
+                .relu()
+                .max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+        for b in &self.blocks {
+            x = trainbook_engine::unit_forward(&b.unit, &x, |x| b.forward_t(x, train));
+        }
+        x.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc)
     }
 }
 
