@@ -105,6 +105,15 @@ fn a_missing_folder_says_what_layout_is_expected() {
 /// ResNet-18 at 32 px ends in batch norms over 1x1 maps of 16 samples, which amplify that, so
 /// the first steps agree to 1e-5 and the run to 1e-3 (relative). The checkpoint is written in
 /// NCHW order and classifies as usual.
+/// Rank 0's loss at each step.
+fn rank0_losses(job: &Job) -> Vec<f64> {
+    job.metric_rows()
+        .iter()
+        .filter(|m| m.name == "loss" && m.rank == 0)
+        .map(|m| m.value)
+        .collect()
+}
+
 #[test]
 fn channels_last_trains_like_nchw() {
     let run = |channels_last: bool| {
@@ -117,13 +126,7 @@ fn channels_last_trains_like_nchw() {
             .unwrap();
         let r = job.wait().unwrap();
         assert_eq!(r.status, JobStatus::Succeeded);
-        let losses: Vec<f64> = job
-            .metric_rows()
-            .iter()
-            .filter(|m| m.name == "loss" && m.rank == 0)
-            .map(|m| m.value)
-            .collect();
-        (losses, r)
+        (rank0_losses(&job), r)
     };
     let ((nchw, _), (nhwc, r)) = (run(false), run(true));
     assert_eq!(nchw.len(), 8);
@@ -172,13 +175,7 @@ fn zero3_trains_resnet_like_plain_data_parallelism_with_each_block_sharded() {
                 .max_steps(6)
                 .zero(zero),
         );
-        let losses: Vec<f64> = job
-            .metric_rows()
-            .iter()
-            .filter(|m| m.name == "loss" && m.rank == 0)
-            .map(|m| m.value)
-            .collect();
-        (losses, job.wait().unwrap())
+        (rank0_losses(&job), job.wait().unwrap())
     };
     let ((plain, whole), (sharded, r)) = (run(0), run(3));
     assert_eq!(plain.len(), 6);
