@@ -250,6 +250,10 @@ def test_llm_notebook_pretrains_a_llama_fine_tunes_it_with_lora_and_generates(tm
     printed = "".join(o.text for o in story.outputs if o.output_type == "stream")
     assert re.search(r"^\d+ tokens in \d+\.\d\d s", printed, re.M), story.outputs
 
+    # Llama-2-70B with LoRA on 8 x 96 GB under ZeRO-3: planned from its shape, it fits.
+    big = text_of(cell_with(nb, "llama-2-70b-shape"))
+    assert "ZeRO-3" in big and re.search(r"total +\d+\.\d\d GiB +fits", big), big
+
 
 def test_tasks_notebook_tags_words_and_answers_questions(tmp_path):
     """notebooks/tasks.ipynb on its tiny preset: a tagger on Brown part-of-speech tags and a

@@ -183,6 +183,13 @@ pub trait Recipe {
     /// Called before each pass over a split with the exact batches `forward` will be asked for,
     /// in order, so the recipe can prepare them in the background (the image pipeline).
     fn prefetch(&self, _split: Split, _epoch: u64, _batches: &[&[usize]]) {}
+    /// Samples per evaluation batch for a training micro-batch of `local_batch`: at least 32
+    /// by default (an evaluation pass keeps no activations for a backward pass, so it can take
+    /// more at once). A recipe whose forward pass holds outputs as large as its training's (a
+    /// language model's logits over the vocabulary) evaluates in its training batches.
+    fn eval_batch(&self, local_batch: usize) -> usize {
+        local_batch.max(32)
+    }
     /// True when the loss is a mean cross-entropy over tokens (a language model): the engine
     /// then also reports `perplexity`, exp(loss), per step and per epoch.
     fn perplexity(&self) -> bool {

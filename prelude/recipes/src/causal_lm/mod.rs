@@ -418,6 +418,11 @@ impl Recipe for LmRecipe {
     fn buffers_change(&self) -> bool {
         false
     }
+    /// The logits of a block are `tokens x vocabulary` floats, as in training (32 blocks of
+    /// 256 tokens over 32,000 tokens are 1 GiB): evaluation runs in the training's batches.
+    fn eval_batch(&self, local_batch: usize) -> usize {
+        local_batch
+    }
     /// LoRA checkpoints hold the adapters only (the base is the model directory's).
     fn weights(&self) -> Vec<(String, Tensor)> {
         causal_lm::named(&self.vs, self.lora.is_some())

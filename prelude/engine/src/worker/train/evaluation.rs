@@ -36,8 +36,11 @@ impl TrainingLoop<'_> {
         if !self.params.buffers.is_empty() {
             ddp::broadcast_parameters(&self.ctx.pg, &self.params.buffers)?;
         }
-        let batches: Vec<&[usize]> =
-            sampler::batches(&self.shards.eval, self.plan.local_batch.max(32)).collect();
+        let batches: Vec<&[usize]> = sampler::batches(
+            &self.shards.eval,
+            self.recipe.eval_batch(self.plan.local_batch),
+        )
+        .collect();
         {
             let _busy = Busy::new();
             self.recipe.prefetch(Split::Eval, epoch, &batches);
@@ -83,7 +86,7 @@ impl TrainingLoop<'_> {
     /// The most evaluation batches any rank runs.
     fn eval_passes(&self) -> usize {
         let (len, world) = (self.recipe.eval_len(), self.ctx.world_size);
-        let per_batch = self.plan.local_batch.max(32);
+        let per_batch = self.recipe.eval_batch(self.plan.local_batch);
         (0..world)
             .map(|r| sampler::eval_shard(len, r, world).len().div_ceil(per_batch))
             .max()
