@@ -54,7 +54,7 @@ pub use trainbook_engine::Device;
 pub use trainbook_engine::{Batch, Setup, Split, Step, Task};
 
 use trainbook_api::{Configure, JobSpec};
-use trainbook_engine::checkpoint::{TrainerState, MODEL};
+use trainbook_engine::checkpoint::{TensorFiles, TrainerState, MODEL_STEM};
 
 /// Trains a [`Task`]: `Trainer::new(task).workers(2).epochs(3).fit()?`. The shared options
 /// (workers, epochs, lr, optimizer, schedule, ...) come from [`Configure`] and
@@ -110,10 +110,23 @@ pub fn load<T: Task>(task: &T, checkpoint: &Path) -> Result<(nn::VarStore, T::St
     let trained = TrainerState::read(checkpoint)?;
     let hyper: trainbook_api::Hyper = serde_json::from_value(trained.hyper)
         .with_context(|| format!("reading the hyper-parameters of {}", checkpoint.display()))?;
-    let mut vs = nn::VarStore::new(tch::Device::Cpu);
+    let vs = nn::VarStore::new(tch::Device::Cpu);
     let state = trainbook_engine::task::setup_on_cpu(task, &vs.root(), &hyper)?;
-    vs.load(checkpoint.join(MODEL))
+    let files = TensorFiles::open(checkpoint, MODEL_STEM)?.with_context(|| {
+        format!(
+            "{} holds no weights: pass result.last_checkpoint",
+            checkpoint.display()
+        )
+    })?;
+    let missing = files
+        .load_into(&vs.variables())
         .with_context(|| format!("loading the weights of {}", checkpoint.display()))?;
+    if let Some(name) = missing.first() {
+        anyhow::bail!(
+            "{} has no {name}: it was written for another model (check the task's fields)",
+            checkpoint.display()
+        );
+    }
     Ok((vs, state))
 }
 

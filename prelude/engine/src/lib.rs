@@ -66,9 +66,13 @@ pub mod checkpoint {
     pub use crate::driver::metrics::read_parquet as read_metrics;
     pub use crate::shared::checkpoint::{
         latest, save_vars, write_atomic, write_file_atomic, write_json_atomic, write_tensors,
-        RunConfig, RunStatus, TrainerState, MODEL, OPTIMIZER, TRAINER_STATE,
+        RunConfig, RunStatus, TrainerState, MODEL, MODEL_STEM, OPTIMIZER, OPTIMIZER_STEM,
+        TRAINER_STATE,
     };
     pub use crate::shared::run_dir::RunDir;
+    pub use crate::shared::tensor_files::{
+        exists as has_tensors, files_of, index_name, shard_name, single_name, TensorFiles,
+    };
 }
 
 /// C++ helpers' errors as `anyhow` errors: for crates that add helpers of their own (the HPU

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::models::encoder::EncoderConfig;
 use crate::models::resnet::Arch;
 use crate::vision::transforms::Normalize;
-pub use trainbook_engine::checkpoint::{write_atomic, MODEL, OPTIMIZER, TRAINER_STATE};
+pub use trainbook_engine::checkpoint::{write_atomic, MODEL, MODEL_STEM, OPTIMIZER, TRAINER_STATE};
 
 /// A model's configuration file, text or image.
 pub const MODEL_CONFIG: &str = "config.json";
@@ -85,23 +85,38 @@ pub fn write_encoder_model(
 /// export. Returns what was written.
 pub fn export_encoder(checkpoint: &Path, out: &Path) -> Result<String> {
     let config = EncoderConfig::from_file(&checkpoint.join(MODEL_CONFIG))?;
-    if !checkpoint.join(MODEL).is_file() {
-        bail!(
-            "{} has no {MODEL}: give a checkpoint directory (result.last_checkpoint)",
-            checkpoint.display()
-        );
-    }
-    if out.exists() && std::fs::canonicalize(out).ok() == std::fs::canonicalize(checkpoint).ok() {
-        bail!(
-            "--export {} is the checkpoint itself: name another directory",
-            out.display()
-        );
-    }
+    // One file, or under ZeRO-3 the shards and their index (transformers loads either).
+    let weights = trainbook_engine::checkpoint::files_of(checkpoint, MODEL_STEM)?;
     let class = std::fs::read(checkpoint.join(MODEL_CONFIG))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["architectures"][0].as_str().map(String::from))
         .unwrap_or_else(|| config.family().classes.base.to_string());
+    let tokenizer = TOKENIZER_FILES
+        .iter()
+        .filter(|f| checkpoint.join(f).exists());
+    let files: Vec<&str> = std::iter::once(MODEL_CONFIG)
+        .chain(weights.iter().map(String::as_str))
+        .chain(tokenizer.copied())
+        .collect();
+    copy_into_place(checkpoint, &files, out)?;
+    Ok(format!(
+        "{class} in {}: transformers' AutoModel classes load it (from_pretrained(\"{}\"))",
+        out.display(),
+        out.display()
+    ))
+}
+
+/// Copies the files `names` of `from` into a directory beside `out` and renames it over
+/// `out`, so `out` is only ever replaced by a whole copy; a copy at a time, so what it holds
+/// in memory is a copy buffer whatever the files' sizes.
+pub fn copy_into_place(from: &Path, names: &[&str], out: &Path) -> Result<()> {
+    if out.exists() && std::fs::canonicalize(out).ok() == std::fs::canonicalize(from).ok() {
+        bail!(
+            "--out {} is the checkpoint itself: name another directory",
+            out.display()
+        );
+    }
     let tmp = out.with_file_name(format!(
         ".{}.partial-{}",
         out.file_name().and_then(|n| n.to_str()).unwrap_or("export"),
@@ -110,11 +125,10 @@ pub fn export_encoder(checkpoint: &Path, out: &Path) -> Result<String> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let copied = (|| -> Result<()> {
-        for f in [MODEL_CONFIG, MODEL] {
-            std::fs::copy(checkpoint.join(f), tmp.join(f))
-                .with_context(|| format!("copying {}", checkpoint.join(f).display()))?;
+        for f in names {
+            std::fs::copy(from.join(f), tmp.join(f))
+                .with_context(|| format!("copying {}", from.join(f).display()))?;
         }
-        copy_tokenizer(checkpoint, &tmp)?;
         // Replaced only once the new one is whole.
         if out.exists() {
             std::fs::remove_dir_all(out).with_context(|| format!("replacing {}", out.display()))?;
@@ -125,12 +139,7 @@ pub fn export_encoder(checkpoint: &Path, out: &Path) -> Result<String> {
     if copied.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
-    copied?;
-    Ok(format!(
-        "{class} in {}: transformers' AutoModel classes load it (from_pretrained(\"{}\"))",
-        out.display(),
-        out.display()
-    ))
+    copied
 }
 
 fn copy_tokenizer(from: &Path, to: &Path) -> Result<()> {
@@ -147,9 +156,8 @@ fn copy_tokenizer(from: &Path, to: &Path) -> Result<()> {
 /// Reads a text classifier's `config.json`: the model configuration and the label names in
 /// label order.
 pub fn read_text_model(dir: &Path) -> Result<(EncoderConfig, Vec<String>)> {
-    let has_weights = [MODEL, "pytorch_model.bin"]
-        .iter()
-        .any(|f| dir.join(f).exists());
+    let has_weights = dir.join("pytorch_model.bin").exists()
+        || trainbook_engine::checkpoint::has_tensors(dir, MODEL_STEM);
     if !dir.join(MODEL_CONFIG).exists() || !has_weights {
         bail!(
             "{} is not a model checkpoint (it needs {MODEL_CONFIG} and {MODEL}): pass a checkpoint directory such as result.last_checkpoint or trainbook_runs/<run>/checkpoints/epoch-0",

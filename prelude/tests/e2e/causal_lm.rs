@@ -351,6 +351,25 @@ fn zero_3_equals_plain_data_parallelism_in_full_and_lora_fine_tuning() {
             assert!((share - 1.0 / workers).abs() < 0.02, "{share}: {m:?}");
         }
     }
+    // The full fine-tune's checkpoint is sharded, a file per rank with an index; its export
+    // is copied, and transformers computes the plain run's logits from it. The LoRA one is
+    // the adapter, written whole.
+    let (plain, sharded) = (checkpoint(&pairs[1].0), checkpoint(&pairs[1].1));
+    assert!(!sharded.join("model.safetensors").exists());
+    assert!(sharded.join("model-00002-of-00002.safetensors").exists());
+    assert!(checkpoint(&pairs[2].1)
+        .join("adapter_model.safetensors")
+        .exists());
+    let out = scratch("causal-lm-export").join("llama-zero3");
+    inference::export(&sharded, &out, false).unwrap();
+    let d = (&hf_logits(&out, None, &ids()) - &logits(&plain, None, &ids()))
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(
+        d <= 1e-4,
+        "transformers' logits of the ZeRO-3 export differ by {d}"
+    );
 }
 
 #[test]

@@ -17,10 +17,19 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
-/// The named tensors of a safetensors file, sorted by name.
+/// The named tensors of a safetensors file, sorted by name; for `<dir>/<stem>.safetensors`
+/// that is sharded in `dir` (a ZeRO-3 checkpoint), those of the whole set.
 pub fn load(path: &Path) -> Vec<(String, tch::Tensor)> {
-    let mut v = tch::Tensor::read_safetensors(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    use trainbook::engine::checkpoint::TensorFiles;
+    let sharded = || {
+        let stem = path.file_name()?.to_str()?.strip_suffix(".safetensors")?;
+        TensorFiles::open(path.parent()?, stem).ok().flatten()
+    };
+    let mut v = match sharded().filter(|_| !path.exists()) {
+        Some(files) => files.read_all().unwrap(),
+        None => tch::Tensor::read_safetensors(path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display())),
+    };
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }

@@ -254,27 +254,57 @@ fn zero3_accumulates_clips_recomputes_and_steps_lans() {
 }
 
 #[test]
-fn a_zero3_checkpoint_resumes_on_three_workers() {
-    // 10 steps under ZeRO-3 on 2 workers, 10 more from its checkpoint on 3 workers under
-    // ZeRO-3 (every rank cuts its shards out of the whole checkpoint): where 20 straight DDP
-    // steps end.
+fn a_sharded_zero3_checkpoint_of_four_workers_resumes_on_three_and_on_two_without_zero() {
+    // 10 steps under ZeRO-3 on 4 workers, whose checkpoint every rank writes a part of; 10
+    // more from it on 3 workers under ZeRO-3 and on 2 under plain DDP (re-sharded on load):
+    // both end where 20 straight DDP steps end.
     let straight = trainbook::fit(job(2, 0, OptimizerKind::Adamw).max_steps(20)).unwrap();
     let first = trainbook::fit(
-        job(2, 3, OptimizerKind::Adamw)
+        job(4, 3, OptimizerKind::Adamw)
             .max_steps(10)
             .checkpoint_every(10)
             .epochs(1),
     )
     .unwrap();
-    let resumed = trainbook::fit(
-        job(3, 3, OptimizerKind::Adamw)
-            .max_steps(20)
-            .resume_from(checkpoint(&first)),
-    )
-    .unwrap();
-    assert_eq!(resumed.steps, 20);
-    let d = last_diff(&straight, &resumed, "model.safetensors");
-    assert!(d < 1e-5, "resumed on 3 workers: weights differ by {d}");
+    let dir = checkpoint(&first);
+    // Hugging Face's sharded layout: a file per rank and an index, no whole-model file.
+    assert!(!dir.join("model.safetensors").exists());
+    let files: Vec<String> = ["model", "optimizer"]
+        .iter()
+        .flat_map(|stem| trainbook::engine::checkpoint::files_of(&dir, stem).unwrap())
+        .collect();
+    for k in 1..=4 {
+        for stem in ["model", "optimizer"] {
+            let f = format!("{stem}-{k:05}-of-00004.safetensors");
+            assert!(files.contains(&f), "{f} not in {files:?}");
+        }
+    }
+    let sizes: Vec<u64> = (1..=4)
+        .map(|k| {
+            std::fs::metadata(dir.join(format!("model-{k:05}-of-00004.safetensors")))
+                .unwrap()
+                .len()
+        })
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    assert!(
+        sizes.iter().all(|&s| (s as f64) < 0.45 * total as f64),
+        "every rank writes about a quarter: {sizes:?}"
+    );
+    for (workers, zero) in [(3, 3), (2, 0)] {
+        let resumed = trainbook::fit(
+            job(workers, zero, OptimizerKind::Adamw)
+                .max_steps(20)
+                .resume_from(dir.clone()),
+        )
+        .unwrap();
+        assert_eq!(resumed.steps, 20);
+        let d = last_diff(&straight, &resumed, "model.safetensors");
+        assert!(
+            d < 1e-5,
+            "resumed on {workers} workers, ZeRO-{zero}: weights differ by {d}"
+        );
+    }
 }
 
 #[test]

@@ -22,6 +22,11 @@ pub const TRAINER_STATE: &str = "trainer_state.json";
 pub const MODEL: &str = "model.safetensors";
 /// A checkpoint's optimizer state.
 pub const OPTIMIZER: &str = "optimizer.safetensors";
+/// The stems of the weights' and the optimizer state's files: `model.safetensors`, or under
+/// ZeRO-3 `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`
+/// ([`super::tensor_files`]).
+pub const MODEL_STEM: &str = "model";
+pub const OPTIMIZER_STEM: &str = "optimizer";
 
 /// A run directory's `status.json`, written when its job ends.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -62,9 +67,7 @@ pub fn latest(run_dir: &Path) -> Option<(PathBuf, TrainerState)> {
             };
             let dir = e.path();
             let state = TrainerState::read(&dir).ok()?;
-            dir.join(MODEL)
-                .exists()
-                .then_some((state.step, epoch, dir, state))
+            super::tensor_files::exists(&dir, MODEL_STEM).then_some((state.step, epoch, dir, state))
         })
         .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)))
         .map(|(_, _, dir, state)| (dir, state))
@@ -171,8 +174,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_file_atomic(path, |tmp| {
         let mut f =
             std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(bytes).map_err(|e| in_words(e.into(), tmp))?;
         f.sync_all().ok();
         Ok(())
     })
@@ -195,7 +197,24 @@ pub(crate) struct StagedDir {
 
 impl StagedDir {
     pub(crate) fn new(dir: &Path) -> Result<StagedDir> {
-        let tmp = temp_path(dir);
+        Self::at(temp_path(dir), dir)
+    }
+
+    /// A staged directory every rank of a job writes into (a sharded checkpoint): its name is
+    /// [`StagedDir::shared_path`], which every rank knows without being told.
+    pub(crate) fn shared(dir: &Path) -> Result<StagedDir> {
+        Self::at(Self::shared_path(dir), dir)
+    }
+
+    pub(crate) fn shared_path(dir: &Path) -> PathBuf {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        dir.with_file_name(format!(".{name}.tmp-ranks"))
+    }
+
+    fn at(tmp: PathBuf, dir: &Path) -> Result<StagedDir> {
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).ok();
         }
@@ -319,8 +338,30 @@ pub fn write_tensors(named: &[(String, tch::Tensor)], path: &Path) -> Result<()>
         .iter()
         .map(|(n, t)| (n.as_str(), t.contiguous()))
         .collect();
-    tch::Tensor::write_safetensors(&dense, path)
-        .with_context(|| format!("writing {}", path.display()))
+    tch::Tensor::write_safetensors(&dense, path).map_err(|e| in_words(anyhow::Error::new(e), path))
+}
+
+/// A failed write's error as a user reads it: a full disk is said so, with the fixes (the raw
+/// error is `Io(Os { code: 28, kind: StorageFull, .. })`); other errors name the file.
+pub(crate) fn in_words(e: anyhow::Error, path: &Path) -> anyhow::Error {
+    let raw = format!("{e:?}");
+    let full = [
+        "StorageFull",
+        "No space left",
+        "os error 28",
+        "QuotaExceeded",
+    ]
+    .iter()
+    .any(|s| raw.contains(s));
+    if !full {
+        return e.context(format!("writing {}", path.display()));
+    }
+    let dir = path.parent().unwrap_or(path);
+    anyhow::anyhow!(
+        "the disk holding {} is full, so {} could not be written: free space there, keep fewer step checkpoints (--keep-checkpoints), or put the runs on a larger disk (--runs-root); the checkpoints written before are complete and a rerun resumes from the latest",
+        dir.display(),
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+    )
 }
 
 /// A variable store's weights as safetensors ([`write_tensors`]).

@@ -1,5 +1,6 @@
 //! Writing rank 0's checkpoints, on the step's path or, for step checkpoints, in the background
-//! (`checkpoint_async`).
+//! (`checkpoint_async`); and under ZeRO-3 every rank's part of a sharded checkpoint
+//! ([`CheckpointWriter::write_sharded`]).
 //!
 //! In the background the step pays only for a copy of the weights and the optimizer state into
 //! host memory (and the recipe's small files); a thread writes the tensors into the staged
@@ -12,10 +13,13 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use tch::{Device, Tensor};
 
 use crate::shared::checkpoint::{self, StagedDir, TrainerState};
+use crate::shared::tensor_files;
+use crate::worker::ddp;
+use crate::worker::dist::ProcessGroup;
 use crate::worker::optim;
 use crate::worker::recipe::Recipe;
 
@@ -140,6 +144,113 @@ impl CheckpointWriter {
     }
 }
 
+/// One rank's part of a sharded checkpoint (ZeRO-3): host copies of the whole tensors it
+/// writes (`tensor_files::owners`), and on rank 0 the trainer state.
+pub(crate) struct ShardedContents {
+    pub(crate) weights: Vec<(String, Tensor)>,
+    pub(crate) optimizer: Vec<(String, Tensor)>,
+    /// Rank 0's: it writes the trainer state, the recipe's files and the indexes, and
+    /// renames the checkpoint into place.
+    pub(crate) state: Option<TrainerState>,
+    pub(crate) step_checkpoint: bool,
+}
+
+impl CheckpointWriter {
+    /// Every rank writes its part of a sharded checkpoint into `dir` (a collective): rank 0
+    /// stages the directory, each rank writes `model-0000k-of-0000n.safetensors` and
+    /// `optimizer-0000k-of-0000n.safetensors` with the tensors it owns, and once all have,
+    /// rank 0 writes the indexes and renames the directory into place. A rank that fails
+    /// fails every rank, and nothing is renamed: the last complete checkpoint stays the
+    /// latest. Written on the step's path (the ranks agree on the outcome). Returns the
+    /// checkpoints finished by now (on rank 0).
+    pub(crate) fn write_sharded(
+        &mut self,
+        dir: &Path,
+        recipe: &dyn Recipe,
+        contents: ShardedContents,
+        pg: &ProcessGroup,
+    ) -> Result<Vec<Finished>> {
+        let mut done: Vec<Finished> = self.wait()?.into_iter().collect();
+        let (rank, world) = (pg.rank(), pg.world_size());
+        let staged = match &contents.state {
+            Some(state) => Some(stage(dir, recipe, state)),
+            None => None,
+        };
+        let (staged, staging) = match staged {
+            Some(Ok(s)) => (Some(s), Ok(())),
+            Some(Err(e)) => (None, Err(e)),
+            None => (None, Ok(())),
+        };
+        agree(pg, staging, "stage checkpoint", dir)?;
+        let at = StagedDir::shared_path(dir);
+        let wrote = write_part(&at, &contents, rank, world);
+        agree(pg, wrote, "write its part of checkpoint", dir)?;
+        let Some(staged) = staged else {
+            return Ok(done);
+        };
+        for stem in [checkpoint::MODEL_STEM, checkpoint::OPTIMIZER_STEM] {
+            tensor_files::write_index(staged.path(), stem)?;
+        }
+        staged.commit()?;
+        let state = contents.state.expect("rank 0 has the trainer state");
+        done.push(Finished {
+            dir: dir.to_path_buf(),
+            step: state.step,
+            epoch: state.epoch,
+            step_checkpoint: contents.step_checkpoint,
+        });
+        Ok(done)
+    }
+}
+
+/// Rank 0's part before the others write: the staged directory, the recipe's files and the
+/// trainer state.
+fn stage(dir: &Path, recipe: &dyn Recipe, state: &TrainerState) -> Result<StagedDir> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let staged = StagedDir::shared(dir)?;
+    recipe.save_files(staged.path())?;
+    let file = staged.path().join(checkpoint::TRAINER_STATE);
+    std::fs::write(&file, serde_json::to_vec_pretty(state)?)
+        .map_err(|e| checkpoint::in_words(e.into(), &file))?;
+    Ok(staged)
+}
+
+/// One rank's files of a sharded checkpoint, into the directory rank 0 staged.
+fn write_part(at: &Path, contents: &ShardedContents, rank: usize, world: usize) -> Result<()> {
+    if !at.is_dir() {
+        bail!(
+            "rank {rank} does not see {}, which rank 0 made: under ZeRO-3 every rank writes its part of a checkpoint into the run directory, so put the runs on a filesystem every node mounts (--runs-root)",
+            at.display()
+        );
+    }
+    let file = |stem| at.join(tensor_files::shard_name(stem, rank + 1, world));
+    if !contents.weights.is_empty() {
+        checkpoint::write_tensors(&contents.weights, &file(checkpoint::MODEL_STEM))?;
+    }
+    if !contents.optimizer.is_empty() {
+        optim::save_state(&contents.optimizer, &file(checkpoint::OPTIMIZER_STEM))?;
+    }
+    Ok(())
+}
+
+/// The ranks' outcomes of one part of a sharded checkpoint, agreed (a collective): this
+/// rank's error, or an error when another rank failed (its own error is reported beside).
+fn agree(pg: &ProcessGroup, outcome: Result<()>, what: &str, dir: &Path) -> Result<()> {
+    let failed = ddp::allreduce_sums(pg, &[outcome.is_err() as u8 as f64])?[0];
+    outcome?;
+    if failed > 0.0 {
+        bail!(
+            "{} rank(s) could not {what} {} (their errors are reported beside this one); the checkpoints written before are complete",
+            failed as usize,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 impl Drop for CheckpointWriter {
     /// A run that fails still completes the checkpoint it started: it is one more complete
     /// point to restart from.
@@ -163,12 +274,12 @@ fn write_tensors(
         dir.join(checkpoint::TRAINER_STATE),
         serde_json::to_vec_pretty(state)?,
     )
-    .with_context(|| format!("writing {}", dir.join(checkpoint::TRAINER_STATE).display()))
+    .map_err(|e| checkpoint::in_words(e.into(), &dir.join(checkpoint::TRAINER_STATE)))
 }
 
 /// Host copies of `named`, detached from autograd and from the tensors training goes on
 /// changing.
-fn to_host(named: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+pub(crate) fn to_host(named: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
     tch::no_grad(|| {
         named
             .into_iter()

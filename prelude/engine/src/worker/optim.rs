@@ -10,7 +10,6 @@
 //! they are written here from their papers' algorithms with tensor operations, and pinned by a
 //! trajectory computed in plain PyTorch (`tests/fixtures/make_lamb_reference.py`).
 
-use std::collections::HashMap;
 use std::os::raw::{c_char, c_int, c_void};
 use std::path::Path;
 
@@ -18,6 +17,7 @@ use anyhow::{bail, Context, Result};
 use tch::{Kind, Tensor};
 
 use crate::shared::ffi::call_status;
+use crate::shared::tensor_files::TensorFiles;
 use crate::worker::device::OnDeviceOf;
 use trainbook_api::OptimizerKind;
 
@@ -593,12 +593,9 @@ impl Optimizer {
     /// Restores state written by [`Optimizer::save`] (or gathered from ZeRO's shards) for the
     /// same parameters and optimizer; pieces take their part of each parameter's state, so a
     /// checkpoint loads with any worker count.
-    pub(crate) fn load(&mut self, path: &Path) -> Result<()> {
-        let loaded: HashMap<String, Tensor> = Tensor::read_safetensors(path)
-            .with_context(|| format!("reading optimizer state {}", path.display()))?
-            .into_iter()
-            .collect();
-        let Some(steps) = loaded.get("steps") else {
+    pub(crate) fn load(&mut self, stored: &TensorFiles) -> Result<()> {
+        let path = stored.origin();
+        let Some(steps) = stored.get("steps")? else {
             bail!(
                 "{} holds no optimizer step count: not an optimizer state file",
                 path.display()
@@ -609,7 +606,7 @@ impl Optimizer {
         for (i, (pname, t)) in self.params.iter().enumerate() {
             for (s, dst) in suffixes.iter().zip(&self.state[i]) {
                 let name = format!("{pname}.{s}");
-                let Some(src) = loaded.get(name.as_str()) else {
+                let Some(src) = stored.get(&name)? else {
                     bail!(
                         "{} has no '{name}': it was written by a different optimizer ({} now) or model; resume with the same optimizer and model",
                         path.display(),
@@ -629,7 +626,7 @@ impl Optimizer {
                 }
                 let src = match &self.pieces[i] {
                     Some(p) => src.reshape([-1]).narrow(0, p.offset, t.numel() as i64),
-                    None => src.shallow_clone(),
+                    None => src,
                 };
                 tch::no_grad(|| dst.shallow_clone().copy_(&src));
             }
@@ -873,8 +870,8 @@ mod tests {
         opt.step(0.1).unwrap();
         let dir = std::env::temp_dir().join(format!("trainbook-optim-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("optimizer.safetensors");
-        opt.save(&f).unwrap();
+        opt.save(&dir.join("optimizer.safetensors")).unwrap();
+        let f = TensorFiles::open(&dir, "optimizer").unwrap().unwrap();
         let mut fresh = Optimizer::new(cfg, vs.variables().into_iter().collect());
         fresh.load(&f).unwrap();
         assert_eq!(fresh.steps(), 1);

@@ -215,7 +215,9 @@ pub trait Recipe {
     }
     /// The checkpoint's other files (the model's config, the tokenizer), written into `dir`
     /// beside the weights. Small: they are written on the step's path even when the weights
-    /// are written in the background.
+    /// are written in the background. Under ZeRO-3 the parameters are sharded while this runs,
+    /// so it reads none of them; the exception is a checkpoint of only the trained parameters
+    /// of a partly frozen model (LoRA's adapters), which are gathered for it.
     fn save_files(&self, _dir: &Path) -> Result<()> {
         Ok(())
     }

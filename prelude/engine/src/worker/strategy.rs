@@ -2,11 +2,10 @@
 //! all-reduces the gradients and steps the whole optimizer, as PyTorch DDP) or sharded (ZeRO
 //! stages 1, 2 and 3, [`crate::worker::zero`], [`crate::worker::units`]). The training loop sees one interface; the choice is `--zero`.
 
-use std::path::Path;
-
 use anyhow::Result;
 use tch::Tensor;
 
+use crate::shared::tensor_files::TensorFiles;
 use crate::worker::ddp::{self, GradSync};
 use crate::worker::dist::ProcessGroup;
 use crate::worker::optim::{Optimizer, OptimizerSettings};
@@ -74,10 +73,10 @@ impl UpdateStrategy {
     }
 
     /// Restores the optimizer state of a checkpoint (whole state; ZeRO takes its shard).
-    pub(crate) fn load(&mut self, path: &Path) -> Result<()> {
+    pub(crate) fn load(&mut self, stored: &TensorFiles) -> Result<()> {
         match self {
-            UpdateStrategy::Replicated { opt, .. } => opt.load(path),
-            UpdateStrategy::Sharded(z) => z.load(path),
+            UpdateStrategy::Replicated { opt, .. } => opt.load(stored),
+            UpdateStrategy::Sharded(z) => z.load(stored),
         }
     }
 
@@ -127,7 +126,23 @@ impl UpdateStrategy {
         match self {
             UpdateStrategy::Replicated { opt, .. } if writer => Ok(opt.named_state()),
             UpdateStrategy::Replicated { .. } => Ok(Vec::new()),
-            UpdateStrategy::Sharded(z) => z.gather_state(pg, writer),
+            UpdateStrategy::Sharded(z) => z.gather_state(pg, &|_| writer, writer),
+        }
+    }
+
+    /// Under ZeRO: the optimizer state of the parameters `keep` names, and with `steps` the
+    /// step count, for this rank's part of a sharded checkpoint (a collective).
+    pub(crate) fn owned_state(
+        &mut self,
+        pg: &ProcessGroup,
+        keep: &dyn Fn(&str) -> bool,
+        steps: bool,
+    ) -> Result<Vec<(String, Tensor)>> {
+        match self {
+            UpdateStrategy::Sharded(z) => z.gather_state(pg, keep, steps),
+            UpdateStrategy::Replicated { .. } => {
+                anyhow::bail!("a sharded checkpoint needs sharded parameters (ZeRO-3)")
+            }
         }
     }
 
@@ -163,12 +178,18 @@ impl UpdateStrategy {
         self.units().map_or(Ok(()), |u| units::lock(u)?.close())
     }
 
-    /// Under ZeRO-3 every rank takes part in gathering the whole weights for the rank that
-    /// writes a checkpoint (`keep`), which holds them until [`UpdateStrategy::close`]; the
-    /// others hold one layer at a time.
-    pub(crate) fn gather_for_checkpoint(&self, keep: bool) -> Result<()> {
+    /// Under ZeRO-3 every rank takes part in gathering the trained parameters (a LoRA
+    /// checkpoint's adapters) for the rank that writes a checkpoint of only those (`keep`),
+    /// which holds them until [`UpdateStrategy::close`].
+    pub(crate) fn gather_trained(&self, keep: bool) -> Result<()> {
         self.units()
-            .map_or(Ok(()), |u| units::lock(u)?.gather_for_checkpoint(keep))
+            .map_or(Ok(()), |u| units::lock(u)?.gather_trained(keep))
+    }
+
+    /// Under ZeRO-3: each unit gathered in turn on every rank, `f` given its variables' names
+    /// while they are whole (a collective).
+    pub(crate) fn visit_units(&self, f: &mut dyn FnMut(&[&str]) -> Result<()>) -> Result<()> {
+        self.units().map_or(Ok(()), |u| units::lock(u)?.visit(f))
     }
 
     /// The model whole again for good (after the last step; a collective under ZeRO-3).

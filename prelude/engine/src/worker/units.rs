@@ -149,7 +149,9 @@ pub(crate) struct UnitStore {
     pg: *const ProcessGroup,
     rank: usize,
     world: usize,
+    /// The sharded variables, and their names.
     vars: Vec<Tensor>,
+    names: Vec<String>,
     groups: Vec<Group>,
     /// The layers' units in name order, then the root.
     units: Vec<Unit>,
@@ -243,6 +245,7 @@ impl UnitStore {
             pg: pg as *const ProcessGroup,
             rank,
             world,
+            names: vars.iter().map(|(n, _)| n.clone()).collect(),
             vars: vars.into_iter().map(|(_, t)| t).collect(),
             groups,
             units,
@@ -363,7 +366,8 @@ impl UnitStore {
             return Ok(());
         }
         match std::mem::replace(&mut self.units[u].state, State::Freed) {
-            State::Freed => return Ok(()),
+            // Freed already, but for what `gather_trained` kept: resizing to nothing is free.
+            State::Freed => {}
             // A gather in flight writes into the buffer: it lands first.
             State::Gathering(works) => works.into_iter().try_for_each(Work::wait)?,
             State::Gathered => {}
@@ -459,19 +463,46 @@ impl UnitStore {
         (0..self.units.len()).try_for_each(|u| self.ensure(u))
     }
 
-    /// Every rank takes part in gathering the whole model for the rank that writes a
-    /// checkpoint (`keep`): there every unit stays gathered until [`UnitStore::close`] (the
-    /// recipe's own writer reads it), elsewhere each is freed once gathered, so those ranks
-    /// never hold more than one unit.
-    pub(crate) fn gather_for_checkpoint(&mut self, keep: bool) -> Result<()> {
-        if keep {
-            return self.gather_all();
-        }
+    /// Gathers each unit in turn on every rank (a collective) and calls `f` with the names of
+    /// its variables while they are whole; a unit that was not gathered before is freed again
+    /// after, so no rank holds more than one unit at a time. A sharded checkpoint's ranks copy
+    /// the tensors they write this way.
+    pub(crate) fn visit(&mut self, f: &mut dyn FnMut(&[&str]) -> Result<()>) -> Result<()> {
         for u in 0..self.units.len() {
             let was_gathered = matches!(self.units[u].state, State::Gathered);
             self.ensure(u)?;
+            let names: Vec<&str> = self.units[u]
+                .groups
+                .iter()
+                .flat_map(|&g| &self.groups[g].members)
+                .map(|&(v, _, _)| self.names[v].as_str())
+                .collect();
+            f(&names)?;
             if !was_gathered {
                 self.free(u)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank takes part in gathering the trained parameters (a LoRA run's adapters: a
+    /// checkpoint that holds only those) for the rank that writes the checkpoint (`keep`),
+    /// which holds them until [`UnitStore::close`]; the frozen rest stays sharded.
+    pub(crate) fn gather_trained(&mut self, keep: bool) -> Result<()> {
+        for u in 0..self.units.len() {
+            if !matches!(self.units[u].state, State::Freed) {
+                continue;
+            }
+            for &g in &self.units[u].groups.clone() {
+                let group = &self.groups[g];
+                let Some(full) = group.full.as_ref().filter(|_| group.trainable.is_some()) else {
+                    continue;
+                };
+                resize(full, group.full_bytes(self.world))?;
+                self.pg().allgather_start(full, &group.shard)?.wait()?;
+                if !keep {
+                    resize(full, 0)?;
+                }
             }
         }
         Ok(())

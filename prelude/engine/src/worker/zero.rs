@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, Result};
 use tch::{Kind, Tensor};
 
+use crate::shared::tensor_files::TensorFiles;
 use crate::worker::ddp::{self, BucketPlan};
 use crate::worker::device::OnDeviceOf;
 use crate::worker::dist::{ProcessGroup, ReduceOp, Work};
@@ -217,8 +218,8 @@ impl ShardedOptimizer {
     }
 
     /// Restores this rank's part of a checkpoint's whole optimizer state.
-    pub(crate) fn load(&mut self, path: &std::path::Path) -> Result<()> {
-        self.shards.iter_mut().try_for_each(|s| s.opt.load(path))
+    pub(crate) fn load(&mut self, stored: &TensorFiles) -> Result<()> {
+        self.shards.iter_mut().try_for_each(|s| s.opt.load(stored))
     }
 
     /// Stage 2: this rank's share of the next step's samples, which its gradient is scaled by
@@ -393,18 +394,24 @@ impl ShardedOptimizer {
         }
     }
 
-    /// The whole optimizer state in the replicated layout (`Optimizer::named_state`), gathered
-    /// from every rank's shard: a collective, so every rank calls it. Only the rank that writes
-    /// the checkpoint (`keep`) copies the state out of the buckets; the others return nothing,
-    /// so a checkpoint costs them no more than a step's buffers.
+    /// The optimizer state in the replicated layout (`Optimizer::named_state`), gathered from
+    /// every rank's shard: a collective, so every rank calls it. A rank copies out of the
+    /// buckets only the state of the parameters `keep` names (and the step count with
+    /// `steps`): the rank that writes a whole checkpoint keeps all, the others none, and each
+    /// rank of a sharded checkpoint the state it writes; a bucket at a time, so a checkpoint
+    /// costs no more device memory than a step's buffers.
     pub(crate) fn gather_state(
         &mut self,
         pg: &ProcessGroup,
-        keep: bool,
+        keep: &dyn Fn(&str) -> bool,
+        steps: bool,
     ) -> Result<Vec<(String, Tensor)>> {
         tch::no_grad(|| {
-            let steps = self.shards.first().map_or(0, |s| s.opt.steps());
-            let mut out = vec![("steps".to_string(), Tensor::from(steps as i64))];
+            let count = self.shards.first().map_or(0, |s| s.opt.steps());
+            let mut out = Vec::new();
+            if steps {
+                out.push(("steps".to_string(), Tensor::from(count as i64)));
+            }
             let suffixes = self.shards.first().map_or(&[][..], |s| s.opt.suffixes());
             for (slot, suffix) in suffixes.iter().enumerate() {
                 for s in &mut self.shards {
@@ -415,13 +422,10 @@ impl ShardedOptimizer {
                     }
                     let flat = s.flat_buffer();
                     pg.allgather_start(&flat, &s.grad)?.wait()?;
-                    if !keep {
-                        continue;
-                    }
                     // Into host memory bucket by bucket: the device never holds more than
                     // one gathered bucket (a fresh one each time, so on CPU the pieces can
                     // stay views of it).
-                    for &(i, off, n) in &s.slots {
+                    for &(i, off, n) in s.slots.iter().filter(|&&(i, _, _)| keep(&self.names[i])) {
                         out.push((
                             format!("{}.{suffix}", self.names[i]),
                             flat.narrow(0, off, n)
@@ -433,9 +437,6 @@ impl ShardedOptimizer {
             }
             // The flat buckets now hold state, not parameters; nothing reads them before the
             // next step packs gradients into them.
-            if !keep {
-                out.clear();
-            }
             Ok(out)
         })
     }

@@ -193,6 +193,26 @@ impl LoadedLm {
 /// Hugging Face ecosystem loads it: a full model as a `transformers` directory; a LoRA
 /// checkpoint as a PEFT adapter directory, or with `merge` the base with the adapter folded
 /// in, as a full directory. Returns what was written, in words.
+/// The files of a full fine-tune's checkpoint written sharded (under ZeRO-3): the weights'
+/// shards and index, and the model files beside them; `None` for any other checkpoint.
+fn sharded_full_model(checkpoint: &Path) -> Result<Option<Vec<String>>> {
+    use trainbook_engine::checkpoint::{files_of, index_name, MODEL_STEM};
+    let sharded = checkpoint.join(index_name(MODEL_STEM)).is_file()
+        && !checkpoint.join("model.safetensors").exists()
+        && !checkpoint.join("adapter_config.json").exists();
+    if !sharded {
+        return Ok(None);
+    }
+    let mut files = files_of(checkpoint, MODEL_STEM)?;
+    files.extend(
+        causal_lm::MODEL_FILES
+            .iter()
+            .filter(|f| checkpoint.join(f).exists())
+            .map(|f| f.to_string()),
+    );
+    Ok(Some(files))
+}
+
 pub fn export(checkpoint: &Path, out: &Path, merge: bool) -> Result<String> {
     if !checkpoint.is_dir() {
         bail!("{} is not a directory: give a checkpoint (result.last_checkpoint, or trainbook_runs/<run>/checkpoints/<name>)", checkpoint.display());
@@ -202,6 +222,17 @@ pub fn export(checkpoint: &Path, out: &Path, merge: bool) -> Result<String> {
             "--export {} is the checkpoint itself: name another directory",
             out.display()
         );
+    }
+    if let Some(files) = sharded_full_model(checkpoint)? {
+        // Already the directory transformers loads: copied a file at a time, never loaded.
+        let names: Vec<&str> = files.iter().map(String::as_str).collect();
+        crate::checkpoint::copy_into_place(checkpoint, &names, out)?;
+        return Ok(format!(
+            "the model in {} ({} weight files and their index, copied): AutoModelForCausalLM.from_pretrained(\"{}\") loads it",
+            out.display(),
+            files.iter().filter(|f| f.ends_with(".safetensors")).count(),
+            out.display()
+        ));
     }
     let lm = load(checkpoint, None, tch::Device::Cpu)?;
     match (&lm.adapter, merge) {

@@ -195,37 +195,19 @@ const IGNORED: &[&str] = &["rotary_emb.inv_freq", "attn.bias", "attn.masked_bias
 /// The weight files of a model directory: `model.safetensors`, or every shard its
 /// `model.safetensors.index.json` names (each must exist).
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let single = dir.join("model.safetensors");
-    if single.exists() {
-        return Ok(vec![single]);
-    }
-    let index = dir.join("model.safetensors.index.json");
-    if !index.exists() {
+    use trainbook_engine::checkpoint::{files_of, has_tensors, index_name, MODEL_STEM};
+    if !has_tensors(dir, MODEL_STEM) {
         bail!(
             "{} has neither model.safetensors nor model.safetensors.index.json: save the model with save_pretrained (safetensors), or pass --from-scratch to start from its config.json",
             dir.display()
         );
     }
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&index)?)
-        .with_context(|| format!("{} is not JSON", index.display()))?;
-    let map = json["weight_map"]
-        .as_object()
-        .with_context(|| format!("{} has no weight_map", index.display()))?;
-    let mut files: Vec<String> = map
-        .values()
-        .filter_map(|v| v.as_str().map(String::from))
-        .collect();
-    files.sort();
-    files.dedup();
-    let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
-    if let Some(missing) = paths.iter().find(|p| !p.exists()) {
-        bail!(
-            "{} lists the shard {} but it is not there: copy every shard of the model",
-            index.display(),
-            missing.display()
-        );
-    }
-    Ok(paths)
+    let index = index_name(MODEL_STEM);
+    Ok(files_of(dir, MODEL_STEM)?
+        .into_iter()
+        .filter(|f| *f != index)
+        .map(|f| dir.join(f))
+        .collect())
 }
 
 /// Names and shapes in the weight files' headers (nothing else is read): checks a checkpoint

@@ -8,6 +8,8 @@ use anyhow::{bail, Context, Result};
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
+use trainbook_engine::checkpoint;
+
 use super::{load_into, LoadReport, LoadRules};
 
 pub use trainbook_api::Arch;
@@ -168,14 +170,19 @@ pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<LoadReport> {
     } else {
         path.to_path_buf()
     };
-    if !file.exists() {
+    // A checkpoint written under ZeRO-3 is sharded, with an index.
+    let sharded = path.is_dir() && !file.exists();
+    if !file.exists() && !(sharded && checkpoint::has_tensors(path, checkpoint::MODEL_STEM)) {
         bail!(
             "{} does not exist: pass a .safetensors file with torchvision parameter names (convert a .pth with safetensors.torch.save_file(torch.load(path), 'resnet50.safetensors'))",
             file.display()
         );
     }
-    let tensors =
-        Tensor::read_safetensors(&file).with_context(|| format!("reading {}", file.display()))?;
+    let tensors = match checkpoint::TensorFiles::open(path, checkpoint::MODEL_STEM)? {
+        Some(files) if sharded => files.read_all()?,
+        _ => Tensor::read_safetensors(&file)
+            .with_context(|| format!("reading {}", file.display()))?,
+    };
     load_into(
         vs,
         tensors.into_iter().collect(),

@@ -2,22 +2,27 @@
 //! (on the step's path or in the background), and what this run wrote: the latest keeps its
 //! optimizer state, step checkpoints beyond `keep_checkpoints` are removed.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use tch::Tensor;
 use trainbook_api::Hyper;
 
 use super::WorkerContext;
 use crate::shared::checkpoint::{self, TrainerState};
 use crate::shared::events::Event;
 use crate::shared::run_dir::RunDir;
-use crate::worker::checkpoint_writer::{CheckpointWriter, Contents, Finished};
+use crate::shared::tensor_files;
+use crate::worker::checkpoint_writer::{
+    to_host, CheckpointWriter, Contents, Finished, ShardedContents,
+};
 use crate::worker::ddp;
 use crate::worker::device::Device;
 use crate::worker::dist::ProcessGroup;
 use crate::worker::recipe::Recipe;
+use crate::worker::strategy::UpdateStrategy;
 
 /// How often ranks agree on whether a time-based checkpoint is due: one scalar all-reduce
 /// every this many steps (ranks' clocks differ, and all of them must take part in a checkpoint).
@@ -94,7 +99,7 @@ impl Retired {
     /// Deletes what was retired (what is gone already is no error).
     fn delete(self) {
         if let Some(prev) = self.optimizer_of {
-            std::fs::remove_file(prev.join(checkpoint::OPTIMIZER)).ok();
+            tensor_files::remove(&prev, checkpoint::OPTIMIZER_STEM);
         }
         for old in self.removed {
             std::fs::remove_dir_all(&old).ok();
@@ -248,6 +253,68 @@ impl Checkpoints {
             ctx.events.log(format!("warning: {note}"));
         }
         for f in done {
+            self.announce(ctx, f);
+        }
+        Ok(())
+    }
+
+    /// Every rank writes its part of a sharded checkpoint (ZeRO-3) of `weights` into `dir`
+    /// (a collective): each rank gathers one unit at a time and keeps host copies of only the
+    /// tensors it writes, so no rank ever holds the whole model; `state` is rank 0's.
+    pub(super) fn write_sharded(
+        &mut self,
+        ctx: &WorkerContext,
+        dir: &Path,
+        recipe: &dyn Recipe,
+        update: &mut UpdateStrategy,
+        state: Option<TrainerState>,
+        step_checkpoint: bool,
+    ) -> Result<()> {
+        let (rank, world) = (ctx.rank, ctx.world_size);
+        let weights = recipe.weights();
+        let bytes: Vec<u64> = weights
+            .iter()
+            .map(|(_, t)| (t.numel() * t.kind().elt_size_in_bytes()) as u64)
+            .collect();
+        let owner: HashMap<String, usize> = weights
+            .iter()
+            .map(|(n, _)| n.clone())
+            .zip(tensor_files::owners(&bytes, world))
+            .collect();
+        // A trained tensor outside the checkpoint's weights has its state written by rank 0.
+        let mine = |n: &str| owner.get(n).copied().unwrap_or(0) == rank;
+        let optimizer = update.owned_state(&ctx.pg, &mine, rank == 0)?;
+        let by_name: HashMap<&str, &Tensor> =
+            weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut copied: HashMap<String, Tensor> = HashMap::new();
+        update.visit_units(&mut |names| {
+            for &n in names {
+                if let Some(t) = by_name
+                    .get(n)
+                    .filter(|_| mine(n) && !copied.contains_key(n))
+                {
+                    let host = to_host(vec![(n.to_string(), t.shallow_clone())]);
+                    copied.extend(host);
+                }
+            }
+            Ok(())
+        })?;
+        // What is not sharded (batch-norm statistics) is whole on every rank.
+        let rest: Vec<(String, Tensor)> = weights
+            .iter()
+            .filter(|(n, _)| mine(n) && !copied.contains_key(n))
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        copied.extend(to_host(rest));
+        let mut weights: Vec<(String, Tensor)> = copied.into_iter().collect();
+        weights.sort_by(|a, b| a.0.cmp(&b.0));
+        let contents = ShardedContents {
+            weights,
+            optimizer,
+            state,
+            step_checkpoint,
+        };
+        for f in self.writer.write_sharded(dir, recipe, contents, &ctx.pg)? {
             self.announce(ctx, f);
         }
         Ok(())

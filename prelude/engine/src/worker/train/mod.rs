@@ -374,12 +374,44 @@ impl<'a> TrainingLoop<'a> {
     ) -> Result<()> {
         let _busy = Busy::new();
         self.checkpoints.started();
+        if self.update.shards_parameters() && !self.checkpoints_trained_only() {
+            let state = (self.ctx.rank == 0)
+                .then(|| {
+                    let (world, accum) = (self.ctx.world_size, self.plan.accum);
+                    checkpointing::trainer_state(self.h, (epoch, self.step), world, accum, metrics)
+                })
+                .transpose()?;
+            let written = self.checkpoints.write_sharded(
+                self.ctx,
+                dir,
+                &*self.recipe,
+                &mut self.update,
+                state,
+                step_checkpoint,
+            );
+            self.update.close()?;
+            return written;
+        }
         let optimizer = self.update.checkpoint_state(&self.ctx.pg)?;
-        // Under ZeRO-3 every rank takes part in gathering the weights rank 0 writes.
-        self.update.gather_for_checkpoint(self.ctx.rank == 0)?;
+        // Under ZeRO-3 every rank takes part in gathering the adapters rank 0 writes.
+        self.update.gather_trained(self.ctx.rank == 0)?;
         let written = self.write_checkpoint(dir, epoch, metrics, step_checkpoint, optimizer);
         self.update.close()?;
         written
+    }
+
+    /// Whether the recipe's checkpoints hold only the trained parameters of a model that
+    /// has frozen ones too (LoRA: the adapters, beside a base that is the recipe's own files).
+    /// Such a checkpoint is small, and rank 0 writes it whole even under ZeRO-3.
+    fn checkpoints_trained_only(&self) -> bool {
+        // By the tensors' own flags: a frozen base is frozen with `set_requires_grad`.
+        let frozen = self
+            .recipe
+            .vars()
+            .variables()
+            .values()
+            .any(|t| !t.requires_grad());
+        frozen && self.recipe.weights().iter().all(|(_, t)| t.requires_grad())
     }
 
     fn write_checkpoint(

@@ -10,6 +10,7 @@ use trainbook_api::Hyper;
 use super::plan::steps_per_epoch_of;
 use super::WorkerContext;
 use crate::shared::checkpoint::{self, TrainerState};
+use crate::shared::tensor_files::{self, TensorFiles};
 use crate::worker::strategy::UpdateStrategy;
 
 /// The checkpoint a run resumed from, and its trainer state.
@@ -36,18 +37,27 @@ pub(super) fn load<'h>(
 /// Loads weights and optimizer state from `dir`; returns its trainer state.
 fn resume(
     dir: &Path,
-    vs: &mut nn::VarStore,
+    vs: &nn::VarStore,
     update: &mut UpdateStrategy,
     h: &Hyper,
     log: &dyn Fn(String),
 ) -> Result<TrainerState> {
     let state = TrainerState::read(dir)?;
     // A checkpoint holds what `Recipe::weights` gives: every variable, or (LoRA) the trained
-    // ones only, the frozen rest being the recipe's own model files.
-    let missing = vs
-        .load_partial(dir.join(checkpoint::MODEL))
-        .with_context(|| format!("loading the weights of {}", dir.display()))?;
+    // ones only, the frozen rest being the recipe's own model files. One file, or under
+    // ZeRO-3 one per rank with an index; either loads with any worker count.
+    let Some(weights) = TensorFiles::open(dir, checkpoint::MODEL_STEM)? else {
+        bail!(
+            "{} has no weights ({} or {}): give a complete checkpoint directory",
+            dir.display(),
+            checkpoint::MODEL,
+            tensor_files::index_name(checkpoint::MODEL_STEM)
+        );
+    };
     let vars = vs.variables();
+    let missing = weights
+        .load_into(&vars)
+        .with_context(|| format!("loading the weights of {}", dir.display()))?;
     if let Some(name) = missing
         .iter()
         .find(|n| vars.get(*n).is_some_and(|t| t.requires_grad()))
@@ -57,15 +67,13 @@ fn resume(
             dir.display()
         );
     }
-    let opt_file = dir.join(checkpoint::OPTIMIZER);
-    if opt_file.exists() {
-        update.load(&opt_file)?;
-    } else {
-        log(format!(
+    match TensorFiles::open(dir, checkpoint::OPTIMIZER_STEM)? {
+        Some(stored) => update.load(&stored)?,
+        None => log(format!(
             "warning: {} has no optimizer state (only the latest checkpoint keeps it); the {} state restarts from zero",
             dir.display(),
             h.optimizer
-        ));
+        )),
     }
     Ok(state)
 }

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use tch::{nn, Tensor};
+use trainbook_engine::checkpoint;
 
 pub use crate::models::family::Family;
 pub use crate::models::LoadReport;
@@ -59,6 +60,13 @@ pub fn load_safetensors(vs: &nn::VarStore, path: &Path, c: &EncoderConfig) -> Re
 /// Loads a model directory's weights: `model.safetensors`, else PyTorch's `pytorch_model.bin`
 /// (read through libtorch's pickle loader), else a file given directly.
 pub fn load_weights(vs: &nn::VarStore, path: &Path, c: &EncoderConfig) -> Result<LoadReport> {
+    // A sharded set (an index beside the files: a ZeRO-3 checkpoint, a large model).
+    let index = path.join(checkpoint::index_name(checkpoint::MODEL_STEM));
+    if path.is_dir() && !path.join(checkpoint::MODEL).exists() && index.exists() {
+        let files = checkpoint::TensorFiles::open(path, checkpoint::MODEL_STEM)?
+            .context("the index was just seen")?;
+        return load_tensors(vs, files.read_all()?, &path.display().to_string(), c);
+    }
     let file = if path.is_dir() {
         ["model.safetensors", "pytorch_model.bin"]
             .iter()
