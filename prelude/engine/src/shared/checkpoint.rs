@@ -324,6 +324,33 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_said_in_words_with_the_fixes() {
+        let full = std::io::Error::from_raw_os_error(28);
+        let path =
+            Path::new("/runs/r/checkpoints/.step-6.tmp-ranks/model-00001-of-00002.safetensors");
+        let e = format!("{:#}", in_words(full.into(), path));
+        assert!(
+            e.starts_with("the disk holding /runs/r/checkpoints is full, so model-00001-of-00002.safetensors could not be written"),
+            "{e}"
+        );
+        assert!(
+            e.contains("--keep-checkpoints") && e.contains("--runs-root"),
+            "{e}"
+        );
+        assert!(!e.contains("StorageFull"), "{e}");
+        // Anything else keeps its own words, with the file.
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let e = format!(
+            "{:#}",
+            in_words(denied.into(), Path::new("/x/model.safetensors"))
+        );
+        assert!(
+            e.starts_with("writing /x/model.safetensors: permission denied"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_directory_without_a_trainer_state_is_named_with_the_fix() {
         let e = format!("{:#}", TrainerState::read(Path::new("/tmp")).unwrap_err());
         assert!(e.contains("/tmp is not a trainbook checkpoint"), "{e}");
@@ -356,7 +383,17 @@ pub(crate) fn in_words(e: anyhow::Error, path: &Path) -> anyhow::Error {
     if !full {
         return e.context(format!("writing {}", path.display()));
     }
+    // A file staged for a checkpoint is named by the checkpoints' directory.
+    let staged = |d: &&Path| {
+        d.file_name().is_some_and(|n| {
+            n.to_string_lossy().starts_with('.') && n.to_string_lossy().contains(".tmp-")
+        })
+    };
     let dir = path.parent().unwrap_or(path);
+    let dir = Some(dir)
+        .filter(staged)
+        .and_then(Path::parent)
+        .unwrap_or(dir);
     anyhow::anyhow!(
         "the disk holding {} is full, so {} could not be written: free space there, keep fewer step checkpoints (--keep-checkpoints), or put the runs on a larger disk (--runs-root); the checkpoints written before are complete and a rerun resumes from the latest",
         dir.display(),

@@ -242,6 +242,9 @@ fn agree(pg: &ProcessGroup, outcome: Result<()>, what: &str, dir: &Path) -> Resu
     let failed = ddp::allreduce_sums(pg, &[outcome.is_err() as u8 as f64])?[0];
     outcome?;
     if failed > 0.0 {
+        // The driver reports the first error it hears as the job's: the failed rank's own
+        // (a full disk, say) is on its way and should be that one, not this consequence.
+        std::thread::sleep(std::time::Duration::from_millis(500));
         bail!(
             "{} rank(s) could not {what} {} (their errors are reported beside this one); the checkpoints written before are complete",
             failed as usize,
