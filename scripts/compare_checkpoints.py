@@ -16,9 +16,16 @@ from pathlib import Path
 
 
 def read_f32(path):
-    """name -> array of float32 values."""
+    """name -> array of float32 values, of one safetensors file or of a checkpoint directory
+    (its model.safetensors, or every file its model.safetensors.index.json names)."""
     path = Path(path)
     if path.is_dir():
+        index = path / "model.safetensors.index.json"
+        if not (path / "model.safetensors").exists() and index.exists():
+            out = {}
+            for f in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+                out.update(read_f32(path / f))
+            return out
         path = path / "model.safetensors"
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])

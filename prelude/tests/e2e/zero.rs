@@ -234,6 +234,48 @@ fn zero3_with_two_and_three_workers_equals_ddp_and_holds_a_shard_of_the_paramete
 }
 
 #[test]
+fn zero3_under_bf16_gathers_bf16_copies_and_keeps_fp32_masters() {
+    // Under bf16 the units are gathered as bf16 copies of the fp32 master shards (what bf16
+    // autocast would round the weights to anyway), gradients are reduced in fp32: plain bf16
+    // DDP's run within bf16's rounding, a rank holding its fp32 shard and its bf16 copy.
+    let spec = |zero: u8| {
+        job(2, zero, OptimizerKind::Adamw)
+            .max_steps(20)
+            .precision(trainbook::Precision::Bf16)
+    };
+    let (ddp, zero) = (
+        trainbook::fit(spec(0)).unwrap(),
+        trainbook::fit(spec(3)).unwrap(),
+    );
+    let d = last_diff(&ddp, &zero, "model.safetensors");
+    assert!(d < 0.03, "weights differ by {d}, more than bf16's rounding");
+    let rank0_losses = |r: &TrainResult| -> Vec<f64> {
+        let rows = r
+            .metric_rows
+            .iter()
+            .filter(|m| m.name == "loss" && m.rank == 0);
+        rows.map(|m| m.value).collect()
+    };
+    let (a, b) = (rank0_losses(&ddp), rank0_losses(&zero));
+    assert_eq!(a.len(), 20);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 0.01 * x.abs(), "losses {a:?} vs {b:?}");
+    }
+    // The checkpoint holds the fp32 masters.
+    for (name, t) in load(&checkpoint(&zero).join("model.safetensors")) {
+        assert_eq!(t.kind(), tch::Kind::Float, "{name}");
+    }
+    let whole = ddp.memory[0].parameters as f64;
+    for m in &zero.memory {
+        let share = m.parameters as f64 / whole;
+        assert!(
+            (share - 0.75).abs() < 0.01,
+            "fp32 half and its bf16 copy: {share:.4} {m:?}"
+        );
+    }
+}
+
+#[test]
 fn zero3_accumulates_clips_recomputes_and_steps_lans() {
     // Two micro-batches a step (each unit gathered for both), a global clip, every layer
     // recomputed (the recomputation runs on the gathered unit); LANS's per-tensor norms add

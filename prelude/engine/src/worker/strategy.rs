@@ -188,7 +188,10 @@ impl UpdateStrategy {
 
     /// Under ZeRO-3: each unit gathered in turn on every rank, `f` given its variables' names
     /// while they are whole (a collective).
-    pub(crate) fn visit_units(&self, f: &mut dyn FnMut(&[&str]) -> Result<()>) -> Result<()> {
+    pub(crate) fn visit_units(
+        &self,
+        f: &mut dyn FnMut(&[(&str, Tensor)]) -> Result<()>,
+    ) -> Result<()> {
         self.units().map_or(Ok(()), |u| units::lock(u)?.visit(f))
     }
 

@@ -116,16 +116,33 @@ struct Group {
     trainable: Option<Vec<usize>>,
     /// Elements per rank (the buffer holds `world × len`, zero-padded).
     len: i64,
+    /// The shard's dtype (the master copy's), and the gathered buffer's: bf16 for fp32
+    /// parameters under bf16 compute, so gathers move half the bytes.
     kind: Kind,
+    gathered: Kind,
     /// The whole unit's values while gathered; no storage while freed.
     full: Option<Tensor>,
     /// This rank's elements, which the optimizer updates.
     shard: Tensor,
+    /// The shard in the gathered dtype, when that differs: what the gathers send.
+    low: Option<Tensor>,
 }
 
 impl Group {
     fn full_bytes(&self, world: usize) -> usize {
-        self.len as usize * world * self.kind.elt_size_in_bytes()
+        self.len as usize * world * self.gathered.elt_size_in_bytes()
+    }
+
+    /// What this rank sends into a gather: the shard, or its copy in the gathered dtype
+    /// (refreshed from the shard, which the last update changed).
+    fn outgoing(&self) -> Tensor {
+        match &self.low {
+            Some(low) => tch::no_grad(|| {
+                low.shallow_clone().copy_(&self.shard);
+                low.shallow_clone()
+            }),
+            None => self.shard.shallow_clone(),
+        }
     }
 }
 
@@ -176,6 +193,7 @@ impl UnitStore {
         vars: Vec<(String, Tensor)>,
         trainable: &[String],
         pg: &ProcessGroup,
+        compute: Option<Kind>,
     ) -> Result<Self> {
         let (rank, world) = (pg.rank(), pg.world_size());
         let opt_index: HashMap<&str, usize> = trainable
@@ -207,20 +225,29 @@ impl UnitStore {
         let root = units.len() - 1;
         // Groups by (unit, trained, dtype), in unit order (the optimizer's buckets follow the
         // backward pass: the last layer's first, the root's last).
-        let mut keyed: HashMap<(usize, bool, Kind), usize> = HashMap::new();
+        let mut keyed: HashMap<(usize, bool, Kind, Kind), usize> = HashMap::new();
         let mut groups: Vec<Group> = Vec::new();
         for (v, (name, t)) in vars.iter().enumerate() {
             let u = unit_of(name).map_or(root, |n| by_name[n]);
             let trained = opt_index.get(name.as_str()).copied();
-            let key = (u, trained.is_some(), t.kind());
+            // Matrices only (weights of linear layers, convolutions, embeddings: nearly all the
+            // bytes); vectors (biases, norms' scales) stay in their dtype, as batch norm needs
+            // its weight in the dtype of its fp32 running statistics.
+            let gathered = match compute {
+                Some(c) if t.kind() == Kind::Float && t.dim() >= 2 => c,
+                _ => t.kind(),
+            };
+            let key = (u, trained.is_some(), t.kind(), gathered);
             let g = *keyed.entry(key).or_insert_with(|| {
                 groups.push(Group {
                     members: Vec::new(),
                     trainable: trained.map(|_| Vec::new()),
                     len: 0,
                     kind: t.kind(),
+                    gathered,
                     full: None,
                     shard: Tensor::new(),
+                    low: None,
                 });
                 units[u].groups.push(groups.len() - 1);
                 groups.len() - 1
@@ -229,7 +256,7 @@ impl UnitStore {
             // Each parameter starts on a 64-byte boundary, as a tensor of its own would: the
             // CPU kernels (oneDNN's convolutions) take other paths for unaligned weights,
             // which round differently.
-            let align = (ALIGN_BYTES / t.kind().elt_size_in_bytes()).max(1) as i64;
+            let align = (ALIGN_BYTES / gathered.elt_size_in_bytes()).max(1) as i64;
             let off = (crate::worker::ddp::plan_len(&group.members) + align - 1) / align * align;
             group.members.push((v, off, t.numel() as i64));
             if let (Some(list), Some(i)) = (group.trainable.as_mut(), trained) {
@@ -240,6 +267,8 @@ impl UnitStore {
         for g in &mut groups {
             g.len = (crate::worker::ddp::plan_len(&g.members) + world as i64 - 1) / world as i64;
             g.shard = device_of(g).zeros_on_device(&[g.len], g.kind);
+            g.low =
+                (g.gathered != g.kind).then(|| device_of(g).zeros_on_device(&[g.len], g.gathered));
         }
         Ok(Self {
             pg: pg as *const ProcessGroup,
@@ -287,10 +316,20 @@ impl UnitStore {
         tch::no_grad(|| {
             for g in &mut self.groups {
                 let like = &self.vars[g.members[0].0];
-                let full = like.zeros_on_device(&[g.len * self.world as i64], g.kind);
+                // The master values first, in the shard's dtype; then the gathered copy.
+                let master = like.zeros_on_device(&[g.len * self.world as i64], g.kind);
                 for &(v, off, n) in &g.members {
+                    master.narrow(0, off, n).copy_(&self.vars[v].reshape([-1]));
+                }
+                g.shard
+                    .copy_(&master.narrow(0, self.rank as i64 * g.len, g.len));
+                let full = if g.gathered == g.kind {
+                    master
+                } else {
+                    master.to_kind(g.gathered)
+                };
+                for &(v, off, _) in &g.members {
                     let p = &self.vars[v];
-                    full.narrow(0, off, n).copy_(&p.reshape([-1]));
                     // SAFETY: both are live tensors of the same dtype for the call.
                     call_status("moving a parameter into its unit's buffer", |e, l| unsafe {
                         tb_view_into(
@@ -302,8 +341,6 @@ impl UnitStore {
                         )
                     })?;
                 }
-                g.shard
-                    .copy_(&full.narrow(0, self.rank as i64 * g.len, g.len));
                 g.full = Some(full);
             }
             Ok(())
@@ -316,7 +353,10 @@ impl UnitStore {
         let shards: usize = self
             .groups
             .iter()
-            .map(|g| g.len as usize * g.kind.elt_size_in_bytes())
+            .map(|g| {
+                let low = g.low.as_ref().map_or(0, |_| g.gathered.elt_size_in_bytes());
+                g.len as usize * (g.kind.elt_size_in_bytes() + low)
+            })
             .sum();
         let kept: usize = self
             .units
@@ -345,7 +385,7 @@ impl UnitStore {
                 .as_ref()
                 .expect("a captured group has its buffer");
             resize(full, group.full_bytes(self.world))?;
-            works.push(self.pg().allgather_start(full, &group.shard)?);
+            works.push(self.pg().allgather_start(full, &group.outgoing())?);
         }
         self.units[u].state = State::Gathering(works);
         Ok(())
@@ -467,17 +507,38 @@ impl UnitStore {
     /// its variables while they are whole; a unit that was not gathered before is freed again
     /// after, so no rank holds more than one unit at a time. A sharded checkpoint's ranks copy
     /// the tensors they write this way.
-    pub(crate) fn visit(&mut self, f: &mut dyn FnMut(&[&str]) -> Result<()>) -> Result<()> {
+    /// A group whose gathered copy is of a lower precision gives its master values instead,
+    /// gathered from the shards for the call.
+    pub(crate) fn visit(
+        &mut self,
+        f: &mut dyn FnMut(&[(&str, Tensor)]) -> Result<()>,
+    ) -> Result<()> {
         for u in 0..self.units.len() {
             let was_gathered = matches!(self.units[u].state, State::Gathered);
             self.ensure(u)?;
-            let names: Vec<&str> = self.units[u]
-                .groups
-                .iter()
-                .flat_map(|&g| &self.groups[g].members)
-                .map(|&(v, _, _)| self.names[v].as_str())
-                .collect();
-            f(&names)?;
+            let mut whole: Vec<(&str, Tensor)> = Vec::new();
+            for &g in &self.units[u].groups {
+                let group = &self.groups[g];
+                let master = match &group.low {
+                    None => None,
+                    Some(_) => {
+                        let flat = group
+                            .shard
+                            .zeros_on_device(&[group.len * self.world as i64], group.kind);
+                        self.pg().allgather_start(&flat, &group.shard)?.wait()?;
+                        Some(flat)
+                    }
+                };
+                for &(v, off, n) in &group.members {
+                    let t = match &master {
+                        Some(flat) => flat.narrow(0, off, n).view(self.vars[v].size().as_slice()),
+                        None => self.vars[v].shallow_clone(),
+                    };
+                    whole.push((self.names[v].as_str(), t));
+                }
+            }
+            f(&whole)?;
+            drop(whole);
             if !was_gathered {
                 self.free(u)?;
             }
@@ -499,7 +560,7 @@ impl UnitStore {
                     continue;
                 };
                 resize(full, group.full_bytes(self.world))?;
-                self.pg().allgather_start(full, &group.shard)?.wait()?;
+                self.pg().allgather_start(full, &group.outgoing())?.wait()?;
                 if !keep {
                     resize(full, 0)?;
                 }

@@ -135,7 +135,9 @@ impl ShardedOptimizer {
         let mut shards = Vec::new();
         for (slots, given) in layout {
             let first = &params[slots[0].0];
-            let kind = first.kind();
+            // Gradients are reduced, and the optimizer steps, in the master's dtype (fp32
+            // under ZeRO-3's bf16 gathers, whose parameters are bf16).
+            let kind = given.as_ref().map_or(first.kind(), Tensor::kind);
             // Elements per rank: the flat bucket holds `world * len`, padded with zeros.
             let len = (ddp::plan_len(&slots) + world as i64 - 1) / world as i64;
             let grad = first.zeros_on_device(&[len], kind);
@@ -182,7 +184,7 @@ impl ShardedOptimizer {
                 slot_of[i] = (b, off, n);
             }
             buckets.push(ReduceBucket {
-                like: self.params[s.slots[0].0].shallow_clone(),
+                like: s.grad.shallow_clone(),
                 flat_len: s.flat_len,
                 slots: s.slots.len(),
                 pending: s.slots.len(),
@@ -480,7 +482,7 @@ fn bucket_plan(params: &[Tensor], stage: u8, bucket_bytes: usize) -> Vec<BucketP
 
 /// One bucket of the stage-2 reduction.
 struct ReduceBucket {
-    /// A parameter of the bucket: where its buffers are made, in its dtype.
+    /// The bucket's gradient shard: where its buffers are made, in its dtype.
     like: Tensor,
     flat_len: i64,
     /// Parameters in the bucket, and how many of them this backward pass has still to deliver.

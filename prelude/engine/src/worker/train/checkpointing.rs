@@ -284,17 +284,13 @@ impl Checkpoints {
         // A trained tensor outside the checkpoint's weights has its state written by rank 0.
         let mine = |n: &str| owner.get(n).copied().unwrap_or(0) == rank;
         let optimizer = update.owned_state(&ctx.pg, &mine, rank == 0)?;
-        let by_name: HashMap<&str, &Tensor> =
-            weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let wanted: std::collections::HashSet<&str> =
+            weights.iter().map(|(n, _)| n.as_str()).collect();
         let mut copied: HashMap<String, Tensor> = HashMap::new();
-        update.visit_units(&mut |names| {
-            for &n in names {
-                if let Some(t) = by_name
-                    .get(n)
-                    .filter(|_| mine(n) && !copied.contains_key(n))
-                {
-                    let host = to_host(vec![(n.to_string(), t.shallow_clone())]);
-                    copied.extend(host);
+        update.visit_units(&mut |whole| {
+            for (n, t) in whole {
+                if wanted.contains(n) && mine(n) && !copied.contains_key(*n) {
+                    copied.extend(to_host(vec![(n.to_string(), t.shallow_clone())]));
                 }
             }
             Ok(())

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 use tch::Tensor;
-use trainbook_api::{Hyper, OptimizerKind};
+use trainbook_api::{Hyper, OptimizerKind, Precision};
 
 use super::WorkerContext;
 use crate::worker::optim::OptimizerSettings;
@@ -89,7 +89,13 @@ pub(super) fn units(
         .collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     let names: Vec<String> = trainable.iter().map(|(n, _)| n.clone()).collect();
-    let store = UnitStore::new(named, &names, &ctx.pg)?;
+    // Under bf16 the gathered copies of fp32 parameters are bf16 (the fp32 masters stay in
+    // the shards), as FSDP's mixed precision: gathers move half the bytes. Not for a partly
+    // frozen model: its frozen base is held in bf16 already, and its trained part (LoRA's
+    // adapters) is small and checkpointed from the gathered parameters.
+    let partly_frozen = named.len() > names.len();
+    let compute = (h.precision == Precision::Bf16 && !partly_frozen).then_some(tch::Kind::BFloat16);
+    let store = UnitStore::new(named, &names, &ctx.pg, compute)?;
     Ok(Some(std::sync::Arc::new(std::sync::Mutex::new(store))))
 }
 
