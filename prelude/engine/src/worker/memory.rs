@@ -270,17 +270,22 @@ fn estimate(
         // the layers gathered at a time hold theirs.
         let layers: u64 = fp.units.iter().map(|u| u.1).sum();
         let kept = match (zero >= 3 && h.activation_checkpointing, layers) {
+            // The gathered matrices are bf16 already (full fine-tuning): autocast copies none.
+            _ if zero >= 3 && fp.frozen_bytes == 0 => 0,
             (true, l) if l > 0 => {
                 let share = largest_sum(&unit_bytes(&fp), GATHERED_UNITS) as f64 / l as f64;
                 (fp.cast_by_autocast as f64 * share) as u64
             }
             _ => fp.cast_by_autocast,
         };
+        let detail = match kept {
+            0 => "none: ZeRO-3 gathers the matrices as bf16 already",
+            _ => "bf16 copies of the matrices made by autocast, kept for the backward pass",
+        };
         rows.push(MemoryRow {
             what: "bf16 weight copies".into(),
             bytes: kept * 2,
-            detail: "bf16 copies of the matrices made by autocast, kept for the backward pass"
-                .into(),
+            detail: detail.into(),
         });
     }
     // What the heap holds free once the backward pass is over (CPU): the activations, and what
@@ -468,20 +473,33 @@ fn sharded_parameter_rows(fp: &Footprint, h: &Hyper, world: usize) -> Vec<Memory
         ((largest_sum(&unit_bytes(fp), IN_FLIGHT + 1) + root) as f64 * trained_share) as u64;
     let shard = |bytes: u64| bytes.div_ceil(w);
     let states = state_tensors(h);
+    // Under bf16 a full fine-tune gathers bf16 copies of its fp32 masters (the matrices,
+    // nearly all the bytes), made from a bf16 copy of each shard.
+    let low = h.precision == Precision::Bf16 && fp.frozen_bytes == 0;
+    let (gathered_bytes, copy, how) = match low {
+        true => ((root + gathered) / 2, shard(whole) / 2, "bf16 copies"),
+        false => (root + gathered, 0, "whole"),
+    };
     vec![
         MemoryRow {
             what: "parameters".into(),
-            bytes: shard(whole),
-            detail: weights_detail(fp, &format!(", 1/{world} of each tensor (ZeRO-3)")),
+            bytes: shard(whole) + copy,
+            detail: weights_detail(
+                fp,
+                &format!(
+                    ", 1/{world} of each tensor (ZeRO-3){}",
+                    if low { ", and the shard's bf16 copy" } else { "" }
+                ),
+            ),
         },
         MemoryRow {
             what: "gathered units".into(),
-            bytes: root + gathered,
+            bytes: gathered_bytes,
             detail: format!(
-                "whole while they compute: the root (embeddings, head: {:.2} GiB) for the step, and 2 of {} layers at a time (the current and the prefetched, {:.2} GiB)",
-                root as f64 / GIB,
+                "{how} while they compute: the root (embeddings, head: {:.2} GiB) for the step, and 2 of {} layers at a time (the current and the prefetched, {:.2} GiB)",
+                root as f64 / GIB / if low { 2.0 } else { 1.0 },
                 fp.units.len().max(1),
-                gathered as f64 / GIB
+                gathered as f64 / GIB / if low { 2.0 } else { 1.0 }
             ),
         },
         MemoryRow {
