@@ -43,7 +43,8 @@ measured() {
       sleep 0.25
     done ) > "$rss" &
   local sampler=$!
-  trap 'kill $sampler 2>/dev/null; rm -rf "$work"' EXIT
+  # Expanded now: the EXIT trap runs outside this function, where `sampler` is not set.
+  trap "kill $sampler 2>/dev/null; rm -rf '$work'" EXIT
   # The plan errs high and the machine's free memory moves: measure whatever it says.
   trainbook train $(opts "$1" "$2") --no-memory-check --runs-root "$work/runs" 2>&1 \
     | while IFS= read -r l; do echo "$(date +%s.%N) $l"; done > "$log"

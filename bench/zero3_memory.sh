@@ -8,12 +8,15 @@
 # gloo, 7 steps, then one consolidated checkpoint (trainbook's epoch checkpoint; the PyTorch
 # script writes one too). Prints one JSON line per run.
 #
-#   bench/zero3_memory.sh [LAYERS] [WORKERS]      (defaults 8 and 2; PyTorch from .bench-venv,
-#                                                  made by bench/torch-venv.sh, when present)
+#   bench/zero3_memory.sh [LAYERS] [WORKERS] [PRECISION]
+#       (defaults 8, 2 and fp32; bf16: trainbook's --precision bf16 beside FSDP2's
+#       MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and DDP under bf16 autocast.
+#       PyTorch from .bench-venv, made by bench/torch-venv.sh, when present)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 layers=${1:-8}
 workers=${2:-2}
+precision=${3:-fp32}
 py=${BENCH_VENV:-.bench-venv}/bin/python
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -33,21 +36,23 @@ words = "the cat a dog saw chased painted found moon ball door harbour night sai
 open(sys.argv[1], "w").write("\n".join(" ".join(random.choice(words) for _ in range(300)) for _ in range(400)))
 EOF
 opts=(causal-lm --model "$model" --from-scratch --data "$work/text.txt" --workers "$workers" --threads 1
-      --max-length 256 --global-batch-size $((2 * workers)) --max-steps 7 --epochs 1 --device cpu)
+      --max-length 256 --global-batch-size $((2 * workers)) --max-steps 7 --epochs 1 --device cpu
+      --precision "$precision")
 trainbook_run() {
   local planned
   planned=$(trainbook plan "${opts[@]}" --zero "$1" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["total"])')
   trainbook train "${opts[@]}" --zero "$1" --runs-root "$work/runs" --json 2>/dev/null | tail -1 \
     | python3 -c 'import json,sys
 d = json.loads(sys.stdin.read()); planned = int(sys.argv[2])
-print(json.dumps({"run": "trainbook --zero " + sys.argv[1], "tokens_per_second": d["samples_per_second"] * 256,
+print(json.dumps({"run": "trainbook --zero " + sys.argv[1] + " " + sys.argv[3], "tokens_per_second": d["samples_per_second"] * 256,
                   "peak_rss_gib": [round(m["peak"] / 2**30, 3) for m in d["memory"]],
                   "parameters_mib": [round(m["parameters"] / 2**20, 1) for m in d["memory"]],
-                  "planned_gib": round(planned / 2**30, 3), "final_loss": d["final_train_loss"]}))' "$1" "$planned"
+                  "planned_gib": round(planned / 2**30, 3), "final_loss": d["final_train_loss"]}))' "$1" "$planned" "$precision"
 }
 torch_run() {
   [ -x "$py" ] || { echo "{\"run\": \"torch $1\", \"skipped\": \"no $py (bench/torch-venv.sh)\"}"; return; }
-  "$py" bench/torch_fsdp.py --model "$model" --mode "$1" --workers "$workers" --threads 1 --steps 6 2>/dev/null | tail -1
+  "$py" bench/torch_fsdp.py --model "$model" --mode "$1" --workers "$workers" --threads 1 --steps 6 \
+    --precision "$precision" 2>/dev/null | tail -1
 }
 trainbook_run 3
 torch_run fsdp2

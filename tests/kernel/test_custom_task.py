@@ -113,6 +113,21 @@ def test_a_cell_defined_task_trains_on_two_workers_like_one(kernel):
     assert not [p for p in descendants(kernel_pid(km)) if "worker" in cmdline(p)]
 
 
+def test_a_cell_defined_task_under_zero3_trains_like_plain_data_parallelism(kernel):
+    km, kc = kernel
+    ensure_task(kc)
+    # Its layers have no numbered path, so the whole model is ZeRO-3's root: gathered for each
+    # step, sharded between steps, and the same parameters as plain data parallelism.
+    ok(kc, fit(2, 32))
+    ok(kc, "let plain = (r.param_sum, r.param_l2, r.memory[0].parameters);")
+    ok(kc, fit(2, 32, ".zero(3)"))
+    plain = [float(v) for v in value(kc, "plain").strip("()").split(",")]
+    sharded = [float(v) for v in value(kc, "(r.param_sum, r.param_l2, r.memory[0].parameters)").strip("()").split(",")]
+    assert math.isclose(sharded[0], plain[0], rel_tol=1e-5, abs_tol=1e-5), (sharded, plain)
+    assert math.isclose(sharded[1], plain[1], rel_tol=1e-5), (sharded, plain)
+    assert abs(sharded[2] / plain[2] - 0.5) < 0.01, (sharded, plain)
+
+
 def test_f1_equals_one_computed_from_the_checkpoints_predictions(kernel):
     km, kc = kernel
     ok(kc, fit(2, 32))

@@ -203,7 +203,7 @@ def test_a_worker_killed_on_one_node_restarts_the_job(cluster):
     name = "killed-worker"
     job = subprocess.Popen(
         ["srun", "--nodes", "2", "--ntasks-per-node", "1", str(TRAINBOOK), *JOB,
-         "--max-steps", "400", "--checkpoint-every", "20", "--max-failures", "1",
+         "--max-steps", "200", "--checkpoint-every", "20", "--max-failures", "1",
          "--name", name, "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -217,7 +217,7 @@ def test_a_worker_killed_on_one_node_restarts_the_job(cluster):
     s = summary(stdout)
     assert s["status"] == "succeeded", s
     assert len(s["restarts"]) == 1 and s["restarts"][0]["rank"] == 1, s["restarts"]
-    assert abs(s["param_l2"] - straight(env, 400)["param_l2"]) <= 1e-5
+    assert abs(s["param_l2"] - straight(env, 200)["param_l2"]) <= 1e-5
 
 
 def test_a_cancelled_job_submitted_again_resumes_from_its_checkpoint(cluster):
@@ -229,7 +229,7 @@ def test_a_cancelled_job_submitted_again_resumes_from_its_checkpoint(cluster):
         "#!/bin/bash\n"
         f"#SBATCH --nodes=2 --ntasks-per-node=1 --output={d}/sbatch-%j.log\n"
         f"srun --output={out}-%j-%t.txt --error={out}-%j-%t.err {TRAINBOOK} {' '.join(JOB)} "
-        f"--max-steps 400 --checkpoint-every 20 --name {name} --resume auto --json\n"
+        f"--max-steps 200 --checkpoint-every 20 --name {name} --resume auto --json\n"
     )
 
     def submit():
@@ -254,7 +254,7 @@ def test_a_cancelled_job_submitted_again_resumes_from_its_checkpoint(cluster):
     s = summary(text)
     assert s["status"] == "succeeded", (s, err[-2000:])
     assert "resumed from" in err, err[-2000:]
-    assert abs(s["param_l2"] - straight(env, 400)["param_l2"]) <= 1e-5
+    assert abs(s["param_l2"] - straight(env, 200)["param_l2"]) <= 1e-5
 
 
 def test_srun_prepares_a_corpus_in_slices_into_one_set(cluster):

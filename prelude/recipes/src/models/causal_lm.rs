@@ -13,7 +13,7 @@ pub use super::decoder::{CausalLm, TensorShapes};
 use super::gpt2::{Gpt2, Gpt2Config};
 use super::llama::{Llama, LlamaConfig};
 use super::lora::{self, LoraSpec};
-use trainbook_engine::checkpoint::{write_atomic, write_tensors};
+use trainbook_engine::checkpoint::{write_atomic, write_tensors, TensorFiles};
 
 /// The model families trainbook reads, by `model_type`.
 pub const SUPPORTED: &[&str] = &["gpt2", "llama", "mistral", "qwen2"];
@@ -266,14 +266,14 @@ fn strip_gpt2_prefix(name: &str, config: &ModelConfig) -> String {
 /// Loads a directory's weights into `vs`: every base parameter must be found (adapters
 /// start fresh).
 pub fn load(vs: &nn::VarStore, dir: &Path, config: &ModelConfig) -> Result<()> {
-    let mut by_name = HashMap::new();
-    for f in weight_files(dir)? {
-        for (name, t) in
-            Tensor::read_safetensors(&f).with_context(|| format!("reading {}", f.display()))?
-        {
-            by_name.insert(strip_gpt2_prefix(&name, config), t);
-        }
-    }
+    weight_files(dir)?;
+    let files = TensorFiles::open(dir, "model")?.context("the weight files were just found")?;
+    // Read a tensor at a time from the mapped files: loading holds the model, not the
+    // files' contents beside it.
+    let mut by_name: HashMap<String, String> = files
+        .names()
+        .map(|n| (strip_gpt2_prefix(n, config), n.to_string()))
+        .collect();
     let tied = !config.tensors().iter().any(|(n, _)| n == "lm_head.weight");
     if tied {
         // A tied head is the embeddings; files may carry the copy.
@@ -281,7 +281,7 @@ pub fn load(vs: &nn::VarStore, dir: &Path, config: &ModelConfig) -> Result<()> {
     }
     let report = super::load_into(
         vs,
-        by_name,
+        super::Source::Files(files, by_name),
         &dir.display().to_string(),
         &super::LoadRules {
             optional_prefix: None,

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Result};
 use tch::{nn, Tensor};
+use trainbook_engine::checkpoint::TensorFiles;
 
 /// What loading a checkpoint into a model found.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -68,13 +69,50 @@ pub struct LoadRules<'a> {
     pub mismatch_hint: &'a str,
 }
 
+/// Where [`load_into`] takes a checkpoint's tensors from: tensors in memory, or safetensors
+/// files read a tensor at a time (so loading holds the model and one tensor, not the files'
+/// contents as well).
+pub enum Source {
+    Loaded(HashMap<String, Tensor>),
+    /// The files, and the file's name of each tensor by the name the model uses.
+    Files(TensorFiles, HashMap<String, String>),
+}
+
+impl From<HashMap<String, Tensor>> for Source {
+    fn from(m: HashMap<String, Tensor>) -> Self {
+        Source::Loaded(m)
+    }
+}
+
+impl Source {
+    /// Removes and returns the tensor the model names `name`.
+    fn take(&mut self, name: &str) -> Result<Option<Tensor>> {
+        match self {
+            Source::Loaded(m) => Ok(m.remove(name)),
+            Source::Files(files, names) => match names.remove(name) {
+                Some(stored) => files.get(&stored),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// The names nothing took.
+    fn rest(self) -> Vec<String> {
+        match self {
+            Source::Loaded(m) => m.into_keys().collect(),
+            Source::Files(_, names) => names.into_keys().collect(),
+        }
+    }
+}
+
 /// Copies `tensors` into `vs` by name.
 pub fn load_into(
     vs: &nn::VarStore,
-    mut by_name: HashMap<String, Tensor>,
+    by_name: impl Into<Source>,
     origin: &str,
     rules: &LoadRules,
 ) -> Result<LoadReport> {
+    let mut by_name = by_name.into();
     let mut report = LoadReport::default();
     let vars = vs.variables();
     let mut names: Vec<&String> = vars.keys().collect();
@@ -87,9 +125,13 @@ pub fn load_into(
     };
     tch::no_grad(|| -> Result<()> {
         for name in names {
-            let found = by_name
-                .remove(name.as_str())
-                .or_else(|| unprefixed(name).and_then(|n| by_name.remove(&n)));
+            let found = match by_name.take(name)? {
+                Some(t) => Some(t),
+                None => match unprefixed(name) {
+                    Some(n) => by_name.take(&n)?,
+                    None => None,
+                },
+            };
             let Some(src) = found else {
                 report.missing.push(name.clone());
                 continue;
@@ -116,7 +158,8 @@ pub fn load_into(
         Ok(())
     })?;
     let mut unexpected: Vec<String> = by_name
-        .into_keys()
+        .rest()
+        .into_iter()
         .filter(|k| {
             !rules.ignored.iter().any(|i| {
                 k == i || k.ends_with(&format!(".{i}")) || unprefixed(k).as_deref() == Some(*i)
