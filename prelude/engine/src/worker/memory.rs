@@ -266,27 +266,7 @@ fn estimate(
         detail: format!("{batch} samples per micro-batch: {}", parts.join(", ")),
     });
     if h.precision == Precision::Bf16 {
-        // Recomputed ZeRO-3 layers keep no copies between their forward and backward: only
-        // the layers gathered at a time hold theirs.
-        let layers: u64 = fp.units.iter().map(|u| u.1).sum();
-        let kept = match (zero >= 3 && h.activation_checkpointing, layers) {
-            // The gathered matrices are bf16 already (full fine-tuning): autocast copies none.
-            _ if zero >= 3 && fp.frozen_bytes == 0 => 0,
-            (true, l) if l > 0 => {
-                let share = largest_sum(&unit_bytes(&fp), GATHERED_UNITS) as f64 / l as f64;
-                (fp.cast_by_autocast as f64 * share) as u64
-            }
-            _ => fp.cast_by_autocast,
-        };
-        let detail = match kept {
-            0 => "none: ZeRO-3 gathers the matrices as bf16 already",
-            _ => "bf16 copies of the matrices made by autocast, kept for the backward pass",
-        };
-        rows.push(MemoryRow {
-            what: "bf16 weight copies".into(),
-            bytes: kept * 2,
-            detail: detail.into(),
-        });
+        rows.push(bf16_copies_row(&fp, h, zero));
     }
     // What the heap holds free once the backward pass is over (CPU): the activations, and what
     // glibc kept of freed blocks.
@@ -411,6 +391,31 @@ fn model_state_rows(fp: &Footprint, h: &Hyper, world: usize, zero: u8) -> Vec<Me
             detail: comm_detail,
         },
     ]
+}
+
+/// The bf16 copies autocast makes of the matrices and keeps for the backward pass.
+fn bf16_copies_row(fp: &Footprint, h: &Hyper, zero: u8) -> MemoryRow {
+    // Recomputed ZeRO-3 layers keep no copies between their forward and backward: only the
+    // layers gathered at a time hold theirs.
+    let layers: u64 = fp.units.iter().map(|u| u.1).sum();
+    let kept = match (zero >= 3 && h.activation_checkpointing, layers) {
+        // The gathered matrices are bf16 already (full fine-tuning): autocast copies none.
+        _ if zero >= 3 && fp.frozen_bytes == 0 => 0,
+        (true, l) if l > 0 => {
+            let share = largest_sum(&unit_bytes(fp), GATHERED_UNITS) as f64 / l as f64;
+            (fp.cast_by_autocast as f64 * share) as u64
+        }
+        _ => fp.cast_by_autocast,
+    };
+    let detail = match kept {
+        0 => "none: ZeRO-3 gathers the matrices as bf16 already",
+        _ => "bf16 copies of the matrices made by autocast, kept for the backward pass",
+    };
+    MemoryRow {
+        what: "bf16 weight copies".into(),
+        bytes: kept * 2,
+        detail: detail.into(),
+    }
 }
 
 /// Layers a ZeRO-3 worker holds gathered at once: the one computing and the prefetched one.

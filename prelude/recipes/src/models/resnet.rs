@@ -185,7 +185,9 @@ pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<LoadReport> {
     };
     load_into(
         vs,
-        tensors.into_iter().collect::<std::collections::HashMap<_, _>>(),
+        tensors
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>(),
         &file.display().to_string(),
         &LoadRules {
             optional_prefix: None,
