@@ -644,7 +644,7 @@ mod parity {
         .unwrap();
         let err = weight_files(&tmp).unwrap_err().to_string();
         assert!(
-            err.contains("lists the shard") && err.contains("model-0000"),
+            err.contains("which is not there") && err.contains("model-0000"),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&tmp);
