@@ -21,20 +21,8 @@ py=${BENCH_VENV:-.bench-venv}/bin/python
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 model=$work/llama
-mkdir -p "$model"
-cat > "$model/config.json" <<EOF
-{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":1024,"intermediate_size":2816,
- "num_hidden_layers":$layers,"num_attention_heads":16,"num_key_value_heads":16,"vocab_size":32000,
- "max_position_embeddings":2048,"rms_norm_eps":1e-06,"rope_theta":10000.0,"tie_word_embeddings":false,
- "hidden_act":"silu","torch_dtype":"float32","bos_token_id":1,"eos_token_id":2,"initializer_range":0.02}
-EOF
-cp tests/fixtures/causal_lm/llama/tokenizer.json tests/fixtures/causal_lm/llama/tokenizer_config.json "$model/"
-python3 - "$work/text.txt" <<'EOF'
-import random, sys
-random.seed(0)
-words = "the cat a dog saw chased painted found moon ball door harbour night sailor fox".split()
-open(sys.argv[1], "w").write("\n".join(" ".join(random.choice(words) for _ in range(300)) for _ in range(400)))
-EOF
+. bench/llama_shape.sh
+llama_shape "$work" "$layers" 400
 opts=(causal-lm --model "$model" --from-scratch --data "$work/text.txt" --workers "$workers" --threads 1
       --max-length 256 --global-batch-size $((2 * workers)) --max-steps 7 --epochs 1 --device cpu
       --precision "$precision")
