@@ -47,20 +47,37 @@ int tb_resize_storage(void* tensor, size_t nbytes, char* err, size_t errlen) {
 // Points `param` (a leaf) at `numel(param)` elements of `flat`'s storage from element `offset`
 // of `flat` on, contiguous, keeping it a leaf that requires a gradient if it did. A buffer of
 // another dtype (bf16 copies of fp32 parameters) gives the parameter its dtype: its data is
-// replaced first (`set_data`, which keeps its hooks and its autograd identity).
+// replaced first (`set_data`, which keeps its hooks and its autograd identity); so is one on
+// another device.
 int tb_view_into(void* param, void* flat, int64_t offset, char* err, size_t errlen) {
   return trainbook::report_errors(err, errlen, [&] {
     auto& p = *static_cast<at::Tensor*>(param);
     const auto& f = *static_cast<at::Tensor*>(flat);
     TORCH_CHECK(offset + p.numel() <= f.numel(), "a parameter's place lies outside its unit's buffer");
     auto sizes = p.sizes().vec();
-    if (p.scalar_type() != f.scalar_type()) {
-      p.set_data(at::empty({0}, p.options().dtype(f.scalar_type())));
+    if (p.scalar_type() != f.scalar_type() || p.device() != f.device()) {
+      p.set_data(at::empty({0}, f.options()));
     }
     at::NoGradGuard no_grad;
     std::vector<int64_t> strides(sizes.size(), 1);
     for (size_t d = sizes.size(); d > 1; --d) strides[d - 2] = strides[d - 1] * sizes[d - 1];
     p.set_(f.storage(), f.storage_offset() + offset, sizes, strides);
+    return 0;
+  });
+}
+
+// Gives `param` (a leaf) `like`'s dtype and device and no storage, keeping its sizes: a
+// variable of a model built under ZeRO-3 whose values live in this rank's slice until its unit
+// is captured (which points it into the unit's buffer). `at::empty` reserves without writing,
+// so no page of the whole tensor is touched.
+int tb_hollow(void* param, void* like, char* err, size_t errlen) {
+  return trainbook::report_errors(err, errlen, [&] {
+    auto& p = *static_cast<at::Tensor*>(param);
+    const auto& l = *static_cast<at::Tensor*>(like);
+    p.set_data(at::empty(p.sizes(), l.options()));
+    c10::Storage storage = p.storage();
+    storage.set_data_ptr_noswap(c10::DataPtr(nullptr, l.device()));
+    storage.set_nbytes(0);
     return 0;
   });
 }

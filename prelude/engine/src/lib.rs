@@ -59,6 +59,10 @@ pub use worker::recipe::{
 pub use worker::recompute::checkpointed;
 pub use worker::task::{Batch, Setup, Task};
 pub use worker::units::{unit_forward, unit_sizes};
+/// ZeRO-3's sharded build: what a model and its loader call so that no rank holds it whole.
+pub mod sharded_build {
+    pub use crate::worker::slices::{cast, fill, unit_built};
+}
 pub use worker::{main as worker_main, Hpu, HpuBridge};
 
 /// The run directory's files and crash-safe writing (see the module's layout).

@@ -334,6 +334,15 @@ fn zero_3_equals_plain_data_parallelism_in_full_and_lora_fine_tuning() {
             run(lora(job("llama", 3))),
             run(lora(job("llama", 3).zero(3).activation_checkpointing(true))),
         ),
+        // The bf16 base each rank casts its slice of.
+        (
+            run(lora(job("llama", 2).precision(trainbook::Precision::Bf16))),
+            run(lora(
+                job("llama", 2)
+                    .precision(trainbook::Precision::Bf16)
+                    .zero(3),
+            )),
+        ),
     ];
     for (a, b) in &pairs {
         let d = max_abs_diff(&last_model(a), &last_model(b));
@@ -373,9 +382,12 @@ fn zero_3_equals_plain_data_parallelism_in_full_and_lora_fine_tuning() {
 }
 
 #[test]
-fn a_killed_lora_worker_restarts_and_ends_like_the_straight_run() {
+fn a_killed_lora_worker_under_zero3_restarts_and_ends_like_the_straight_run() {
+    // Under ZeRO-3 the restarted ranks build their slices of the base again, read only those
+    // from the model's files, and resume the adapters from the last checkpoint.
     let spec = || {
         job("qwen2", 2)
+            .zero(3)
             .lora_rank(2)
             .epochs(20)
             .max_steps(60)

@@ -79,7 +79,12 @@ pub(crate) fn remove(dir: &Path, stem: &str) {
 
 struct File {
     path: PathBuf,
-    map: memmap2::Mmap,
+    /// The open file: tensors are read with positioned reads, not through a mapping, so what
+    /// was read stays in the page cache, not in the process's resident set (a mapping's
+    /// touched pages count there until it is dropped: a rank reading its slices would hold
+    /// the bytes twice).
+    file: std::fs::File,
+    len: usize,
     /// Where the tensors' data begins (after the header).
     data: usize,
 }
@@ -124,7 +129,8 @@ impl TensorFiles {
                 path.display()
             )
         })?;
-        // SAFETY: a read-only mapping of a file that nothing here writes.
+        // SAFETY: a read-only mapping of a file that nothing here writes; only its header is
+        // read through it.
         let map = unsafe { memmap2::Mmap::map(&f) }
             .with_context(|| format!("mapping {}", path.display()))?;
         let (header, meta) = SafeTensors::read_metadata(&map)
@@ -135,7 +141,8 @@ impl TensorFiles {
         }
         self.files.push(File {
             path,
-            map,
+            file: f,
+            len: map.len(),
             data: 8 + header,
         });
         Ok(())
@@ -163,18 +170,96 @@ impl TensorFiles {
         let Some((file, info)) = self.tensors.get(name) else {
             return Ok(None);
         };
-        let f = &self.files[*file];
-        let kind =
-            kind_of(info.dtype).with_context(|| format!("{name} in {}", f.path.display()))?;
+        let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+        let count = shape.iter().product();
+        Ok(Some(
+            self.read(*file, info, name, 0, count)?
+                .view(shape.as_slice()),
+        ))
+    }
+
+    /// Elements `[first, first + count)` of the tensor `name`, flattened: only their bytes
+    /// are read (a ZeRO-3 rank's slice). `None` when no file holds it.
+    pub fn get_range(&self, name: &str, first: i64, count: i64) -> Result<Option<Tensor>> {
+        let Some((file, info)) = self.tensors.get(name) else {
+            return Ok(None);
+        };
+        Ok(Some(self.read(*file, info, name, first, count)?))
+    }
+
+    /// Elements `[first, first + count)` of a stored tensor, read into a new one.
+    fn read(
+        &self,
+        file: usize,
+        info: &TensorInfo,
+        name: &str,
+        first: i64,
+        count: i64,
+    ) -> Result<Tensor> {
+        let kind = kind_of(info.dtype)
+            .with_context(|| format!("{name} in {}", self.files[file].path.display()))?;
+        let t = Tensor::empty([count], (kind, tch::Device::Cpu));
+        self.read_at(file, info, name, first, &t)?;
+        Ok(t)
+    }
+
+    /// Reads the tensor `name` straight into `dst` when `dst` can take its bytes as they are
+    /// (a contiguous CPU tensor of its dtype and element count): no copy of it is made in
+    /// between, which halves what loading a large tensor adds to the peak. False otherwise
+    /// (or when no file holds it).
+    pub fn read_into(&self, name: &str, dst: &Tensor) -> Result<bool> {
+        let Some((file, info)) = self.tensors.get(name) else {
+            return Ok(false);
+        };
+        let numel: usize = info.shape.iter().product();
+        let fits = kind_of(info.dtype).ok() == Some(dst.kind())
+            && dst.device() == tch::Device::Cpu
+            && dst.is_contiguous()
+            && dst.numel() == numel
+            && !dst.data_ptr().is_null();
+        if fits {
+            tch::no_grad(|| self.read_at(*file, info, name, 0, dst))?;
+        }
+        Ok(fits)
+    }
+
+    /// Fills `dst` (contiguous, on the CPU, of the stored dtype) with the stored tensor's
+    /// elements from `first` on, with a positioned read.
+    fn read_at(
+        &self,
+        file: usize,
+        info: &TensorInfo,
+        name: &str,
+        first: i64,
+        dst: &Tensor,
+    ) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let f = &self.files[file];
         let (start, end) = info.data_offsets;
-        let Some(bytes) = f.map.get(f.data + start..f.data + end) else {
+        let size = dst.kind().elt_size_in_bytes();
+        let from = start + first as usize * size;
+        let bytes = dst.numel() * size;
+        if from + bytes > end {
+            bail!(
+                "{name} in {} has fewer elements than asked for",
+                f.path.display()
+            );
+        }
+        if f.data + from + bytes > f.len {
             bail!(
                 "{} is cut short: {name} lies past its end (the file was not written completely)",
                 f.path.display()
             );
-        };
-        let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
-        Ok(Some(Tensor::from_data_size(bytes, &shape, kind)))
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: `dst` is a live contiguous CPU tensor of exactly `bytes` bytes, which
+        // nothing else touches during the read.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.data_ptr() as *mut u8, bytes) };
+        f.file
+            .read_exact_at(out, (f.data + from) as u64)
+            .with_context(|| format!("reading {name} from {}", f.path.display()))
     }
 
     /// Every tensor, read (the whole set in memory: for small models and tests).
@@ -191,19 +276,23 @@ impl TensorFiles {
         let mut names: Vec<&String> = vars.keys().collect();
         names.sort();
         for name in names {
-            let Some(src) = self.get(name)? else {
+            let Some(shape) = self.shape(name) else {
                 missing.push(name.clone());
                 continue;
             };
             let dst = &vars[name];
-            if src.size() != dst.size() {
+            if shape != dst.size() {
                 bail!(
-                    "{name} has shape {:?} in the checkpoint, the model's is {:?}: the checkpoint was written by another model configuration",
-                    src.size(),
+                    "{name} has shape {shape:?} in the checkpoint, the model's is {:?}: the checkpoint was written by another model configuration",
                     dst.size()
                 );
             }
-            tch::no_grad(|| dst.shallow_clone().copy_(&src));
+            if !self.read_into(name, dst)? {
+                let src = self
+                    .get(name)?
+                    .context("a tensor whose shape was just read")?;
+                tch::no_grad(|| dst.shallow_clone().copy_(&src));
+            }
         }
         Ok(missing)
     }
@@ -339,6 +428,15 @@ mod tests {
         assert!(files.get("b").unwrap().unwrap().equal(&b));
         assert_eq!(files.get("c").unwrap().unwrap().kind(), Kind::BFloat16);
         assert!(files.get("d").unwrap().is_none());
+        // A range reads those elements only, flattened; past the end is an error.
+        let part = files.get_range("a", 2, 3).unwrap().unwrap();
+        assert!(part.equal(&Tensor::from_slice(&[2.0f32, 3.0, 4.0])));
+        assert!(files.get_range("a", 4, 3).is_err());
+        // Straight into a tensor of its dtype and size; not into another dtype.
+        let into = Tensor::zeros([2, 3], (Kind::Float, tch::Device::Cpu));
+        assert!(files.read_into("a", &into).unwrap() && into.equal(&a));
+        let double = Tensor::zeros([2, 3], (Kind::Double, tch::Device::Cpu));
+        assert!(!files.read_into("a", &double).unwrap());
         // Into variables of the same shapes; a name the files lack is reported.
         let vars: HashMap<String, Tensor> = [
             (

@@ -192,11 +192,22 @@ impl Device {
 
     /// Moves every variable of `vs` to this device in place (the variables keep their identity,
     /// so the model's layers and an optimizer built later see the moved tensors).
+    /// A variable built sharded under ZeRO-3 moves its slice (first: it is then on the device,
+    /// hollow, and the store's own move leaves it alone).
     pub fn place_vars(self, vs: &mut nn::VarStore) -> Result<()> {
+        let mut rest = Vec::new();
+        tch::no_grad(|| -> Result<()> {
+            for (name, v) in vs.variables() {
+                if !crate::worker::slices::place(&name, &v, |s| self.put(s))? {
+                    rest.push(v);
+                }
+            }
+            Ok(())
+        })?;
         match self.tch() {
             Some(d) => vs.set_device(d),
             None => tch::no_grad(|| -> Result<()> {
-                for (_, mut v) in vs.variables() {
+                for mut v in rest {
                     let moved = self.put(&v)?;
                     v.set_data(&moved);
                 }
@@ -321,7 +332,9 @@ impl OnDeviceOf for Tensor {
     }
 
     fn zeros_on_device(&self, size: &[i64], kind: Kind) -> Tensor {
-        if self.numel() == 0 {
+        // Nothing to view (an empty tensor, or a variable built sharded under ZeRO-3 that has
+        // no storage yet): made on the host and moved (only while setting up).
+        if self.numel() == 0 || self.data_ptr().is_null() {
             return Tensor::zeros(size, (kind, tch::Device::Cpu)).to_device_of(self);
         }
         // Made on the device from a view of one element of `self` (tch cannot name every
@@ -358,9 +371,18 @@ pub(crate) fn peak_memory(device: Device, hpu_peak: Option<u64>) -> (u64, &'stat
 }
 
 /// The process's peak resident set size (`VmHWM` in /proc/self/status), on Linux.
-fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// The process's resident set size now (`VmRSS`), on Linux.
+pub(crate) fn rss() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

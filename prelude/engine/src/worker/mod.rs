@@ -30,6 +30,7 @@ pub(crate) mod recipe;
 pub(crate) mod recompute;
 mod sampler;
 mod scores;
+pub(crate) mod slices;
 mod strategy;
 pub(crate) mod task;
 mod train;
@@ -302,6 +303,13 @@ fn train_recipe(
     if let Some(dir) = std::env::var_os(RESUME).filter(|d| !d.is_empty()) {
         hyper.resume_from = Some(dir.into());
     }
+    // Under ZeRO-3 a model that marks its layers is built a layer at a time, each rank
+    // keeping its slice of them (`slices`).
+    let sharded = hyper.zero >= 3 && ctx.world_size >= 2;
+    if sharded {
+        slices::begin(rank, ctx.world_size);
+    }
+    let resident = device::rss();
     let mut recipe = match kind {
         Work::Task => {
             let place = task::WorkerRank {
@@ -315,6 +323,22 @@ fn train_recipe(
             unreachable!("run() answers the engine's own jobs before training")
         }
     };
+    if let (true, Device::Cpu, Some(before), Some(peak), Some(now)) = (
+        sharded,
+        ctx.device,
+        resident,
+        device::peak_rss(),
+        device::rss(),
+    ) {
+        // What loading a model too large for one rank is about, said by every rank (before
+        // the training loop adds the shards, gradients and optimizer state it plans).
+        let gib = |b: u64| b.saturating_sub(before) as f64 / (1u64 << 30) as f64;
+        log(format!(
+            "ZeRO-3: rank {rank} built and loaded its slice of the model: resident set {:.2} GiB above its start at the peak, {:.2} GiB now",
+            gib(peak),
+            gib(now)
+        ));
+    }
     let mut summary = TrainingLoop::new(ctx, recipe.as_mut(), &hyper)?.run()?;
     let (peak, peak_of) = device::peak_memory(ctx.device, bridge.and_then(|b| b.peak_memory()));
     (summary.memory.peak, summary.memory.peak_of) = (peak, peak_of.to_string());

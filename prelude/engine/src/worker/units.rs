@@ -25,7 +25,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use tch::{Kind, Tensor};
 
 use crate::shared::ffi::call_status;
@@ -312,39 +312,76 @@ impl UnitStore {
     /// Moves every parameter into its group's flat buffer (so it becomes a view of it) and
     /// copies this rank's elements into its shard: call once the parameters are final (loaded,
     /// broadcast). The units stay gathered until their forward is first marked.
-    pub(crate) fn capture(&mut self) -> Result<()> {
-        tch::no_grad(|| {
-            for g in &mut self.groups {
-                let like = &self.vars[g.members[0].0];
-                // The master values first, in the shard's dtype; then the gathered copy.
-                let master = like.zeros_on_device(&[g.len * self.world as i64], g.kind);
-                for &(v, off, n) in &g.members {
-                    master.narrow(0, off, n).copy_(&self.vars[v].reshape([-1]));
+    ///
+    /// A layer built sharded (`built`: this rank's slices of its variables, by name) has no values in its variables: its
+    /// buffer is all-gathered from every rank's slices instead, and freed once its shard is
+    /// taken, so that at no time does a rank hold more than one such unit whole.
+    pub(crate) fn capture(&mut self, mut built: HashMap<String, Tensor>) -> Result<()> {
+        tch::no_grad(|| -> Result<()> {
+            for u in 0..self.units.len() {
+                let mut hollow = false;
+                for g in self.units[u].groups.clone() {
+                    hollow |= self.capture_group(g, &mut built)?;
                 }
-                g.shard
-                    .copy_(&master.narrow(0, self.rank as i64 * g.len, g.len));
-                let full = if g.gathered == g.kind {
-                    master
-                } else {
-                    master.to_kind(g.gathered)
-                };
-                for &(v, off, _) in &g.members {
-                    let p = &self.vars[v];
-                    // SAFETY: both are live tensors of the same dtype for the call.
-                    call_status("moving a parameter into its unit's buffer", |e, l| unsafe {
-                        tb_view_into(
-                            p.as_ptr() as *mut c_void,
-                            full.as_ptr() as *mut c_void,
-                            off,
-                            e,
-                            l,
-                        )
-                    })?;
+                if hollow {
+                    for &g in &self.units[u].groups {
+                        if let Some(full) = &self.groups[g].full {
+                            resize(full, 0)?;
+                        }
+                    }
+                    self.units[u].state = State::Freed;
                 }
-                g.full = Some(full);
+            }
+            if let Some(name) = built.keys().next() {
+                bail!("ZeRO-3: {name} was built sharded but is not among the sharded variables (a variable of a unit that is not trained nor frozen for good, such as batch-norm statistics, cannot be)");
             }
             Ok(())
         })
+    }
+
+    /// Captures one group (see [`UnitStore::capture`]); true when a member was built sharded.
+    fn capture_group(&mut self, gi: usize, built: &mut HashMap<String, Tensor>) -> Result<bool> {
+        let world = self.world as i64;
+        let g = &self.groups[gi];
+        let like = &self.vars[g.members[0].0];
+        // The master values first, in the shard's dtype; then the gathered copy.
+        let master = like.zeros_on_device(&[g.len * world], g.kind);
+        let mut hollow = false;
+        for &(v, off, n) in &g.members {
+            let whole = match built.remove(&self.names[v]) {
+                Some(slice) => {
+                    hollow = true;
+                    let flat = slice.zeros_on_device(&[slice.numel() as i64 * world], slice.kind());
+                    self.pg().allgather_start(&flat, &slice)?.wait()?;
+                    flat.narrow(0, 0, n)
+                }
+                None => self.vars[v].reshape([-1]),
+            };
+            master.narrow(0, off, n).copy_(&whole);
+        }
+        let g = &mut self.groups[gi];
+        g.shard
+            .copy_(&master.narrow(0, self.rank as i64 * g.len, g.len));
+        let full = if g.gathered == g.kind {
+            master
+        } else {
+            master.to_kind(g.gathered)
+        };
+        for &(v, off, _) in &g.members {
+            let p = &self.vars[v];
+            // SAFETY: both are live tensors of the same dtype for the call.
+            call_status("moving a parameter into its unit's buffer", |e, l| unsafe {
+                tb_view_into(
+                    p.as_ptr() as *mut c_void,
+                    full.as_ptr() as *mut c_void,
+                    off,
+                    e,
+                    l,
+                )
+            })?;
+        }
+        g.full = Some(full);
+        Ok(hollow)
     }
 
     /// Bytes of parameters this rank holds between steps: its shards, and the whole of every

@@ -323,13 +323,16 @@ impl LmRecipe {
         if s.lora.is_some() && hyper.precision == trainbook_api::Precision::Bf16 {
             // A frozen base is only read, by bf16 matrix products: held in bf16 it takes half
             // the memory, and autocast makes no bf16 copy of it to keep for the backward pass.
-            tch::no_grad(|| {
+            tch::no_grad(|| -> Result<()> {
                 for (name, mut v) in vs.variables() {
-                    if !crate::models::lora::is_adapter(&name) {
+                    if !crate::models::lora::is_adapter(&name)
+                        && !trainbook_engine::sharded_build::cast(&name, &v, Kind::BFloat16)?
+                    {
                         v.set_data(&v.to_kind(Kind::BFloat16));
                     }
                 }
-            });
+                Ok(())
+            })?;
         }
         let (trainable, all) = vs.variables().values().fold((0i64, 0i64), |(t, a), v| {
             let n = v.numel() as i64;

@@ -178,10 +178,9 @@ pub fn build(
     if let Some(l) = lora {
         l.check_targets(&config.projections())?;
     }
-    let root = vs.root();
     let model: Box<dyn CausalLm> = match &config.arch {
-        Architecture::Gpt2(c) => Box::new(Gpt2::new(&root, c, lora)?),
-        Architecture::Llama(c) => Box::new(Llama::new(&root, c, lora)?),
+        Architecture::Gpt2(c) => Box::new(Gpt2::new(vs, c, lora)?),
+        Architecture::Llama(c) => Box::new(Llama::new(vs, c, lora)?),
     };
     if lora.is_some() {
         lora::freeze_base(vs);

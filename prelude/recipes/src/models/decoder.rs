@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use anyhow::Result;
 use tch::{nn, Tensor};
 
 use super::attention::KvCache;
@@ -55,6 +56,23 @@ impl<L: Layer> Stack<L> {
             units,
             checkpoint_every: None,
         }
+    }
+
+    /// `n` layers made by `layer` under `under / i`, i = 0, 1, …, each handed to ZeRO-3's
+    /// sharded build once made (so that under it a rank holds one whole layer at most).
+    pub fn build(
+        vs: &nn::VarStore,
+        under: &nn::Path,
+        n: i64,
+        layer: impl Fn(&nn::Path) -> L,
+    ) -> Result<Self> {
+        let mut layers = Vec::with_capacity(n.max(0) as usize);
+        for i in 0..n {
+            let at = under / i;
+            layers.push(layer(&at));
+            trainbook_engine::sharded_build::unit_built(vs, &unit_name(&at))?;
+        }
+        Ok(Self::new(under, layers))
     }
 
     /// `x` through every layer; with a cache, generating (never recomputed).

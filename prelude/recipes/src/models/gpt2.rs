@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 use serde::Deserialize;
-use tch::nn::{self, Init, Module};
+use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::attention::{self, KvCache};
@@ -232,22 +232,15 @@ pub struct Gpt2 {
 }
 
 impl Gpt2 {
-    pub fn new(root: &nn::Path, c: &Gpt2Config, lora: Option<&LoraSpec>) -> Result<Self> {
+    pub fn new(vs: &nn::VarStore, c: &Gpt2Config, lora: Option<&LoraSpec>) -> Result<Self> {
         c.check()?;
+        let root = &vs.root();
         let t = root / "transformer";
-        let init = Init::Randn {
-            mean: 0.0,
-            stdev: c.initializer_range,
-        };
+        let std = c.initializer_range;
         Ok(Self {
-            wte: (&t / "wte").var("weight", &[c.vocab_size, c.n_embd], init),
-            wpe: (&t / "wpe").var("weight", &[c.n_positions, c.n_embd], init),
-            layers: Stack::new(
-                &(&t / "h"),
-                (0..c.n_layer)
-                    .map(|i| Block::new(&(&t / "h" / i), c, lora))
-                    .collect(),
-            ),
+            wte: super::normal(&(&t / "wte"), "weight", &[c.vocab_size, c.n_embd], std),
+            wpe: super::normal(&(&t / "wpe"), "weight", &[c.n_positions, c.n_embd], std),
+            layers: Stack::build(vs, &(&t / "h"), c.n_layer, |p| Block::new(p, c, lora))?,
             ln_f: nn::layer_norm(
                 &t / "ln_f",
                 vec![c.n_embd],

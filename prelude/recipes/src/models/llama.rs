@@ -8,7 +8,7 @@
 
 use anyhow::{bail, Result};
 use serde::Deserialize;
-use tch::nn::{self, Init};
+use tch::nn;
 use tch::Tensor;
 
 use super::attention::{self, KvCache};
@@ -291,23 +291,19 @@ pub struct Llama {
 
 impl Llama {
     /// Builds under the VarStore's root (checked config: see [`LlamaConfig::check`]).
-    pub fn new(root: &nn::Path, c: &LlamaConfig, lora: Option<&LoraSpec>) -> Result<Self> {
+    pub fn new(vs: &nn::VarStore, c: &LlamaConfig, lora: Option<&LoraSpec>) -> Result<Self> {
         c.check()?;
+        let root = &vs.root();
         let model = root / "model";
-        let embed = (&model / "embed_tokens").var(
+        let embed = super::normal(
+            &(&model / "embed_tokens"),
             "weight",
             &[c.vocab_size, c.hidden_size],
-            Init::Randn {
-                mean: 0.0,
-                stdev: c.initializer_range,
-            },
+            c.initializer_range,
         );
-        let layers = Stack::new(
-            &(&model / "layers"),
-            (0..c.num_hidden_layers)
-                .map(|i| Block::new(&(&model / "layers" / i), c, lora))
-                .collect(),
-        );
+        let layers = Stack::build(vs, &(&model / "layers"), c.num_hidden_layers, |p| {
+            Block::new(p, c, lora)
+        })?;
         let norm = RmsNorm::new(&(&model / "norm"), c.hidden_size, c.rms_norm_eps);
         let head = (!c.tied()).then(|| {
             let shape = Shape {

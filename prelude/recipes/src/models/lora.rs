@@ -97,11 +97,7 @@ impl Projection {
         } else {
             [shape.outputs, shape.inputs]
         };
-        let init = Init::Randn {
-            mean: 0.0,
-            stdev: shape.init_std,
-        };
-        let weight = path.var("weight", &dims, init);
+        let weight = super::normal(path, "weight", &dims, shape.init_std);
         let bias = shape
             .bias
             .then(|| path.var("bias", &[shape.outputs], Init::Const(0.0)));

@@ -69,6 +69,17 @@ pub struct LoadRules<'a> {
     pub mismatch_hint: &'a str,
 }
 
+/// A trained variable under `path` drawn from N(0, std²) in place: the numbers
+/// `Init::Randn { mean: 0, stdev }` draws, without its two temporaries of the variable's size
+/// (which a large embedding or head would add to the peak of building a model).
+pub fn normal(path: &nn::Path, name: &str, dims: &[i64], std: f64) -> Tensor {
+    let t = path.zeros(name, dims);
+    tch::no_grad(|| {
+        let _ = t.shallow_clone().normal_(0.0, std);
+    });
+    t
+}
+
 /// Where [`load_into`] takes a checkpoint's tensors from: tensors in memory, or safetensors
 /// files read a tensor at a time (so loading holds the model and one tensor, not the files'
 /// contents as well).
@@ -85,14 +96,61 @@ impl From<HashMap<String, Tensor>> for Source {
 }
 
 impl Source {
-    /// Removes and returns the tensor the model names `name`.
-    fn take(&mut self, name: &str) -> Result<Option<Tensor>> {
+    /// The shape of the tensor the model names `name`, if there is one.
+    fn shape(&self, name: &str) -> Option<Vec<i64>> {
         match self {
-            Source::Loaded(m) => Ok(m.remove(name)),
-            Source::Files(files, names) => match names.remove(name) {
-                Some(stored) => files.get(&stored),
-                None => Ok(None),
-            },
+            Source::Loaded(m) => m.get(name).map(Tensor::size),
+            Source::Files(files, names) => names.get(name).and_then(|s| files.shape(s)),
+        }
+    }
+
+    /// Removes the tensor the model names `name` and returns it (of what `shape` said), or
+    /// only its elements `[first, first + count)` flattened.
+    fn take(&mut self, name: &str, range: Option<(i64, i64)>) -> Result<Tensor> {
+        let whole = || anyhow::anyhow!("{name} was listed but is not there");
+        match self {
+            Source::Loaded(m) => {
+                let t = m.remove(name).ok_or_else(whole)?;
+                Ok(match range {
+                    Some((first, count)) => t.reshape([-1]).narrow(0, first, count),
+                    None => t,
+                })
+            }
+            Source::Files(files, names) => {
+                let stored = names.remove(name).ok_or_else(whole)?;
+                match range {
+                    Some((first, count)) => files.get_range(&stored, first, count),
+                    None => files.get(&stored),
+                }?
+                .ok_or_else(whole)
+            }
+        }
+    }
+
+    /// Reads the tensor the model names `name` straight into `dst` where the files can (see
+    /// [`TensorFiles::read_into`]), removing it; false otherwise.
+    fn read_into(&mut self, name: &str, dst: &Tensor) -> Result<bool> {
+        let Source::Files(files, names) = self else {
+            return Ok(false);
+        };
+        let read = names
+            .get(name)
+            .map_or(Ok(false), |stored| files.read_into(stored, dst))?;
+        if read {
+            names.remove(name);
+        }
+        Ok(read)
+    }
+
+    /// Forgets the tensor the model names `name` (it was reported instead).
+    fn forget(&mut self, name: &str) {
+        match self {
+            Source::Loaded(m) => {
+                m.remove(name);
+            }
+            Source::Files(_, names) => {
+                names.remove(name);
+            }
         }
     }
 
@@ -125,33 +183,37 @@ pub fn load_into(
     };
     tch::no_grad(|| -> Result<()> {
         for name in names {
-            let found = match by_name.take(name)? {
-                Some(t) => Some(t),
-                None => match unprefixed(name) {
-                    Some(n) => by_name.take(&n)?,
-                    None => None,
-                },
-            };
-            let Some(src) = found else {
+            let found = [Some(name.clone()), unprefixed(name)]
+                .into_iter()
+                .flatten()
+                .find_map(|k| by_name.shape(&k).map(|s| (k, s)));
+            let Some((key, shape)) = found else {
                 report.missing.push(name.clone());
                 continue;
             };
             let mut dst = vars[name].shallow_clone();
-            if src.size() != dst.size() {
+            if shape != dst.size() {
                 if rules.replaceable_head.iter().any(|h| name.starts_with(h)) {
+                    by_name.forget(&key);
                     report.missing.push(name.clone());
-                    report
-                        .mismatched
-                        .push((name.clone(), src.size(), dst.size()));
+                    report.mismatched.push((name.clone(), shape, dst.size()));
                     continue;
                 }
                 bail!(
-                    "{origin}: tensor {name} has shape {:?} but the model expects {:?}: {}",
-                    src.size(),
+                    "{origin}: tensor {name} has shape {shape:?} but the model expects {:?}: {}",
                     dst.size(),
                     rules.mismatch_hint
                 );
             }
+            // A layer built sharded under ZeRO-3 reads only this rank's elements of it.
+            let range = |first, count| by_name.take(&key, Some((first, count)));
+            if trainbook_engine::sharded_build::fill(name, range)? {
+                continue;
+            }
+            if by_name.read_into(&key, &dst)? {
+                continue;
+            }
+            let src = by_name.take(&key, None)?;
             // copy_ crosses devices itself (tch cannot name an HPU destination).
             dst.copy_(&src.to_kind(dst.kind()));
         }
@@ -169,4 +231,24 @@ pub fn load_into(
     unexpected.sort();
     report.unexpected = unexpected;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_normal_variable_draws_what_init_randn_draws() {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        tch::manual_seed(3);
+        let ours = normal(&vs.root(), "a", &[64, 9], 0.02);
+        tch::manual_seed(3);
+        let init = nn::Init::Randn {
+            mean: 0.0,
+            stdev: 0.02,
+        };
+        let theirs = vs.root().var("b", &[64, 9], init);
+        assert!(ours.requires_grad());
+        assert!(ours.equal(&theirs));
+    }
 }

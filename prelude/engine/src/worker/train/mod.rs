@@ -46,6 +46,7 @@ use crate::worker::device::Device;
 use crate::worker::dist::ProcessGroup;
 use crate::worker::heartbeat::{self, Busy};
 use crate::worker::recipe::{Recipe, Split};
+use crate::worker::slices;
 use crate::worker::strategy::UpdateStrategy;
 use checkpointing::Checkpoints;
 use clock::Clock;
@@ -113,7 +114,8 @@ impl<'a> TrainingLoop<'a> {
         // Same starting point everywhere (in a fixed name order).
         ddp::broadcast_parameters(&ctx.pg, &setup::ordered_vars(recipe))?;
         if let Some(units) = &units {
-            crate::worker::units::lock(units)?.capture()?;
+            crate::worker::units::lock(units)?.capture(slices::take())?;
+            slices::give_back_freed_memory();
             crate::worker::units::activate(units);
         }
         let params = Params::of(recipe);

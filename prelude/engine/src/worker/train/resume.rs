@@ -55,8 +55,7 @@ fn resume(
         );
     };
     let vars = vs.variables();
-    let missing = weights
-        .load_into(&vars)
+    let missing = crate::worker::slices::load(&weights, &vars)
         .with_context(|| format!("loading the weights of {}", dir.display()))?;
     if let Some(name) = missing
         .iter()

@@ -49,10 +49,15 @@ pub(super) fn optimizer_config(h: &Hyper) -> OptimizerSettings {
     }
 }
 
-/// The recipe's variables in a fixed name order, so every rank lists them alike.
+/// The recipe's variables in a fixed name order, so every rank lists them alike; those of a
+/// layer built sharded are left out until its unit is captured (they have no values yet, and
+/// every rank built or loaded its slice of them alike).
 pub(super) fn ordered_vars(recipe: &dyn Recipe) -> Vec<Tensor> {
     let vars = recipe.vars().variables();
-    let mut names: Vec<&String> = vars.keys().collect();
+    let mut names: Vec<&String> = vars
+        .keys()
+        .filter(|n| !crate::worker::slices::is_built(n))
+        .collect();
     names.sort();
     names.iter().map(|n| vars[*n].shallow_clone()).collect()
 }
