@@ -360,7 +360,9 @@ def test_masked_lm_with_lamb_trains_on_two_hpus(hpu):
 def test_a_causal_lm_trains_with_lora_on_two_hpus_and_equals_cpu(hpu, tmp_path):
     """The Llama fixture (grouped-query attention, llama3 rotary scaling) with LoRA: rotary
     tables, causal masks and every batch on the HPU (the stand-in refuses an operator that
-    mixes HPU and CPU tensors), the written-out attention; the same adapters as on the CPU."""
+    mixes HPU and CPU tensors), the written-out attention; the same adapters as on the CPU.
+    The HPU run is ZeRO-3's: each rank builds its slices of the frozen base on the host, casts
+    nothing (fp32), moves them to its HPU, and the units are gathered there through hccl."""
     text = tmp_path / "text.txt"
     text.write_text("\n".join(f"line {i}: the cat saw the moon over the harbour" for i in range(200)))
     job = ["train", "causal-lm", "--model", str(ROOT / "tests/fixtures/causal_lm/llama"),
@@ -369,7 +371,7 @@ def test_a_causal_lm_trains_with_lora_on_two_hpus_and_equals_cpu(hpu, tmp_path):
            # SGD: AdamW's first steps turn last-digit differences (fused vs written-out attention)
            # into whole learning-rate steps.
            "--optimizer", "sgd", "--lr", "0.5"]
-    on_hpu = summary(trainbook(hpu, *job, "--device", "hpu"))
+    on_hpu = summary(trainbook(hpu, *job, "--device", "hpu", "--zero", "3"))
     on_cpu = summary(trainbook(hpu, *job, "--device", "cpu"))
     assert on_hpu["device"] == "hpu" and on_hpu["steps"] == 6, on_hpu
     a = Path(on_hpu["last_checkpoint"]) / "model.safetensors"

@@ -242,6 +242,11 @@ pub fn prepare_slice(
     if dir_lock.is_none() {
         dir_lock = Some(DirLock::take(out)?);
     }
+    // A slice that ended while this one waited for the lock may have written the index: it
+    // stands (writing it again would give the slices two different indexes).
+    if let Some(index) = existing_index(out, manifest)? {
+        return Ok(Ok(index));
+    }
     let result = finish_index(out, manifest, slice, texts, shards, t0);
     drop(dir_lock);
     result
