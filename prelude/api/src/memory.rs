@@ -192,7 +192,7 @@ impl fmt::Display for MemoryPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "memory plan per device: {} ({} parameters) on {} x {}, {} per device x {} micro-batch(es), {}",
+            "memory plan per device: {} ({} parameters trained) on {} x {}, {} per device x {} micro-batch(es), {}",
             self.model,
             count(self.parameters),
             self.workers,
