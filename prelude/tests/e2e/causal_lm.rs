@@ -382,6 +382,16 @@ fn zero_3_equals_plain_data_parallelism_in_full_and_lora_fine_tuning() {
 }
 
 #[test]
+fn a_zero3_model_built_from_scratch_a_layer_at_a_time_starts_where_plain_data_parallelism_does() {
+    // Each ZeRO-3 rank draws every layer as a replicated build does, keeps its slice and
+    // frees the rest: after the same steps the weights are plain data parallelism's.
+    let run = |t: LmTrainer| t.from_scratch(true).max_steps(3).fit().unwrap();
+    let (plain, sharded) = (run(job("llama", 2)), run(job("llama", 2).zero(3)));
+    let d = max_abs_diff(&last_model(&plain), &last_model(&sharded));
+    assert!(d < 1e-5, "{d}");
+}
+
+#[test]
 fn a_killed_lora_worker_under_zero3_restarts_and_ends_like_the_straight_run() {
     // Under ZeRO-3 the restarted ranks build their slices of the base again, read only those
     // from the model's files, and resume the adapters from the last checkpoint.
