@@ -269,6 +269,21 @@ impl TensorFiles {
             .collect()
     }
 
+    /// Whether the files hold `name` (false when not); one of another shape than `dst` is an
+    /// error that names it.
+    pub(crate) fn holds(&self, name: &str, dst: &Tensor) -> Result<bool> {
+        let Some(shape) = self.shape(name) else {
+            return Ok(false);
+        };
+        if shape != dst.size() {
+            bail!(
+                "{name} has shape {shape:?} in the checkpoint, the model's is {:?}: the checkpoint was written by another model configuration",
+                dst.size()
+            );
+        }
+        Ok(true)
+    }
+
     /// Copies each tensor of `vars` (by name) from the files, converting its dtype; returns
     /// the names the files do not hold. A tensor of another shape is an error that names it.
     pub fn load_into(&self, vars: &HashMap<String, Tensor>) -> Result<Vec<String>> {
@@ -276,16 +291,10 @@ impl TensorFiles {
         let mut names: Vec<&String> = vars.keys().collect();
         names.sort();
         for name in names {
-            let Some(shape) = self.shape(name) else {
+            let dst = &vars[name];
+            if !self.holds(name, dst)? {
                 missing.push(name.clone());
                 continue;
-            };
-            let dst = &vars[name];
-            if shape != dst.size() {
-                bail!(
-                    "{name} has shape {shape:?} in the checkpoint, the model's is {:?}: the checkpoint was written by another model configuration",
-                    dst.size()
-                );
             }
             if !self.read_into(name, dst)? {
                 let src = self

@@ -313,9 +313,10 @@ impl UnitStore {
     /// copies this rank's elements into its shard: call once the parameters are final (loaded,
     /// broadcast). The units stay gathered until their forward is first marked.
     ///
-    /// A layer built sharded (`built`: this rank's slices of its variables, by name) has no values in its variables: its
-    /// buffer is all-gathered from every rank's slices instead, and freed once its shard is
-    /// taken, so that at no time does a rank hold more than one such unit whole.
+    /// A layer built sharded has no values in its variables (`built`: this rank's slices of
+    /// them, by name): its buffer is all-gathered from every rank's slices instead, and freed
+    /// once its shard is taken, so that at no time does a rank hold more than one such unit
+    /// whole.
     pub(crate) fn capture(&mut self, mut built: HashMap<String, Tensor>) -> Result<()> {
         tch::no_grad(|| -> Result<()> {
             for u in 0..self.units.len() {
